@@ -1,0 +1,1 @@
+"""Denoiser architectures (registered in training.models). Filled in by the private-training work."""

@@ -1,0 +1,3 @@
+from transdenoiser.cli import main
+
+raise SystemExit(main())
