@@ -1,0 +1,32 @@
+"""Shared fixtures. Heavy objects are session-scoped so the suite stays well under 10 minutes on 2 CPU cores."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def mnist10k():
+    from training.datasets import load_dataset
+
+    return load_dataset("mnist10k")
+
+
+@pytest.fixture(scope="session")
+def classifier_dir(tmp_path_factory, mnist10k):
+    """A cnn28 classifier trained 3 epochs on mnist10k's public split (about 15 s on 2 cores), saved as a checkpoint."""
+    from training.checkpoint import save_checkpoint
+    from training.pretrain import PretrainConfig, pretrain_classifier
+
+    model, meta = pretrain_classifier(mnist10k, PretrainConfig(epochs=3), torch.device("cpu"), seed=0)
+    assert meta["test_accuracy"] > 0.9, meta["test_accuracy"]
+    return save_checkpoint(tmp_path_factory.mktemp("ckpt") / "classifier", model, meta)
+
+
+@pytest.fixture(scope="session")
+def classifier(classifier_dir):
+    from training.checkpoint import load_checkpoint
+
+    return load_checkpoint(classifier_dir, kind="classifier").model
