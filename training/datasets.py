@@ -218,6 +218,7 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
         ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
         ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"),
         ("numpy._core.multiarray", "scalar"), ("_codecs", "encode"),
+        ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
     }
 
     def find_class(self, module: str, name: str):

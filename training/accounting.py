@@ -1,0 +1,380 @@
+"""Privacy accounting for Poisson-subsampled Gaussian steps (DP-SGD, MMGA) and Gaussian calibration.
+
+Every (epsilon, delta) here is for the add-or-remove-one neighbouring relation, with noise multipliers
+z = (std of the Gaussian noise added to the SUM of clipped per-example gradients) / (clipping norm C).
+
+Three analyses, all of one mechanism (T steps, each including every example independently with
+probability q, then adding N(0, (z_t C)^2 I) to the clipped sum):
+
+- ``rdp``: the moments accountant (Renyi DP; Abadi et al. 2016, Mironov 2017), computed by
+  ``dp_accounting.rdp.RdpAccountant`` over :data:`RDP_ORDERS`. An upper bound on epsilon.
+- ``pld``: the privacy loss distribution accountant (Koskela et al.; Doroshenko et al.), computed by
+  ``dp_accounting.pld.PLDAccountant``. Its discretisation is pessimistic (``pessimistic_estimate=True``
+  in ``from_gaussian_mechanism``; truncated tails go to the infinity mass), so it is an upper bound,
+  tight to about :data:`PLD_VALUE_DISCRETIZATION` per step's worth of rounding.
+- ``gdp``: Bu et al.'s central-limit approximation, mu = q sqrt(sum_t (exp(1/z_t^2) - 1)), then the
+  epsilon of mu-GDP at delta. An APPROXIMATION that can UNDERESTIMATE epsilon: never a guarantee.
+
+Nothing here hand-rolls RDP or PLD; only the two closed-form Gaussian formulas (mu-GDP profile, analytic
+Gaussian mechanism of Balle & Wang 2018) are written out, and solved with scipy.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+import dp_accounting
+import numpy as np
+from dp_accounting.pld import PLDAccountant
+from dp_accounting.rdp import RdpAccountant
+from dp_accounting.rdp.rdp_privacy_accountant import DEFAULT_RDP_ORDERS
+from scipy import optimize, special
+
+from transdenoiser.errors import UserError
+
+ACCOUNTANTS = ("rdp", "pld", "gdp")
+
+# dp-accounting's default orders (1.1 .. 63, 128 .. 1024) plus a finer and longer tail, so that small
+# epsilons (large noise multipliers), whose optimal order is large, are not overestimated by a coarse grid.
+# Integer orders cost time in proportion to their size, so the tail is sparse.
+RDP_ORDERS: tuple[float, ...] = tuple(sorted(set(DEFAULT_RDP_ORDERS) | set(range(64, 128, 8))
+                                             | {160, 192, 320, 384, 768, 1536, 2048, 4096}))
+
+# Width of the privacy-loss grid of the PLD accountant (dp-accounting's default). Rounding is pessimistic.
+PLD_VALUE_DISCRETIZATION = 1e-4
+
+# Per-step multipliers with more distinct values than this are grouped (see group_noise_multipliers).
+MAX_DISTINCT_MULTIPLIERS = 16
+
+# Relative tolerance of noise_multiplier_for_epsilon (the returned value is within this of the optimum).
+CALIBRATION_RTOL = 1e-4
+
+# The largest noise multiplier calibration will try before declaring a target unreachable.
+MAX_NOISE_MULTIPLIER = 1e5
+
+ANALYSES = {
+    "rdp": "RDP moments accountant (dp-accounting RdpAccountant, Poisson-subsampled Gaussian): upper bound",
+    "pld": "PLD accountant (dp-accounting PLDAccountant, pessimistic discretisation): upper bound, near-tight",
+    "gdp_mu": "Gaussian DP central-limit approximation (Bu et al.) mu; can UNDERESTIMATE epsilon; not a guarantee",
+    "gdp_epsilon": ("Gaussian DP central-limit approximation (Bu et al.); can UNDERESTIMATE epsilon; "
+                    "not a guarantee"),
+}
+
+
+# ---------------------------------------------------------------------------------------------- validation
+
+def _finite_real(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise UserError(f"{name} must be a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise UserError(f"{name} must be a finite number, got {value}")
+    return value
+
+
+def _check_sample_rate(sample_rate) -> float:
+    q = _finite_real("sample_rate", sample_rate)
+    if not 0 < q <= 1:
+        raise UserError(f"sample_rate must lie in (0, 1], got {q}")
+    return q
+
+
+def _check_delta(delta) -> float:
+    d = _finite_real("delta", delta)
+    if not 0 < d < 1:
+        raise UserError(f"delta must lie strictly between 0 and 1, got {d}")
+    return d
+
+
+def _check_epsilon(epsilon, name: str = "epsilon") -> float:
+    e = _finite_real(name, epsilon)
+    if e <= 0:
+        raise UserError(f"{name} must be > 0, got {e}")
+    return e
+
+
+def _check_steps(steps) -> int:
+    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral):
+        raise UserError(f"steps must be an integer, got {steps!r}")
+    if steps < 1:
+        raise UserError(f"steps must be >= 1, got {steps}")
+    return int(steps)
+
+
+def _check_multipliers(noise_multipliers, steps: int) -> dict[float, int]:
+    """{multiplier: number of steps using it}."""
+    if isinstance(noise_multipliers, numbers.Real) and not isinstance(noise_multipliers, bool):
+        counts = {_finite_real("noise_multiplier", noise_multipliers): steps}
+    else:
+        try:
+            sequence = list(np.asarray(noise_multipliers, dtype=np.float64).reshape(-1))
+        except (TypeError, ValueError):
+            raise UserError(f"noise_multipliers must be a number or a sequence of numbers, "
+                            f"got {noise_multipliers!r}") from None
+        if len(sequence) != steps:
+            raise UserError(f"noise_multipliers has {len(sequence)} entries but steps is {steps}")
+        counts = Counter(float(v) for v in sequence)
+    for value in counts:
+        if not math.isfinite(value):
+            raise UserError(f"noise multipliers must be finite, got {value}")
+        if value < 0:
+            raise UserError(f"noise multipliers must be >= 0, got {value}")
+    return counts
+
+
+# ---------------------------------------------------------------------------------------------- grouping
+
+def group_noise_multipliers(counts: dict[float, int],
+                            max_groups: int = MAX_DISTINCT_MULTIPLIERS) -> tuple[dict[float, int], float]:
+    """Bound the number of distinct per-step multipliers, rounding DOWN (less noise: more epsilon).
+
+    With at most ``max_groups`` distinct values, ``counts`` is returned unchanged. Otherwise the sorted values
+    are covered greedily by ``max_groups`` runs of the smallest common log-width, and every step takes the
+    smallest multiplier of its run (greedy covering is optimal for a given width, so the width found by
+    bisection is the smallest possible). Returns ``(grouped_counts, max_relative_rounding_down)``: the
+    largest relative decrease any step's multiplier received (0 when exact).
+    """
+    if max_groups < 1:
+        raise UserError(f"max_groups must be >= 1, got {max_groups}")
+    if len(counts) <= max_groups:
+        return dict(counts), 0.0
+    values = np.array(sorted(counts), dtype=np.float64)
+    if values[0] == 0.0:  # zero noise means no DP whatever the rest; keep it as its own group
+        rest, rounding = group_noise_multipliers({v: c for v, c in counts.items() if v > 0}, max(max_groups - 1, 1))
+        return {0.0: counts[0.0], **rest}, rounding
+    log_values = np.log(values)
+
+    def run_starts(width: float) -> list[int]:
+        starts, index = [], 0
+        while index < len(values) and len(starts) <= max_groups:
+            starts.append(index)
+            index = int(np.searchsorted(log_values, log_values[index] + width, side="right"))
+        return starts
+
+    low, high = 0.0, float(log_values[-1] - log_values[0])  # run_starts(high) is a single run
+    for _ in range(60):
+        middle = (low + high) / 2
+        if len(run_starts(middle)) <= max_groups:
+            high = middle
+        else:
+            low = middle
+    starts = run_starts(high)
+    grouped: dict[float, int] = {}
+    max_rounding = 0.0
+    for begin, end in zip(starts, starts[1:] + [len(values)], strict=True):
+        representative = float(values[begin])
+        grouped[representative] = sum(counts[float(v)] for v in values[begin:end])
+        max_rounding = max(max_rounding, 1.0 - representative / float(values[end - 1]))
+    return grouped, max_rounding
+
+
+def _dp_event(sample_rate: float, counts: dict[float, int]) -> dp_accounting.DpEvent:
+    events = [dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(sample_rate, dp_accounting.GaussianDpEvent(z)), count)
+        for z, count in sorted(counts.items())]
+    return events[0] if len(events) == 1 else dp_accounting.ComposedDpEvent(events)
+
+
+# ---------------------------------------------------------------------------------------------- accountants
+
+def _rdp_epsilon(sample_rate: float, counts: dict[float, int], delta: float) -> float:
+    accountant = RdpAccountant(orders=RDP_ORDERS)
+    accountant.compose(_dp_event(sample_rate, counts))
+    return float(accountant.get_epsilon(delta))
+
+
+def _pld_epsilon(sample_rate: float, counts: dict[float, int], delta: float) -> float:
+    accountant = PLDAccountant(value_discretization_interval=PLD_VALUE_DISCRETIZATION)
+    accountant.compose(_dp_event(sample_rate, counts))
+    return float(accountant.get_epsilon(delta))
+
+
+def gdp_mu(sample_rate: float, counts: dict[float, int]) -> float:
+    """Bu et al.'s CLT: mu = q sqrt(sum_t (exp(1/z_t^2) - 1)) (an approximation, see module docstring)."""
+    with np.errstate(over="ignore"):
+        total = sum(count * float(np.expm1(1.0 / z ** 2)) for z, count in counts.items())
+    return sample_rate * math.sqrt(total)
+
+
+def _log_gaussian_delta(epsilon: float, a: float, b: float) -> float:
+    """log(Phi(a) - e^eps Phi(b)) for b < a, computed in log space; -inf where it is <= 0."""
+    log_first = float(special.log_ndtr(a))
+    log_second = epsilon + float(special.log_ndtr(b))
+    if log_second >= log_first:
+        return -math.inf
+    return log_first + math.log(-math.expm1(log_second - log_first))
+
+
+def gdp_delta(epsilon: float, mu: float) -> float:
+    """delta(eps) of mu-GDP: Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2) (Dong, Roth & Su)."""
+    return math.exp(_log_gaussian_delta(epsilon, -epsilon / mu + mu / 2, -epsilon / mu - mu / 2))
+
+
+def gdp_epsilon(mu: float, delta: float) -> float:
+    """The smallest epsilon with delta(eps) <= delta for mu-GDP, rounded up; inf for mu = inf."""
+    if math.isinf(mu):
+        return math.inf
+    if mu == 0 or gdp_delta(0.0, mu) <= delta:
+        return 0.0
+    high = max(1.0, mu * mu)
+    while gdp_delta(high, mu) > delta:
+        high *= 2
+    epsilon = optimize.brentq(lambda e: _log_gaussian_delta(e, -e / mu + mu / 2, -e / mu - mu / 2)
+                              - math.log(delta), 0.0, high, xtol=1e-12, rtol=1e-12)
+    return _round_up(epsilon, lambda e: gdp_delta(e, mu) <= delta)
+
+
+def _round_up(value: float, satisfied: Callable[[float], bool], rtol: float = 1e-12) -> float:
+    """Nudge a root-finder's answer upward until ``satisfied`` holds (it may sit a hair on the wrong side)."""
+    step = max(abs(value), 1e-300) * rtol
+    while not satisfied(value):
+        value += step
+        step *= 2
+    return value
+
+
+# ---------------------------------------------------------------------------------------------- public API
+
+def epsilon_report(sample_rate: float, noise_multipliers: float | Sequence[float], steps: int,
+                   delta: float, *, max_groups: int = MAX_DISTINCT_MULTIPLIERS) -> dict:
+    """(epsilon, delta) of ``steps`` Poisson-subsampled Gaussian steps at rate q = ``sample_rate``.
+
+    ``noise_multipliers``: one float used for every step, or a sequence of ``steps`` per-step multipliers
+    (std of the noise on the SUMMED clipped gradient divided by the clipping norm C). A zero multiplier in
+    any step makes every epsilon ``inf`` (no DP). Returns a dict with ``rdp``, ``pld``, ``gdp_mu``,
+    ``gdp_epsilon``, ``delta``, ``sample_rate``, ``steps``, ``analyses`` (a label per epsilon key) and
+    ``multiplier_grouping`` (how per-step multipliers were grouped for the RDP and PLD accountants: more
+    than ``max_groups`` distinct values are rounded DOWN onto ``max_groups`` values, see
+    :func:`group_noise_multipliers`; the GDP formula always uses the exact values).
+    """
+    q = _check_sample_rate(sample_rate)
+    delta = _check_delta(delta)
+    steps = _check_steps(steps)
+    counts = _check_multipliers(noise_multipliers, steps)
+    base = {"delta": delta, "sample_rate": q, "steps": steps, "analyses": dict(ANALYSES)}
+    if 0.0 in counts:
+        return {"rdp": math.inf, "pld": math.inf, "gdp_mu": math.inf, "gdp_epsilon": math.inf, **base,
+                "multiplier_grouping": {"distinct_multipliers": len(counts), "groups": len(counts),
+                                        "max_relative_rounding_down": 0.0, "zero_noise_steps": counts[0.0]}}
+    grouped, max_rounding = group_noise_multipliers(counts, max_groups)
+    base["multiplier_grouping"] = {"distinct_multipliers": len(counts), "groups": len(grouped),
+                                   "max_relative_rounding_down": max_rounding}
+    mu = gdp_mu(q, counts)  # the CLT formula uses the exact multipliers; it is an approximation anyway
+    return {"rdp": _rdp_epsilon(q, grouped, delta), "pld": _pld_epsilon(q, grouped, delta), "gdp_mu": mu,
+            "gdp_epsilon": gdp_epsilon(mu, delta), **base}
+
+
+def epsilon_for_accountant(accountant: str, sample_rate: float, noise_multiplier: float, steps: int,
+                           delta: float) -> float:
+    """Epsilon of one accountant (``rdp``, ``pld`` or ``gdp``) for a constant noise multiplier."""
+    accountant = _check_accountant(accountant)
+    q, delta, steps = _check_sample_rate(sample_rate), _check_delta(delta), _check_steps(steps)
+    counts = _check_multipliers(noise_multiplier, steps)
+    if 0.0 in counts:
+        return math.inf
+    if accountant == "rdp":
+        return _rdp_epsilon(q, counts, delta)
+    if accountant == "pld":
+        return _pld_epsilon(q, counts, delta)
+    return gdp_epsilon(gdp_mu(q, counts), delta)
+
+
+def _check_accountant(accountant) -> str:
+    if accountant not in ACCOUNTANTS:
+        raise UserError(f"accountant must be one of {', '.join(ACCOUNTANTS)}, got {accountant!r}")
+    return accountant
+
+
+def noise_multiplier_for_epsilon(target_epsilon: float, sample_rate: float, steps: int, delta: float,
+                                 accountant: str = "rdp") -> float:
+    """Smallest noise multiplier whose epsilon by ``accountant`` is <= ``target_epsilon``.
+
+    Root finding on log(z) (scipy's brentq) to a relative tolerance of :data:`CALIBRATION_RTOL`, then
+    rounded UP and checked with the same accountant, so the returned multiplier never exceeds the target.
+    """
+    accountant = _check_accountant(accountant)
+    target = _check_epsilon(target_epsilon, "target_epsilon")
+    q, delta, steps = _check_sample_rate(sample_rate), _check_delta(delta), _check_steps(steps)
+
+    def epsilon_of(z: float) -> float:
+        return epsilon_for_accountant(accountant, q, z, steps, delta)
+
+    if accountant == "gdp":
+        return _gdp_noise_multiplier(target, q, steps, delta)
+
+    high = 1.0
+    while epsilon_of(high) > target:
+        high *= 2
+        if high > MAX_NOISE_MULTIPLIER:
+            raise UserError(f"target_epsilon {target} at delta {delta} is out of reach of the {accountant} "
+                            f"accountant for noise multipliers up to {MAX_NOISE_MULTIPLIER:g}")
+    low = high / 2
+    while epsilon_of(low) <= target:
+        high, low = low, low / 2
+    log_root = optimize.brentq(lambda t: epsilon_of(math.exp(t)) - target, math.log(low), math.log(high),
+                               xtol=CALIBRATION_RTOL / 4)
+    z = min(math.exp(log_root) * (1 + CALIBRATION_RTOL / 2), high)
+    while epsilon_of(z) > target:  # PLD's epsilon is piecewise constant in z: step up until it holds
+        z = min(z * (1 + CALIBRATION_RTOL / 2), high)
+    return z
+
+
+def _gdp_noise_multiplier(target: float, q: float, steps: int, delta: float) -> float:
+    """Closed form: solve delta_mu(target) = delta for mu, then invert mu = q sqrt(T (exp(1/z^2) - 1))."""
+    def log_delta_gap(log_mu: float) -> float:
+        mu = math.exp(log_mu)
+        return _log_gaussian_delta(target, -target / mu + mu / 2, -target / mu - mu / 2) - math.log(delta)
+
+    low, high = math.log(1e-3), math.log(1.0)
+    while log_delta_gap(low) >= 0:
+        low -= 2.0
+    while log_delta_gap(high) < 0:
+        high += 1.0
+    mu = math.exp(optimize.brentq(log_delta_gap, low, high, xtol=1e-13))
+
+    def noise_multiplier(mu_value: float) -> float:
+        return 1.0 / math.sqrt(math.log1p(mu_value ** 2 / (q * q * steps)))
+
+    z = noise_multiplier(mu)
+    return _round_up(z, lambda value: gdp_epsilon(gdp_mu(q, {value: steps}), delta) <= target, rtol=1e-10)
+
+
+def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
+    """Smallest Gaussian std giving (epsilon, delta)-DP for L2 sensitivity D (Balle & Wang 2018, Thm. 8).
+
+    Exact condition: Phi(D/(2s) - eps s/D) - e^eps Phi(-D/(2s) - eps s/D) <= delta, solved with brentq on
+    log(s) and rounded up so that the returned s satisfies it. Valid for every epsilon > 0.
+    """
+    epsilon, delta = _check_epsilon(epsilon), _check_delta(delta)
+    sensitivity = _check_epsilon(sensitivity, "sensitivity")
+
+    def log_delta_gap(log_ratio: float) -> float:  # ratio = s / D
+        r = math.exp(log_ratio)
+        return _log_gaussian_delta(epsilon, 1 / (2 * r) - epsilon * r, -1 / (2 * r) - epsilon * r) - math.log(delta)
+
+    low, high = 0.0, 0.0
+    while log_delta_gap(low) < 0:
+        low -= 1.0
+    while log_delta_gap(high) >= 0:
+        high += 1.0
+    ratio = math.exp(optimize.brentq(log_delta_gap, low, high, xtol=1e-14))
+    ratio = _round_up(ratio, lambda r: gaussian_mechanism_delta(epsilon, r, 1.0) <= delta)
+    return ratio * sensitivity
+
+
+def gaussian_mechanism_delta(epsilon: float, sigma: float, sensitivity: float = 1.0) -> float:
+    """Exact delta(epsilon) of the Gaussian mechanism with std ``sigma`` and L2 sensitivity D (Balle & Wang)."""
+    r = sigma / sensitivity
+    return math.exp(_log_gaussian_delta(epsilon, 1 / (2 * r) - epsilon * r, -1 / (2 * r) - epsilon * r))
+
+
+def classical_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
+    """sqrt(2 ln(1.25/delta)) D / epsilon (Dwork & Roth, Thm. A.1); only valid for epsilon <= 1."""
+    epsilon, delta = _check_epsilon(epsilon), _check_delta(delta)
+    sensitivity = _check_epsilon(sensitivity, "sensitivity")
+    if epsilon > 1:
+        raise UserError(f"the classical Gaussian mechanism bound is only valid for epsilon <= 1, got {epsilon}; "
+                        "use analytic_gaussian_sigma")
+    return math.sqrt(2 * math.log(1.25 / delta)) * sensitivity / epsilon

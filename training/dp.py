@@ -1,0 +1,127 @@
+"""DP-SGD building blocks, one job each (in the spirit of Opacus): sampling, per-example gradients, clipping,
+Gaussian noise. Each is a small class a user can replace.
+
+Units: a *noise multiplier* is the standard deviation of the Gaussian noise added to the SUM of clipped
+per-example gradients, divided by the clipping norm C. Pixels are in [0, 1].
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad, grad_and_value, vmap
+
+Params = dict[str, torch.Tensor]
+ExampleLoss = Callable[[Params, Params, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def functional_example_loss(model: nn.Module) -> ExampleLoss:
+    """``loss(params, buffers, z, x) = ||g(z) - x||^2`` for ONE example (eq. 1, summed over pixels)."""
+
+    def loss(params: Params, buffers: Params, z: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        out = functional_call(model, (params, buffers), (z.unsqueeze(0),))
+        return (out.squeeze(0) - x).pow(2).sum()
+
+    return loss
+
+
+def model_params(model: nn.Module, dtype: torch.dtype | None = None) -> tuple[Params, Params]:
+    """Detached parameters (those requiring grad) and buffers of ``model``, optionally cast to ``dtype``."""
+    cast = (lambda t: t.detach().to(dtype)) if dtype is not None else (lambda t: t.detach())
+    params = {k: cast(v) for k, v in model.named_parameters() if v.requires_grad}
+    buffers = {k: cast(v) for k, v in model.named_buffers()}
+    return params, buffers
+
+
+class PoissonSampler:
+    """Poisson sampling: each of ``num_examples`` examples joins a batch independently with ``sample_rate`` q."""
+
+    def __init__(self, num_examples: int, sample_rate: float):
+        if num_examples < 1:
+            raise ValueError("PoissonSampler needs at least one example")
+        if not 0 < sample_rate <= 1:
+            raise ValueError(f"sample rate must lie in (0, 1], got {sample_rate}")
+        self.num_examples = num_examples
+        self.sample_rate = sample_rate
+
+    def sample(self, generator: torch.Generator) -> torch.Tensor:
+        """Indices (int64, CPU) of one batch; may be empty."""
+        mask = torch.rand(self.num_examples, generator=generator) < self.sample_rate
+        return mask.nonzero().flatten()
+
+
+class PerExampleGradients:
+    """Per-example gradients of eq. (1) with torch.func (``vmap(grad)``), in chunks of ``chunk_size`` examples."""
+
+    def __init__(self, model: nn.Module, chunk_size: int | None = None):
+        self.model = model
+        self.chunk_size = chunk_size
+        loss = functional_example_loss(model)
+        self._grads = vmap(grad_and_value(loss), in_dims=(None, None, 0, 0), chunk_size=chunk_size)
+
+    def __call__(self, z: torch.Tensor, x: torch.Tensor) -> tuple[Params, torch.Tensor]:
+        """Return ({name: (n, *shape)}, losses (n,)) for noisy inputs ``z`` and clean targets ``x``."""
+        params, buffers = model_params(self.model)
+        grads, losses = self._grads(params, buffers, z, x)
+        return grads, losses.detach()
+
+
+def per_example_norms(grads: Params) -> torch.Tensor:
+    """L2 norm over all parameters of each example's gradient, shape (n,)."""
+    squares = [g.reshape(g.shape[0], -1).pow(2).sum(1) for g in grads.values()]
+    return torch.stack(squares).sum(0).sqrt()
+
+
+class PerExampleClipper:
+    """Clip factors ``s_i = min(1, C / ||g_i||)`` and the weighted sum ``sum_i s_i g_i``."""
+
+    def __init__(self, clip_norm: float):
+        if not clip_norm > 0:
+            raise ValueError(f"clip norm must be > 0, got {clip_norm}")
+        self.clip_norm = clip_norm
+
+    def factors(self, norms: torch.Tensor) -> torch.Tensor:
+        return (self.clip_norm / (norms + 1e-12)).clamp(max=1.0)
+
+    @staticmethod
+    def weighted_sum(grads: Params, weights: torch.Tensor) -> Params:
+        """``sum_i weights_i * grads_i`` per parameter (weights 0 drop an example)."""
+        return {k: torch.einsum("n,n...->...", weights.to(g.dtype), g) for k, g in grads.items()}
+
+
+class GaussianNoise:
+    """Adds N(0, (noise_multiplier * C)^2) to every coordinate; noise is drawn on the CPU ``generator``
+    (so runs are reproducible across devices) and moved to each tensor's device."""
+
+    def __init__(self, clip_norm: float):
+        self.clip_norm = clip_norm
+
+    def add(self, tensors: Params, noise_multiplier: float, generator: torch.Generator) -> Params:
+        if noise_multiplier < 0 or not math.isfinite(noise_multiplier):
+            raise ValueError(f"noise multiplier must be finite and >= 0, got {noise_multiplier}")
+        if noise_multiplier == 0:
+            return dict(tensors)
+        std = noise_multiplier * self.clip_norm
+        return {k: t + std * torch.randn(t.shape, generator=generator, dtype=torch.float32).to(t.device, t.dtype)
+                for k, t in tensors.items()}
+
+
+def input_gradient_fn(model: nn.Module) -> Callable:
+    """vmapped ``(loss(x; target x), grad_x loss(x; target x))``: the Taylor expansion point of line 8."""
+    loss = functional_example_loss(model)
+
+    def at_clean(params, buffers, x):
+        return grad_and_value(lambda inp: loss(params, buffers, inp, x))(x)
+
+    return vmap(at_clean, in_dims=(None, None, 0))
+
+
+def losses_fn(model: nn.Module) -> Callable:
+    """vmapped per-example ``loss(z_i; target x_i)``."""
+    return vmap(functional_example_loss(model), in_dims=(None, None, 0, 0))
+
+
+__all__ = ["PoissonSampler", "PerExampleGradients", "PerExampleClipper", "GaussianNoise", "per_example_norms",
+           "functional_example_loss", "model_params", "input_gradient_fn", "losses_fn", "grad"]
