@@ -276,7 +276,7 @@ def audit_certify_run(run: CertifyRun, pipeline: Pipeline, images: torch.Tensor,
                             f"({len(images)} images)")
         x = images[index].to(device)
         predicted = torch.tensor([row["predict"] for row in rows], dtype=torch.long, device=device)
-        eps = torch.tensor([row["radius"] * (1 - config.margin) for row in rows], dtype=x.dtype, device=device)
+        eps = torch.tensor([row["radius"] * (1 - config.margin) for row in rows], dtype=torch.float64, device=device)
         attack = PGD(threat, "l2", eps, config.steps, config.step_size, device=device)
         adversarial = attack(x, predicted, attack_gen)  # untargeted: away from the certified prediction
         norms = perturbation_norms(adversarial - x, "l2").cpu().numpy()

@@ -87,9 +87,10 @@ class Attack:
         if x.numel() and (float(x.min()) < 0 or float(x.max()) > 1):
             raise UserError(f"{self.name}: images must have pixels in [0, 1]")
         y = labels.detach().to(device)
-        eps = self._eps_tensor(x)
+        exact_eps = self._eps_tensor(x)
+        eps = self._rounded_down(exact_eps, x.dtype)  # the working budget never exceeds the exact one
         adv = self.perturb(x, y, eps, generator)
-        return self._enforce_budget(adv, x, eps)
+        return self._enforce_budget(adv, x, eps, exact_eps)
 
     # ------------------------------------------------------------------ to be written by each attack
 
@@ -100,13 +101,20 @@ class Attack:
     # ------------------------------------------------------------------ shared pieces
 
     def _eps_tensor(self, x: torch.Tensor) -> torch.Tensor:
-        eps = torch.as_tensor(self.eps, dtype=x.dtype, device=x.device)
+        """The exact budget per example, in float64 (0.3 in float32 would be 0.30000001, past the budget)."""
+        eps = torch.as_tensor(self.eps, dtype=torch.float64).to(x.device)
         if eps.dim() == 0:
             return eps.expand(len(x)).clone()
         if eps.shape != (len(x),):
             raise UserError(f"{self.name}: per-example eps has shape {tuple(eps.shape)}, the batch has {len(x)} "
                             "images")
         return eps
+
+    @staticmethod
+    def _rounded_down(eps: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``eps`` in ``dtype``, rounded towards zero where the conversion rounded up."""
+        low = eps.to(dtype)
+        return torch.where(low.double() > eps, torch.nextafter(low, torch.zeros_like(low)), low)
 
     def ascent_gradient(self, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         """Gradient of the attack's objective with respect to the pixels only (loss up, or target loss down)."""
@@ -148,10 +156,11 @@ class Attack:
             delta = direction * _per_example(radius * eps, x)
         return self.project(x + delta, x, eps)
 
-    def _enforce_budget(self, adv: torch.Tensor, x: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
-        """Guarantee ||adv - x|| <= eps exactly (measured in float64) and adv in [0, 1]."""
+    def _enforce_budget(self, adv: torch.Tensor, x: torch.Tensor, eps: torch.Tensor,
+                        exact_eps: torch.Tensor) -> torch.Tensor:
+        """Guarantee ||adv - x|| <= exact_eps (measured in float64) and adv in [0, 1]."""
         adv = self.project(adv.detach(), x, eps)
-        limit = eps.double()
+        limit = exact_eps
         for _ in range(MAX_SHRINK_RETRIES):
             over = perturbation_norms(adv - x, self.norm) > limit
             if not bool(over.any()):

@@ -1,5 +1,253 @@
-"""Subcommands of this area (to be filled in by its issue)."""
+"""Subcommands ``certify``, ``predict``, ``certify-merge`` and ``report``: thin layers over certify.runner/report."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from transdenoiser.argtypes import open_unit_interval, positive_float, positive_int
+from transdenoiser.errors import UserError
+
+CERTIFY_DESCRIPTION = """\
+Certify images of a dataset split with randomized smoothing (Cohen et al., 2019): for each image,
+select a class with n0 noisy samples, estimate with n fresh samples a one-sided (1 - alpha)
+Clopper-Pearson lower bound pA on its probability, and certify the L2 radius sigma * Phi^-1(pA),
+or abstain (predict -1) when pA < 1/2. Noise N(0, sigma^2 I) is added to [0,1] pixels, before
+the denoiser (if any) and the classifier's own normalisation.
+
+Writes OUT/certify.tsv (Cohen's columns: idx label predict radius correct time; time in
+seconds), OUT/summary.json, OUT/report.md and OUT/certified_accuracy.png. An interrupted run
+resumes where it stopped when run again with the same --out and settings (other settings are
+refused). --shard I/K (or torchrun's RANK/WORLD_SIZE) certifies one share of the images; the
+last shard to finish, or 'transdenoiser certify-merge', writes the report of the whole run.
+Each image's noise is seeded by (--seed, image index): sharded and whole runs agree row for row.
+"""
+
+PREDICT_DESCRIPTION = """\
+Predict images of a dataset split with the smoothed classifier (Cohen et al.'s PREDICT): the top
+class among n noisy samples, or abstain (-1) unless a two-sided binomial test between the two top
+counts rejects a tie at level alpha. Writes OUT/predict.tsv (idx label predict correct time),
+OUT/summary.json and OUT/report.md. Resume, --shard and merge work as for 'certify'.
+"""
+
+
+def index_list(text: str) -> list[int]:
+    """``0-99,150,200-209``: indices and inclusive ranges."""
+    indices: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            if "-" in part:
+                low, high = (int(v) for v in part.split("-", 1))
+                if low > high:
+                    raise argparse.ArgumentTypeError(f"range {part!r} runs backwards")
+                indices.extend(range(low, high + 1))
+            else:
+                indices.append(int(part))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part!r} is not an index or a range like 0-99") from None
+    if not indices:
+        raise argparse.ArgumentTypeError("expected indices like 0-99,150")
+    if min(indices) < 0:
+        raise argparse.ArgumentTypeError(f"indices must be >= 0, got {min(indices)}")
+    return indices
+
+
+def _shard(text: str):
+    from certify.runner import Shard
+
+    try:
+        return Shard.parse(text)
+    except UserError as exc:
+        raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
+
+
+def _add_run_args(p: argparse.ArgumentParser, task: str) -> None:
+    from certify.core import MEMORY_FORMATS
+    from training.cli import add_dataset_args
+    from training.datasets import SPLITS
+
+    models = p.add_argument_group("models")
+    models.add_argument("--classifier", type=Path, required=True, metavar="CKPT",
+                        help="classifier checkpoint directory")
+    models.add_argument("--denoiser", type=Path, default=None, metavar="CKPT",
+                        help="denoiser checkpoint directory, put in front of the classifier (default: none)")
+    smoothing = p.add_argument_group("smoothing")
+    smoothing.add_argument("--sigma", type=positive_float, required=True,
+                           help="noise standard deviation, pixels in [0,1] (e.g. 0.25)")
+    if task == "certify":
+        smoothing.add_argument("--n0", type=positive_int, default=100,
+                               help="selection samples per image (default: 100)")
+    smoothing.add_argument("--n", type=positive_int, default=100_000,
+                           help="estimation samples per image (default: 100000)")
+    smoothing.add_argument("--alpha", type=open_unit_interval, default=0.001,
+                           help="failure probability of each " + ("certificate" if task == "certify" else "prediction")
+                                + " (default: 0.001)")
+    smoothing.add_argument("--batch", type=positive_int, default=1000,
+                           help="noisy samples per forward pass; several images share a pass (default: 1000)")
+    smoothing.add_argument("--memory-format", choices=MEMORY_FORMATS, default="auto",
+                           help="auto: channels-last for convolutional models on CPU (faster), as given elsewhere")
+    add_dataset_args(p)
+    data = [g for g in p._action_groups if g.title == "data"][0]
+    data.add_argument("--split", choices=SPLITS, default="test", help="which split to use (default: test)")
+    data.add_argument("--skip", type=positive_int, default=1, help="use every K-th image (default: 1)")
+    data.add_argument("--max", type=positive_int, default=None, metavar="M",
+                      help="stop before image index M, as in Cohen et al. (default: the whole split)")
+    data.add_argument("--indices", type=index_list, default=None, metavar="LIST",
+                      help="exactly these image indices, e.g. 0-99,150 (instead of --skip/--max)")
+    run = p.add_argument_group("run")
+    run.add_argument("--out", type=Path, default=Path(f"runs/{task}"),
+                     help=f"run directory (default: runs/{task}); an existing run there is resumed")
+    run.add_argument("--threads", type=positive_int, default=None,
+                     help="CPU threads for torch (default: torch's choice; on a busy machine 1 can be much faster)")
+    run.add_argument("--shard", type=_shard, default=None, metavar="I/K",
+                     help="do shard I of K (0 <= I < K) of the images; under torchrun, RANK/WORLD_SIZE by default")
 
 
 def register(subparsers, common) -> None:
     """Add this area's subcommands to the ``transdenoiser`` parser."""
+    p = subparsers.add_parser("certify", parents=[common], help="certify a dataset split with randomized smoothing",
+                              description=CERTIFY_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_run_args(p, "certify")
+    p.set_defaults(handler=cmd_certify)
+
+    p = subparsers.add_parser("predict", parents=[common], help="smoothed predictions (abstain when unsure)",
+                              description=PREDICT_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_run_args(p, "predict")
+    p.set_defaults(handler=cmd_predict)
+
+    p = subparsers.add_parser("certify-merge", parents=[common], help="merge the shards of a certify/predict run",
+                              description="Merge the shards of a certify or predict run (one folder shared by all "
+                                          "shards, or one folder per shard) into one TSV and write its summary.json, "
+                                          "report.md and figure. Refuses folders of different runs and incomplete "
+                                          "runs. The result is the same as one unsharded run (the time column aside).")
+    p.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR", help="folders holding the shards")
+    p.add_argument("--out", type=Path, default=None, help="where to write the merged run (default: the first RUN_DIR)")
+    p.set_defaults(handler=cmd_merge)
+
+    p = subparsers.add_parser("report", parents=[common], help="overlay several certify (or attack) runs",
+                              description="One figure and one table over several finished runs: certified accuracy "
+                                          "against L2 radius for certify runs (the form of the TransDenoiser paper's "
+                                          "Figure 2), labelled by the denoiser's training arm and sigma; folders "
+                                          "holding attack.json are overlaid by the attack report.")
+    p.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR", help="finished run folders")
+    p.add_argument("--out", type=Path, required=True, help="folder for report.md, certified_accuracy.png, overlay.json")
+    p.set_defaults(handler=cmd_report)
+
+
+def cmd_certify(args) -> int:
+    return _run(args, "certify")
+
+
+def cmd_predict(args) -> int:
+    return _run(args, "predict")
+
+
+def _run(args, task: str) -> int:
+    from certify.core import Smooth
+    from certify.pipeline import check_dataset_fits, load_pipeline
+    from certify.report import finalize_run, format_certified_accuracy_table, format_prediction_summary
+    from certify.runner import (
+        RunDirectory,
+        RunSettings,
+        Shard,
+        collect_rows,
+        iter_certify,
+        iter_predict,
+        missing_report,
+        pack_size,
+        plan_units,
+        rank_device,
+        run_work,
+        select_indices,
+    )
+    from training.cli import load_dataset_from_args
+    from transdenoiser.progress import bar
+    from transdenoiser.runtime import hardware_description, resolve_device
+
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    shard = args.shard if args.shard is not None else Shard.from_environment()
+    device = rank_device(resolve_device(args.device))
+    pipeline = load_pipeline(args.classifier, args.denoiser, device)
+    dataset = load_dataset_from_args(args)
+    split = dataset.split(args.split)
+    what = f"{dataset.name}'s {args.split} split"
+    check_dataset_fits(pipeline, dataset.image_shape, dataset.num_classes, what)
+    indices = select_indices(len(split), args.skip, args.max, args.indices, what=what)
+    n0 = args.n0 if task == "certify" else None
+    smooth = Smooth(pipeline.classifier, pipeline.num_classes, args.sigma, pipeline.denoiser, args.batch, device,
+                    args.memory_format)
+    pack = pack_size((n0 or 0) + args.n, args.batch)
+    fingerprint = split.fingerprint()
+    trained = pipeline.classifier_metadata.get("dataset", {})
+    if trained.get("fingerprints", {}).get(trained.get("trained_on")) == fingerprint:
+        print(f"note: the classifier was trained on this very split ({what}): the figures are not test figures",
+              file=sys.stderr)
+    settings = RunSettings(
+        task=task, classifier=str(args.classifier.resolve()),
+        classifier_sha256=pipeline.classifier_metadata.get("files", {}).get("weights.safetensors", ""),
+        denoiser=str(args.denoiser.resolve()) if args.denoiser else None,
+        denoiser_sha256=(pipeline.denoiser_metadata or {}).get("files", {}).get("weights.safetensors"),
+        dataset=dataset.name, data_root=str(args.data_root.resolve()) if args.data_root else None,
+        split_seed=args.split_seed, split=args.split, split_fingerprint=fingerprint, split_size=len(split),
+        sigma=args.sigma, n0=n0, n=args.n, alpha=args.alpha, batch=args.batch, skip=args.skip, max=args.max,
+        indices=args.indices, seed=args.seed, shards=shard.count if shard else 1, pack=pack,
+        noise_device=device.type, memory_format=smooth.memory_format)
+    run = RunDirectory(args.out, settings, shard)
+    run.open()
+    run.write_models(pipeline.classifier_metadata, pipeline.denoiser_metadata)
+    images, labels = split.tensors("cpu")
+    units = plan_units(indices, pack)
+
+    def engine(pending):
+        if task == "certify":
+            return iter_certify(smooth, images, labels, pending, args.n0, args.n, args.alpha, args.seed)
+        return iter_predict(smooth, images, labels, pending, args.n, args.alpha, args.seed)
+
+    start = time.perf_counter()
+    before = now = 0
+    complete = False
+    try:
+        before, now = run_work(run, units, engine, track=bar)
+        complete = True
+    finally:
+        run.update_status(device, hardware_description(device), time.perf_counter() - start, before + now, complete)
+    where = f"shard {shard}" if shard else "run"
+    print(f"{task}: {now} images done now, {before} done before ({where}, {hardware_description(device)}); "
+          f"rows in {run.rows_path(shard)}")
+    if shard is not None:
+        _, rows, _ = collect_rows([args.out], task)
+        problems = missing_report(settings.to_dict(), rows)
+        if problems:
+            print(f"{task}: waiting for the other shards ({'; '.join(problems)}); when all are done, "
+                  f"'transdenoiser certify-merge {args.out}' writes the report (the last shard to finish does it too)")
+            return 0
+    summary = finalize_run([args.out])
+    print(format_certified_accuracy_table(summary) if task == "certify" else format_prediction_summary(summary))
+    print(f"wrote {args.out}/summary.json and report.md" + (", certified_accuracy.png" if task == "certify" else ""))
+    return 0
+
+
+def cmd_merge(args) -> int:
+    from certify.report import finalize_run, format_certified_accuracy_table, format_prediction_summary
+
+    summary = finalize_run(args.run_dirs, args.out)
+    print(format_certified_accuracy_table(summary) if summary["task"] == "certify"
+          else format_prediction_summary(summary))
+    out = args.out or args.run_dirs[0]
+    print(f"merged {len(args.run_dirs)} folder(s) into {out}: {summary['task']}.tsv, summary.json, report.md")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from certify.report import overlay_runs
+
+    written = overlay_runs(args.run_dirs, args.out)
+    for path in written:
+        print(f"wrote {path}")
+    return 0

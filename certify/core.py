@@ -10,10 +10,19 @@ the noise is added before any normalisation (the classifier normalises inside).
   one-sided (1 - alpha) Clopper-Pearson lower bound pA (statsmodels, ``method="beta"``);
   certified L2 radius sigma * Phi^-1(pA), or ABSTAIN when pA < 1/2 (Cohen's CERTIFY).
 The selection and estimation samples are never shared.
+
+Speed without changing the statistics: noisy samples of several images are packed into one
+forward pass (``sample_counts_many``), noise is drawn on the device under ``torch.inference_mode``,
+and convolutional models run in channels-last memory format on CPU. Each image's noise comes
+from its own generator, drawn in pieces whose size depends only on the image shape, so what an
+image gets does not depend on the batch size, on the images packed with it, or on sharding.
+Arithmetic is float32 throughout (no mixed precision).
 """
 from __future__ import annotations
 
+import copy
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +34,8 @@ from torch import nn
 from transdenoiser.errors import UserError
 
 ABSTAIN = -1
+NOISE_PIECE_ELEMENTS = 1 << 20  # noise is drawn per image in pieces of about this many numbers (4 MiB of float32)
+MEMORY_FORMATS = ("auto", "channels_last", "contiguous")
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,11 @@ def radius_from_p_lower(p_lower: float, sigma: float) -> float:
     return float(sigma * norm.ppf(p_lower))
 
 
+def max_certifiable_radius(sigma: float, n: int, alpha: float) -> float:
+    """The largest radius ``certify`` can return with n estimation samples: every sample votes for the class."""
+    return radius_from_p_lower(clopper_pearson_lower(n, n, alpha), sigma)
+
+
 def validate_sampling(n0: int | None, n: int, alpha: float) -> None:
     if n0 is not None and n0 < 1:
         raise UserError(f"n0 must be >= 1, got {n0}")
@@ -64,24 +80,76 @@ def validate_sampling(n0: int | None, n: int, alpha: float) -> None:
         raise UserError(f"alpha must lie strictly between 0 and 1, got {alpha}")
 
 
+def image_seed(seed: int, idx: int) -> int:
+    """Seed of the generator for image ``idx`` of a run seeded with ``seed`` (NumPy's SeedSequence mixing).
+
+    Every image gets its own independent noise stream, so a result depends on (seed, idx) only,
+    never on which process, shard or pack the image was certified in.
+    """
+    if idx < 0:
+        raise UserError(f"image index must be >= 0, got {idx}")
+    words = np.random.SeedSequence([seed % 2**64, idx]).generate_state(2, dtype=np.uint32)
+    return (int(words[0]) << 31) ^ int(words[1])  # < 2**63: a valid torch seed
+
+
+def certificate_from_counts(selection: np.ndarray, estimation: np.ndarray, alpha: float,
+                            sigma: float) -> Certificate:
+    """Cohen's CERTIFY decision: the class comes from ``selection`` counts, its bound from ``estimation`` counts."""
+    n0, n = int(selection.sum()), int(estimation.sum())
+    top = int(selection.argmax())
+    count = int(estimation[top])
+    p_lower = clopper_pearson_lower(count, n, alpha)
+    if p_lower < 0.5:
+        return Certificate(ABSTAIN, 0.0, p_lower, count, n0, n)
+    return Certificate(top, radius_from_p_lower(p_lower, sigma), p_lower, count, n0, n)
+
+
+def prediction_from_counts(counts: np.ndarray, alpha: float) -> int:
+    """Cohen's PREDICT decision: the top class unless a two-sided binomial test cannot tell it from the runner-up."""
+    top2 = counts.argsort()[::-1][:2]
+    count_a, count_b = int(counts[top2[0]]), int(counts[top2[1]])
+    if binomtest(count_a, count_a + count_b, p=0.5).pvalue > alpha:
+        return ABSTAIN
+    return int(top2[0])
+
+
+def _has_conv2d(*models: nn.Module | None) -> bool:
+    return any(isinstance(m, nn.modules.conv._ConvNd) and m.weight.dim() == 4
+               for model in models if model is not None for m in model.modules())
+
+
 class Smooth:
     """A smoothed classifier over ``classifier`` with ``denoiser`` in front (both frozen, eval mode).
 
     ``sigma``: standard deviation of the Gaussian noise, in [0,1]-pixel units.
-    ``batch_size``: noisy samples evaluated per forward pass.
+    ``batch_size``: noisy samples evaluated per forward pass (several images' samples share a pass).
+    ``memory_format``: ``auto`` runs convolutional models in channels-last format on CPU (about 2x
+    faster there) and as given elsewhere; the models are then copied, never changed in place.
     """
 
     def __init__(self, classifier: nn.Module, num_classes: int, sigma: float, denoiser: nn.Module | None = None,
-                 batch_size: int = 1000, device: torch.device | str | None = None):
+                 batch_size: int = 1000, device: torch.device | str | None = None, memory_format: str = "auto"):
         if not (isinstance(sigma, (int, float)) and math.isfinite(sigma) and sigma > 0):
             raise UserError(f"sigma must be > 0, got {sigma}")
         if num_classes < 2:
             raise UserError(f"num_classes must be >= 2, got {num_classes}")
         if batch_size < 1:
             raise UserError(f"batch size must be >= 1, got {batch_size}")
+        if memory_format not in MEMORY_FORMATS:
+            raise UserError(f"memory format must be one of {', '.join(MEMORY_FORMATS)}, got {memory_format!r}")
         self.device = torch.device(device) if device is not None else next(classifier.parameters()).device
-        self.classifier = classifier.to(self.device).eval()
-        self.denoiser = denoiser.to(self.device).eval() if denoiser is not None else None
+        classifier = classifier.to(self.device).eval()
+        denoiser = denoiser.to(self.device).eval() if denoiser is not None else None
+        if memory_format == "auto":
+            memory_format = ("channels_last" if self.device.type == "cpu" and _has_conv2d(classifier, denoiser)
+                             else "contiguous")
+        if memory_format == "channels_last":
+            classifier = copy.deepcopy(classifier).to(memory_format=torch.channels_last)
+            if denoiser is not None:
+                denoiser = copy.deepcopy(denoiser).to(memory_format=torch.channels_last)
+        self.classifier = classifier
+        self.denoiser = denoiser
+        self.memory_format = memory_format
         self.num_classes = num_classes
         self.sigma = float(sigma)
         self.batch_size = batch_size
@@ -90,9 +158,15 @@ class Smooth:
         """A generator on this smoother's device: same seed, same noise, same result."""
         return torch.Generator(device=self.device).manual_seed(seed)
 
+    def image_generator(self, seed: int, idx: int) -> torch.Generator:
+        """The generator of image ``idx`` in a run seeded with ``seed`` (see :func:`image_seed`)."""
+        return self.generator(image_seed(seed, idx))
+
     @torch.inference_mode()
     def base_logits(self, x: torch.Tensor) -> torch.Tensor:
         """Logits of the base pipeline f(D(x)) for a batch ``x`` (no noise added here)."""
+        if self.memory_format == "channels_last" and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
         if self.denoiser is not None:
             x = self.denoiser(x)
         return self.classifier(x)
@@ -100,37 +174,92 @@ class Smooth:
     @torch.inference_mode()
     def sample_counts(self, x: torch.Tensor, num: int, generator: torch.Generator | None = None) -> np.ndarray:
         """Class counts of f(D(x + e)) over ``num`` noise draws for one image ``x`` (C, H, W)."""
-        x = x.to(self.device)
-        counts = torch.zeros(self.num_classes, dtype=torch.long, device=self.device)
-        remaining = num
-        while remaining > 0:
-            size = min(self.batch_size, remaining)
-            batch = x.unsqueeze(0).expand(size, *x.shape)
-            noise = torch.randn(batch.shape, generator=generator, device=self.device, dtype=x.dtype)
-            predictions = self.base_logits(batch + noise * self.sigma).argmax(dim=1)
-            counts += torch.bincount(predictions, minlength=self.num_classes)
-            remaining -= size
-        return counts.cpu().numpy()
+        return self.sample_counts_many(x.unsqueeze(0), [num], [generator])[0, 0]
+
+    @torch.inference_mode()
+    def sample_counts_many(self, images: torch.Tensor, phases: Sequence[int],
+                           generators: Sequence[torch.Generator | None]) -> np.ndarray:
+        """Class counts for several images and several sampling phases, packed into shared forward passes.
+
+        ``images`` (B, C, H, W); ``phases`` the number of noise draws in each phase (e.g. ``[n0, n]``);
+        ``generators`` one per image. Returns int64 counts of shape (B, len(phases), num_classes).
+        Each image draws its phases in order from its own generator, fresh draws each time: phase
+        samples are never shared. The noise depends on the generator alone (pieces of a fixed
+        size per image shape), not on ``batch_size`` or on the other images.
+        """
+        if images.dim() != 4:
+            raise UserError(f"expected a batch of images (B, C, H, W), got shape {tuple(images.shape)}")
+        if len(generators) != images.shape[0]:
+            raise ValueError(f"{images.shape[0]} images but {len(generators)} generators")
+        images = images.to(self.device)
+        num_slots = images.shape[0] * len(phases)
+        counts = torch.zeros(num_slots * self.num_classes, dtype=torch.long, device=self.device)
+        piece = max(1, NOISE_PIECE_ELEMENTS // images[0].numel())
+        pending: list[torch.Tensor] = []  # noisy samples waiting for a forward pass
+        pending_slots: list[tuple[int, int]] = []  # (slot, number of samples), in the order of ``pending``
+
+        def forward(take: int) -> None:
+            batch = pending[0] if len(pending) == 1 else torch.cat(pending)
+            predictions = self.base_logits(batch[:take]).argmax(dim=1)
+            slots, sizes, left = [], [], take
+            while left > 0:
+                slot, size = pending_slots[0]
+                used = min(size, left)
+                slots.append(slot)
+                sizes.append(used)
+                left -= used
+                if used == size:
+                    pending_slots.pop(0)
+                else:
+                    pending_slots[0] = (slot, size - used)
+            slot_ids = torch.repeat_interleave(torch.tensor(slots, device=self.device),
+                                               torch.tensor(sizes, device=self.device))
+            counts.add_(torch.bincount(slot_ids * self.num_classes + predictions, minlength=counts.numel()))
+            pending.clear()
+            if take < batch.shape[0]:
+                pending.append(batch[take:])
+
+        queued = 0
+        for j in range(images.shape[0]):
+            for p, num in enumerate(phases):
+                remaining = int(num)
+                while remaining > 0:
+                    size = min(piece, remaining)
+                    noise = torch.randn((size, *images.shape[1:]), generator=generators[j], device=self.device,
+                                        dtype=images.dtype)
+                    pending.append(noise.mul_(self.sigma).add_(images[j]))
+                    pending_slots.append((j * len(phases) + p, size))
+                    queued += size
+                    remaining -= size
+                    while queued >= self.batch_size:
+                        forward(self.batch_size)
+                        queued -= self.batch_size
+        if queued > 0:
+            forward(queued)
+        return counts.view(images.shape[0], len(phases), self.num_classes).cpu().numpy()
 
     def predict(self, x: torch.Tensor, n: int, alpha: float, generator: torch.Generator | None = None) -> int:
         """Top class of the smoothed classifier at ``x``, or ABSTAIN; wrong with probability at most alpha."""
+        return self.predict_many(x.unsqueeze(0), n, alpha, [generator])[0]
+
+    def predict_many(self, images: torch.Tensor, n: int, alpha: float,
+                     generators: Sequence[torch.Generator | None]) -> list[int]:
+        """:meth:`predict` for a batch of images (B, C, H, W), their noisy samples packed together."""
         validate_sampling(None, n, alpha)
-        counts = self.sample_counts(x, n, generator)
-        top2 = counts.argsort()[::-1][:2]
-        count_a, count_b = int(counts[top2[0]]), int(counts[top2[1]])
-        if binomtest(count_a, count_a + count_b, p=0.5).pvalue > alpha:
-            return ABSTAIN
-        return int(top2[0])
+        counts = self.sample_counts_many(images, [n], generators)
+        return [prediction_from_counts(c[0], alpha) for c in counts]
 
     def certify(self, x: torch.Tensor, n0: int, n: int, alpha: float,
                 generator: torch.Generator | None = None) -> Certificate:
         """Certify ``x``: a class with an L2 radius that holds with probability >= 1 - alpha, or ABSTAIN."""
+        return self.certify_many(x.unsqueeze(0), n0, n, alpha, [generator])[0]
+
+    def certify_many(self, images: torch.Tensor, n0: int, n: int, alpha: float,
+                     generators: Sequence[torch.Generator | None]) -> list[Certificate]:
+        """:meth:`certify` for a batch of images (B, C, H, W), their noisy samples packed together.
+
+        Per image, n0 selection draws come first, then n fresh estimation draws (counts kept apart).
+        """
         validate_sampling(n0, n, alpha)
-        selection = self.sample_counts(x, n0, generator)
-        top = int(selection.argmax())
-        estimation = self.sample_counts(x, n, generator)  # fresh draws: never the selection samples
-        count = int(estimation[top])
-        p_lower = clopper_pearson_lower(count, n, alpha)
-        if p_lower < 0.5:
-            return Certificate(ABSTAIN, 0.0, p_lower, count, n0, n)
-        return Certificate(top, radius_from_p_lower(p_lower, self.sigma), p_lower, count, n0, n)
+        counts = self.sample_counts_many(images, [n0, n], generators)
+        return [certificate_from_counts(c[0], c[1], alpha, self.sigma) for c in counts]

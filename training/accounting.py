@@ -20,6 +20,7 @@ Gaussian mechanism of Balle & Wang 2018) are written out, and solved with scipy.
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections import Counter
@@ -42,14 +43,23 @@ ACCOUNTANTS = ("rdp", "pld", "gdp")
 RDP_ORDERS: tuple[float, ...] = tuple(sorted(set(DEFAULT_RDP_ORDERS) | set(range(64, 128, 8))
                                              | {160, 192, 320, 384, 768, 1536, 2048, 4096}))
 
-# Width of the privacy-loss grid of the PLD accountant (dp-accounting's default). Rounding is pessimistic.
+# Width of the privacy-loss grid of the PLD accountant. Rounding is pessimistic whatever the width, so the
+# width only trades tightness for time: dp-accounting's default 1e-4 for one or two distinct multipliers,
+# 1e-3 for heterogeneous schedules (one PLD per group), and, for large epsilons (where the support of the
+# privacy loss, and so the run time, grows), PLD_RELATIVE_DISCRETIZATION times a cheap estimate of epsilon
+# (the GDP one), at most PLD_MAX_VALUE_DISCRETIZATION. Measured effect: docs/ACCOUNTING.md.
 PLD_VALUE_DISCRETIZATION = 1e-4
+PLD_COARSE_VALUE_DISCRETIZATION = 1e-3
+PLD_FINE_MAX_GROUPS = 2
+PLD_RELATIVE_DISCRETIZATION = 1e-5
+PLD_MAX_VALUE_DISCRETIZATION = 1e-2
 
 # Per-step multipliers with more distinct values than this are grouped (see group_noise_multipliers).
 MAX_DISTINCT_MULTIPLIERS = 16
 
-# Relative tolerance of noise_multiplier_for_epsilon (the returned value is within this of the optimum).
-CALIBRATION_RTOL = 1e-4
+# Relative tolerance of noise_multiplier_for_epsilon: the returned multiplier meets the target and is at most
+# this much (relatively) above the smallest one that does.
+CALIBRATION_RTOL = 1e-3
 
 # The largest noise multiplier calibration will try before declaring a target unreachable.
 MAX_NOISE_MULTIPLIER = 1e5
@@ -153,7 +163,7 @@ def group_noise_multipliers(counts: dict[float, int],
             index = int(np.searchsorted(log_values, log_values[index] + width, side="right"))
         return starts
 
-    low, high = 0.0, float(log_values[-1] - log_values[0])  # run_starts(high) is a single run
+    low, high = 0.0, float(log_values[-1] - log_values[0]) * (1 + 1e-12) + 1e-300  # a single run
     for _ in range(60):
         middle = (low + high) / 2
         if len(run_starts(middle)) <= max_groups:
@@ -167,7 +177,7 @@ def group_noise_multipliers(counts: dict[float, int],
         representative = float(values[begin])
         grouped[representative] = sum(counts[float(v)] for v in values[begin:end])
         max_rounding = max(max_rounding, 1.0 - representative / float(values[end - 1]))
-    return grouped, max_rounding
+    return grouped, float(max_rounding)
 
 
 def _dp_event(sample_rate: float, counts: dict[float, int]) -> dp_accounting.DpEvent:
@@ -185,8 +195,14 @@ def _rdp_epsilon(sample_rate: float, counts: dict[float, int], delta: float) -> 
     return float(accountant.get_epsilon(delta))
 
 
-def _pld_epsilon(sample_rate: float, counts: dict[float, int], delta: float) -> float:
-    accountant = PLDAccountant(value_discretization_interval=PLD_VALUE_DISCRETIZATION)
+def pld_value_discretization(groups: int, epsilon_estimate: float) -> float:
+    """Grid width for the PLD accountant (see PLD_VALUE_DISCRETIZATION); never affects validity."""
+    base = PLD_VALUE_DISCRETIZATION if groups <= PLD_FINE_MAX_GROUPS else PLD_COARSE_VALUE_DISCRETIZATION
+    return min(max(base, PLD_RELATIVE_DISCRETIZATION * epsilon_estimate), max(base, PLD_MAX_VALUE_DISCRETIZATION))
+
+
+def _pld_epsilon(sample_rate: float, counts: dict[float, int], delta: float, value_discretization: float) -> float:
+    accountant = PLDAccountant(value_discretization_interval=value_discretization)
     accountant.compose(_dp_event(sample_rate, counts))
     return float(accountant.get_epsilon(delta))
 
@@ -261,9 +277,16 @@ def epsilon_report(sample_rate: float, noise_multipliers: float | Sequence[float
     grouped, max_rounding = group_noise_multipliers(counts, max_groups)
     base["multiplier_grouping"] = {"distinct_multipliers": len(counts), "groups": len(grouped),
                                    "max_relative_rounding_down": max_rounding}
+    base["pld_value_discretization"] = pld_value_discretization(len(grouped), gdp_epsilon(gdp_mu(q, counts), delta))
+    if max_rounding > 0:
+        note = (f"; {len(counts)} distinct per-step multipliers rounded DOWN onto {len(grouped)} values "
+                f"(by at most {100 * max_rounding:.2g}%)")
+        base["analyses"]["rdp"] += note
+        base["analyses"]["pld"] += note
     mu = gdp_mu(q, counts)  # the CLT formula uses the exact multipliers; it is an approximation anyway
-    return {"rdp": _rdp_epsilon(q, grouped, delta), "pld": _pld_epsilon(q, grouped, delta), "gdp_mu": mu,
-            "gdp_epsilon": gdp_epsilon(mu, delta), **base}
+    gdp = gdp_epsilon(mu, delta)
+    pld = _pld_epsilon(q, grouped, delta, base["pld_value_discretization"])
+    return {"rdp": _rdp_epsilon(q, grouped, delta), "pld": pld, "gdp_mu": mu, "gdp_epsilon": gdp, **base}
 
 
 def epsilon_for_accountant(accountant: str, sample_rate: float, noise_multiplier: float, steps: int,
@@ -276,9 +299,10 @@ def epsilon_for_accountant(accountant: str, sample_rate: float, noise_multiplier
         return math.inf
     if accountant == "rdp":
         return _rdp_epsilon(q, counts, delta)
+    gdp = gdp_epsilon(gdp_mu(q, counts), delta)
     if accountant == "pld":
-        return _pld_epsilon(q, counts, delta)
-    return gdp_epsilon(gdp_mu(q, counts), delta)
+        return _pld_epsilon(q, counts, delta, pld_value_discretization(1, gdp))
+    return gdp
 
 
 def _check_accountant(accountant) -> str:
@@ -298,21 +322,23 @@ def noise_multiplier_for_epsilon(target_epsilon: float, sample_rate: float, step
     target = _check_epsilon(target_epsilon, "target_epsilon")
     q, delta, steps = _check_sample_rate(sample_rate), _check_delta(delta), _check_steps(steps)
 
+    @functools.cache
     def epsilon_of(z: float) -> float:
         return epsilon_for_accountant(accountant, q, z, steps, delta)
 
     if accountant == "gdp":
         return _gdp_noise_multiplier(target, q, steps, delta)
 
-    high = 1.0
+    # Bracket around the closed-form GDP answer (close to PLD, a little below RDP), widening as needed.
+    high = _gdp_noise_multiplier(target, q, steps, delta) * 1.1
     while epsilon_of(high) > target:
-        high *= 2
+        high *= 1.5
         if high > MAX_NOISE_MULTIPLIER:
             raise UserError(f"target_epsilon {target} at delta {delta} is out of reach of the {accountant} "
                             f"accountant for noise multipliers up to {MAX_NOISE_MULTIPLIER:g}")
-    low = high / 2
+    low = high / 1.2
     while epsilon_of(low) <= target:
-        high, low = low, low / 2
+        high, low = low, low / 1.5
     log_root = optimize.brentq(lambda t: epsilon_of(math.exp(t)) - target, math.log(low), math.log(high),
                                xtol=CALIBRATION_RTOL / 4)
     z = min(math.exp(log_root) * (1 + CALIBRATION_RTOL / 2), high)

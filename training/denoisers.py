@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from transdenoiser.errors import UserError
 from training.models import register
+from transdenoiser.errors import UserError
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh, "silu": nn.SiLU, "softplus": nn.Softplus}
 DENOISERS = ("autoencoder", "tiny", "dncnn")

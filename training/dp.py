@@ -7,11 +7,11 @@ per-example gradients, divided by the clipping norm C. Pixels are in [0, 1].
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch.func import functional_call, grad, grad_and_value, vmap
+from torch.func import functional_call, grad_and_value, vmap
 
 Params = dict[str, torch.Tensor]
 ExampleLoss = Callable[[Params, Params, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -124,4 +124,4 @@ def losses_fn(model: nn.Module) -> Callable:
 
 
 __all__ = ["PoissonSampler", "PerExampleGradients", "PerExampleClipper", "GaussianNoise", "per_example_norms",
-           "functional_example_loss", "model_params", "input_gradient_fn", "losses_fn", "grad"]
+           "functional_example_loss", "model_params", "input_gradient_fn", "losses_fn"]

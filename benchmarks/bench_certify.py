@@ -1,0 +1,173 @@
+"""Noisy samples per second of ``certify`` against a straightforward per-image loop in Cohen et al.'s style.
+
+    python -m benchmarks.bench_certify                 # short: 6 images, n0 100, n 1000 (< 2 min on 2 CPU cores)
+    python -m benchmarks.bench_certify --n 10000 --images 3 --json runs/bench/certify.json
+
+Both sides certify the same images with the same model, the same n0, n, alpha and batch size, on the
+same device, one after the other (interleaved, best of --repeats):
+- baseline: Cohen's ``Smooth._sample_noise`` loop: per image, ``x.repeat`` a batch of copies,
+  ``randn_like`` noise, forward, argmax, count; NCHW models as loaded; ``torch.no_grad``;
+- ours: :func:`certify.runner.certify_dataset` (images packed into shared forward passes,
+  ``inference_mode``, noise drawn on the device, channels-last on CPU; float32 on both sides).
+Each is run with the classifier alone and with a denoiser in front. Without ``--denoiser`` the
+denoiser is a small randomly initialised conv/transposed-conv autoencoder built here (the speed
+depends on the architecture, not on the weights). Without ``--classifier``, runs/classifier is
+used if it exists, else a randomly initialised cnn28 (same architecture, same cost).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from certify.core import Smooth, certificate_from_counts
+from certify.runner import certify_dataset
+from transdenoiser.runtime import hardware_description, resolve_device
+
+DEFAULT_CLASSIFIER = Path("runs/classifier")
+
+
+def inline_autoencoder(channels: int = 1) -> nn.Module:
+    """A small conv / transposed-conv autoencoder (the paper's denoiser family), randomly initialised."""
+    return nn.Sequential(
+        nn.Conv2d(channels, 32, 3, stride=2, padding=1), nn.ReLU(),
+        nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.ReLU(),
+        nn.ConvTranspose2d(64, 32, 4, stride=2, padding=1), nn.ReLU(),
+        nn.ConvTranspose2d(32, channels, 4, stride=2, padding=1), nn.Sigmoid()).eval()
+
+
+class CohenLoop:
+    """The per-image loop of Cohen et al.'s reference code (core.py), kept deliberately plain."""
+
+    def __init__(self, base: nn.Module, num_classes: int, sigma: float, device: torch.device):
+        self.base, self.num_classes, self.sigma, self.device = base.eval(), num_classes, sigma, device
+
+    def _sample_noise(self, x: torch.Tensor, num: int, batch_size: int) -> np.ndarray:
+        with torch.no_grad():
+            counts = np.zeros(self.num_classes, dtype=int)
+            remaining = num
+            for _ in range(math.ceil(num / batch_size)):
+                this_batch_size = min(batch_size, remaining)
+                remaining -= this_batch_size
+                batch = x.repeat((this_batch_size, 1, 1, 1))
+                noise = torch.randn_like(batch, device=self.device) * self.sigma
+                predictions = self.base(batch + noise).argmax(1)
+                counts += np.bincount(predictions.cpu().numpy(), minlength=self.num_classes)
+            return counts
+
+    def certify(self, x: torch.Tensor, n0: int, n: int, alpha: float, batch_size: int):
+        selection = self._sample_noise(x, n0, batch_size)
+        estimation = self._sample_noise(x, n, batch_size)
+        return certificate_from_counts(selection, estimation, alpha, self.sigma)
+
+
+def load_models(args, device):
+    from training.checkpoint import load_checkpoint
+    from training.models import build_model
+
+    path = args.classifier or (DEFAULT_CLASSIFIER if (DEFAULT_CLASSIFIER / "metadata.json").is_file() else None)
+    if path is not None:
+        classifier = load_checkpoint(path, kind="classifier", map_location=device).model
+        what = f"checkpoint {path}"
+    else:
+        torch.manual_seed(0)
+        classifier = build_model("cnn28", in_channels=1, num_classes=10).to(device).eval()
+        what = "randomly initialised cnn28"
+    if args.denoiser is not None:
+        denoiser = load_checkpoint(args.denoiser, kind="denoiser", map_location=device).model
+        den_what = f"checkpoint {args.denoiser}"
+    else:
+        torch.manual_seed(1)
+        denoiser = inline_autoencoder().to(device)
+        den_what = "inline conv autoencoder (randomly initialised: the cost is the architecture's)"
+    return classifier, what, denoiser, den_what
+
+
+def time_call(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def bench_pair(classifier, denoiser, images, labels, args, device) -> dict:
+    base = classifier if denoiser is None else nn.Sequential(denoiser, classifier).eval()
+    baseline = CohenLoop(base, 10, args.sigma, device)
+    smooth = Smooth(classifier, 10, args.sigma, denoiser, batch_size=args.batch, device=device)
+    indices = list(range(len(images)))
+    samples = len(images) * (args.n0 + args.n)
+
+    def run_baseline():
+        torch.manual_seed(args.seed)
+        for x in images:
+            baseline.certify(x.to(device), args.n0, args.n, args.alpha, args.batch)
+
+    def run_ours():
+        certify_dataset(smooth, images, labels, indices, args.n0, args.n, args.alpha, args.seed)
+
+    with torch.inference_mode():  # warm-up: first calls pay for kernel selection and allocation
+        base(images[:2].to(device))
+        smooth.base_logits(images[:2].to(device))
+    times = {"baseline": [], "ours": []}
+    for _ in range(args.repeats):
+        times["baseline"].append(time_call(run_baseline))
+        times["ours"].append(time_call(run_ours))
+    best = {k: min(v) for k, v in times.items()}
+    return {"noisy_samples": samples,
+            "baseline_samples_per_second": samples / best["baseline"],
+            "ours_samples_per_second": samples / best["ours"],
+            "speedup": best["baseline"] / best["ours"],
+            "seconds": times, "memory_format": smooth.memory_format}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_certify", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=int, default=6, help="test images certified per measurement (default: 6)")
+    parser.add_argument("--n0", type=int, default=100, help="selection samples (default: 100)")
+    parser.add_argument("--n", type=int, default=1000, help="estimation samples (default: 1000)")
+    parser.add_argument("--batch", type=int, default=1000, help="samples per forward pass, both sides (default: 1000)")
+    parser.add_argument("--sigma", type=float, default=0.25)
+    parser.add_argument("--alpha", type=float, default=0.001)
+    parser.add_argument("--repeats", type=int, default=1, help="measurements per side; the best counts (default: 1)")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda (default: auto)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--classifier", type=Path, default=None, help="classifier checkpoint (default: see above)")
+    parser.add_argument("--denoiser", type=Path, default=None, help="denoiser checkpoint (default: inline autoencoder)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    from training.datasets import load_dataset
+
+    images, labels = load_dataset("mnist10k").test.tensors("cpu")
+    images, labels = images[:args.images], labels[:args.images]
+    classifier, what, denoiser, den_what = load_models(args, device)
+    hardware = hardware_description(device)
+    print(f"bench_certify: {args.images} mnist10k test images, n0 {args.n0}, n {args.n}, batch {args.batch}, "
+          f"sigma {args.sigma}, float32; {hardware}")
+    print(f"  classifier: {what}; denoiser: {den_what}")
+    results = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+               "hardware": hardware, "classifier": what, "denoiser": den_what, "runs": {}}
+    print(f"  {'pipeline':<22} {'Cohen loop':>14} {'ours':>14} {'speedup':>8}")
+    for name, den in (("classifier alone", None), ("denoiser + classifier", denoiser)):
+        row = bench_pair(classifier, den, images, labels, args, device)
+        results["runs"][name] = row
+        print(f"  {name:<22} {row['baseline_samples_per_second']:>10,.0f} /s {row['ours_samples_per_second']:>10,.0f} /s "
+              f"{row['speedup']:>7.2f}x")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"  wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,127 @@
+"""Load test of the prediction API: requests/s and p50/p99 latency, adaptive batching vs one request at a time.
+
+    python -m benchmarks.bench_serving [--classifier-dir runs/classifier] [--n 1000] [--clients 1,16]
+
+For each mode a real server (``transdenoiser serve``) starts on 127.0.0.1 from a model directory built in a
+temporary folder: ``batching = true`` (adaptive batching across requests) or ``batching = false`` (each
+request certified alone, one at a time). Each phase sends one-image requests from C concurrent clients,
+at most ``max(--min-requests, C * --requests-per-client)`` requests and no new request after
+``--max-seconds``; throughput counts completed requests over the phase's wall time. Loopback only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import torch
+
+from serving.bundle import write_model_dir
+from serving.process import ServerProcess
+from training.datasets import load_dataset
+from transdenoiser.argtypes import positive_float, positive_int
+from transdenoiser.runtime import hardware_description
+
+MODES = {"adaptive": True, "one-at-a-time": False}
+START_TIMEOUT_S = 300
+
+
+def run_phase(url: str, image: list, n: int, clients: int, total: int, max_seconds: float) -> dict:
+    """``total`` requests from ``clients`` threads (no new request after ``max_seconds``)."""
+    latencies: list[float] = []
+    failures: list[str] = []
+    lock = threading.Lock()
+    issued = 0
+    start = time.perf_counter()
+
+    def client() -> None:
+        nonlocal issued
+        with httpx.Client(base_url=url, timeout=600) as http:
+            while True:
+                with lock:
+                    if issued >= total or time.perf_counter() - start > max_seconds:
+                        return
+                    issued += 1
+                sent = time.perf_counter()
+                response = http.post("/predict", json={"images": [image], "n": n})
+                elapsed = time.perf_counter() - sent
+                with lock:
+                    if response.status_code == 200:
+                        latencies.append(elapsed)
+                    else:
+                        failures.append(f"{response.status_code}: {response.text[:200]}")
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - start
+    return {"clients": clients, "requests": len(latencies), "failures": failures, "wall_s": wall,
+            "requests_per_s": len(latencies) / wall,
+            "p50_s": float(np.percentile(latencies, 50)) if latencies else None,
+            "p99_s": float(np.percentile(latencies, 99)) if latencies else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_serving", description=__doc__.split("\n")[0])
+    parser.add_argument("--classifier-dir", default="runs/classifier", help="classifier checkpoint directory")
+    parser.add_argument("--denoiser-dir", default=None, help="optional denoiser checkpoint directory")
+    parser.add_argument("--sigma", type=positive_float, default=0.25, help="noise level, [0,1]-pixel units")
+    parser.add_argument("--n", type=positive_int, default=1000, help="estimation samples per request")
+    parser.add_argument("--clients", default="1,16", help="comma-separated concurrent client counts")
+    parser.add_argument("--requests-per-client", type=positive_int, default=2)
+    parser.add_argument("--min-requests", type=positive_int, default=8, help="fewest requests per phase")
+    parser.add_argument("--max-seconds", type=positive_float, default=150, help="no new request after this")
+    parser.add_argument("--device", default="cpu", help="server device (cpu, cuda)")
+    parser.add_argument("--out", default="runs/bench_serving.json", help="JSON results file")
+    args = parser.parse_args(argv)
+    clients = [int(c) for c in args.clients.split(",")]
+
+    x, _ = load_dataset("mnist10k").test.tensors()
+    image = x[0].tolist()
+    results = {"command": "python -m benchmarks.bench_serving " + " ".join(sys.argv[1:] if argv is None else argv),
+               "hardware": hardware_description(torch.device(args.device)), "cpu_count": os.cpu_count(),
+               "load_average_at_start": os.getloadavg(), "python": platform.python_version(),
+               "n": args.n, "n0": 100, "sigma": args.sigma, "modes": {}}
+    with tempfile.TemporaryDirectory(prefix="bench_serving_") as tmp:
+        for mode, batching in MODES.items():
+            model_dir = write_model_dir(Path(tmp) / mode, args.classifier_dir, args.denoiser_dir, sigma=args.sigma,
+                                        n0=100, n=args.n, max_n=max(args.n, 10_000), batching=batching,
+                                        max_latency_ms=600_000)
+            server = ServerProcess(model_dir, Path(tmp) / f"{mode}.log", device=args.device)
+            try:
+                server.wait_ready(time.monotonic() + START_TIMEOUT_S)
+                run_phase(server.url, image, args.n, 1, 1, args.max_seconds)  # warm the HTTP path
+                phases = []
+                for count in clients:
+                    total = max(args.min_requests, count * args.requests_per_client)
+                    phases.append(run_phase(server.url, image, args.n, count, total, args.max_seconds))
+                    phase = phases[-1]
+                    print(f"{mode:14s} clients={count:3d} requests={phase['requests']:3d} "
+                          f"req/s={phase['requests_per_s']:.3f} p50={phase['p50_s']:.2f}s p99={phase['p99_s']:.2f}s "
+                          f"failures={len(phase['failures'])}", flush=True)
+                results["modes"][mode] = phases
+            finally:
+                server.stop()
+    for index, count in enumerate(clients):
+        ratio = (results["modes"]["adaptive"][index]["requests_per_s"]
+                 / results["modes"]["one-at-a-time"][index]["requests_per_s"])
+        results.setdefault("speedup", {})[str(count)] = ratio
+        print(f"adaptive / one-at-a-time throughput at {count} clients: {ratio:.2f}x")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2))
+    print(f"hardware: {results['hardware']}; results in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

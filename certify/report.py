@@ -1,0 +1,373 @@
+"""Summaries, tables and figures of certification runs: summary.json, report.md, certified_accuracy.png.
+
+Definitions (Cohen et al., 2019; the TransDenoiser paper's CertAcc):
+- certified accuracy at radius r: the share of images whose certified prediction is correct with a
+  certified L2 radius >= r (abstentions count as wrong); at r = 0 it is the smoothed clean accuracy;
+- average certified radius (ACR): the mean over all images of the radius when the prediction is
+  correct and 0 otherwise (abstentions and wrong predictions count 0);
+- each certificate holds with probability >= 1 - alpha over the Monte Carlo sampling.
+Figures are drawn by matplotlib (Agg backend: no display needed).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from certify.core import ABSTAIN, max_certifiable_radius
+from certify.runner import (
+    MODELS_FILE,
+    SETTINGS_FILE,
+    CertifyRecord,
+    PredictRecord,
+    Record,
+    collect_rows,
+    missing_report,
+    ordered,
+    read_json,
+    read_rows,
+    write_json,
+    write_rows,
+    write_text,
+)
+from transdenoiser.errors import UserError
+
+RADIUS_STEP = 0.25  # table radii: 0, 0.25, 0.5, ... (L2, [0,1]-pixel units)
+CURVE_POINTS = 400
+SUMMARY_FILE = "summary.json"
+REPORT_FILE = "report.md"
+PLOT_FILE = "certified_accuracy.png"
+ACR_DEFINITION = ("mean over all images of the certified radius when the prediction is correct, 0 otherwise "
+                  "(abstentions and wrong predictions count 0)")
+GUARANTEE = ("each certificate is a statement about the smoothed classifier g(x) = argmax_c P[f(D(x+e)) = c], "
+             "e ~ N(0, sigma^2 I), that holds with probability >= 1 - alpha over the Monte Carlo sampling")
+
+
+# ----------------------------------------------------------------------------------------------- numbers
+
+def radius_grid(largest: float, step: float = RADIUS_STEP) -> list[float]:
+    """0, step, 2 step, ... up to ``largest`` (inclusive, with a little tolerance)."""
+    return [round(k * step, 10) for k in range(int(math.floor(largest / step + 1e-9)) + 1)]
+
+
+def certified_accuracy(records: Sequence[CertifyRecord], radius: float) -> float:
+    """Share of images certified correct at L2 radius >= ``radius``."""
+    if not records:
+        return float("nan")
+    return sum(1 for r in records if r.correct and r.radius >= radius) / len(records)
+
+
+def _timing(records: Sequence[Record], samples_per_image: int) -> dict[str, float | None]:
+    seconds = sum(r.seconds for r in records)
+    return {"seconds_per_image": seconds / len(records) if records else None,
+            "noisy_samples_per_second": len(records) * samples_per_image / seconds if seconds > 0 else None}
+
+
+def summarize(records: Sequence[CertifyRecord], sigma: float, n0: int, n: int, alpha: float,
+              radius_step: float = RADIUS_STEP) -> dict[str, Any]:
+    """Results of a certification: accuracies, abstention, certified accuracy per radius, ACR, timing."""
+    if not records:
+        raise UserError("no certified images to summarize")
+    count = len(records)
+    largest_possible = max_certifiable_radius(sigma, n, alpha)
+    largest = max(r.radius for r in records)
+    table = [{"radius": r, "certified_accuracy": certified_accuracy(records, r)}
+             for r in radius_grid(largest_possible, radius_step)]
+    return {
+        "task": "certify",
+        "images": count,
+        "smoothed_clean_accuracy": sum(r.correct for r in records) / count,
+        "abstention_rate": sum(r.prediction == ABSTAIN for r in records) / count,
+        "wrong_rate": sum(not r.correct and r.prediction != ABSTAIN for r in records) / count,
+        "certified_accuracy": table,
+        "average_certified_radius": sum(r.radius for r in records if r.correct) / count,
+        "average_certified_radius_definition": ACR_DEFINITION,
+        "largest_certified_radius": largest,
+        "max_certifiable_radius": largest_possible,
+        "max_certifiable_radius_note": f"sigma * Phi^-1(Clopper-Pearson lower bound of {n}/{n}) at alpha {alpha:g}: "
+                                       "no certificate with these n and alpha can exceed it",
+        "sigma": sigma, "n0": n0, "n": n, "alpha": alpha,
+        "guarantee": GUARANTEE,
+        **_timing(records, n0 + n),
+    }
+
+
+def summarize_predictions(records: Sequence[PredictRecord], sigma: float, n: int, alpha: float) -> dict[str, Any]:
+    """Results of a prediction run: smoothed accuracy and abstention rate (Cohen's PREDICT), timing."""
+    if not records:
+        raise UserError("no predicted images to summarize")
+    count = len(records)
+    return {
+        "task": "predict",
+        "images": count,
+        "smoothed_accuracy": sum(r.correct for r in records) / count,
+        "abstention_rate": sum(r.prediction == ABSTAIN for r in records) / count,
+        "wrong_rate": sum(not r.correct and r.prediction != ABSTAIN for r in records) / count,
+        "sigma": sigma, "n": n, "alpha": alpha,
+        "guarantee": "a prediction that is not ABSTAIN differs from the smoothed classifier's with probability "
+                     "<= alpha (two-sided binomial test between the two top counts)",
+        **_timing(records, n),
+    }
+
+
+def format_certified_accuracy_table(summary: dict[str, Any]) -> str:
+    """Plain-text table of a certify summary: certified accuracy per radius, then the headline numbers."""
+    lines = [f"certified accuracy (L2 radius, sigma {summary['sigma']:g}, n0 {summary['n0']}, n {summary['n']}, "
+             f"alpha {summary['alpha']:g}, {summary['images']} images)",
+             "  radius  certified accuracy"]
+    for row in summary["certified_accuracy"]:
+        lines.append(f"  {row['radius']:6.2f}  {row['certified_accuracy']:8.1%}")
+    lines.append(f"  smoothed clean accuracy {summary['smoothed_clean_accuracy']:.1%}; abstained "
+                 f"{summary['abstention_rate']:.1%}; average certified radius {summary['average_certified_radius']:.3f}"
+                 f"; largest radius {summary['largest_certified_radius']:.3f} (at most "
+                 f"{summary['max_certifiable_radius']:.3f} with this n and alpha)")
+    if summary.get("seconds_per_image") is not None:
+        lines.append(f"  {summary['seconds_per_image']:.3f} s per image, "
+                     f"{summary['noisy_samples_per_second']:,.0f} noisy samples per second")
+    return "\n".join(lines)
+
+
+def format_prediction_summary(summary: dict[str, Any]) -> str:
+    text = (f"smoothed accuracy {summary['smoothed_accuracy']:.1%}, abstained {summary['abstention_rate']:.1%}, "
+            f"wrong {summary['wrong_rate']:.1%} ({summary['images']} images, sigma {summary['sigma']:g}, "
+            f"n {summary['n']}, alpha {summary['alpha']:g})")
+    if summary.get("seconds_per_image") is not None:
+        text += (f"; {summary['seconds_per_image']:.3f} s per image, "
+                 f"{summary['noisy_samples_per_second']:,.0f} noisy samples per second")
+    return text
+
+
+# ----------------------------------------------------------------------------------------------- labels
+
+def denoiser_arm(denoiser_metadata: dict[str, Any] | None) -> str | None:
+    """The training arm of a denoiser (nodp, sepdp, transdenoiser, ...) from its metadata, if it says."""
+    if not isinstance(denoiser_metadata, dict):
+        return None
+    privacy = denoiser_metadata.get("privacy")
+    for source in (privacy if isinstance(privacy, dict) else {}, denoiser_metadata,
+                   denoiser_metadata.get("train") if isinstance(denoiser_metadata.get("train"), dict) else {}):
+        if source.get("arm"):
+            return str(source["arm"])
+    return None
+
+
+def run_label(summary: dict[str, Any]) -> str:
+    """``transdenoiser, sigma 0.25`` / ``no denoiser, sigma 0.25``: tolerant of missing keys."""
+    settings = summary.get("settings") or {}
+    sigma = settings.get("sigma", summary.get("sigma"))
+    sigma_text = f"sigma {sigma:g}" if isinstance(sigma, (int, float)) else "sigma ?"
+    if summary.get("denoiser_metadata") is None and not settings.get("denoiser"):
+        return f"no denoiser, {sigma_text}"
+    arm = denoiser_arm(summary.get("denoiser_metadata"))
+    return f"{arm or 'denoiser'}, {sigma_text}"
+
+
+# ----------------------------------------------------------------------------------------------- figures
+
+def _curve(records: Sequence[CertifyRecord], radii: np.ndarray) -> np.ndarray:
+    correct_radii = np.array([r.radius for r in records if r.correct])
+    return np.array([(correct_radii >= r).sum() / len(records) for r in radii])
+
+
+def plot_certified_accuracy(curves: Sequence[tuple[str, Sequence[CertifyRecord]]], path: Path,
+                            title: str = "Certified accuracy") -> Path:
+    """Certified accuracy (y) against L2 radius (x), one line per (label, records)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    largest = max([r.radius for _, records in curves for r in records] + [RADIUS_STEP])
+    radii = np.linspace(0.0, largest * 1.05, CURVE_POINTS)
+    fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=120)
+    for label, records in curves:
+        ax.plot(radii, _curve(records, radii), label=label, drawstyle="steps-post")
+    ax.set_xlabel("L2 radius (pixels in [0, 1])")
+    ax.set_ylabel("certified accuracy")
+    ax.set_ylim(0.0, 1.02)
+    ax.set_xlim(0.0, radii[-1])
+    ax.grid(alpha=0.3)
+    ax.set_title(title)
+    ax.legend(loc="lower left", fontsize="small")
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fig.savefig(tmp, format="png")
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+# ----------------------------------------------------------------------------------------------- report.md
+
+def _privacy_lines(denoiser_metadata: dict[str, Any] | None) -> list[str]:
+    if denoiser_metadata is None:
+        return ["No denoiser: the smoothed classifier is the classifier itself under noise; no privacy claim."]
+    privacy = denoiser_metadata.get("privacy")
+    if privacy is None:
+        return ["The denoiser's metadata holds no privacy report: no privacy claim is made for it."]
+    return ["The denoiser's privacy report, verbatim from its metadata (each epsilon there names its analysis; "
+            "see summary.json):", "", "```json", json.dumps(privacy, indent=2), "```"]
+
+
+def _settings_table(settings: dict[str, Any]) -> list[str]:
+    lines = ["| setting | value |", "| --- | --- |"]
+    for key, value in settings.items():
+        if key == "indices" and isinstance(value, list) and len(value) > 12:
+            value = f"{len(value)} indices: {value[:6]} ..."
+        lines.append(f"| {key} | {value} |")
+    return lines
+
+
+def format_run_report(summary: dict[str, Any]) -> str:
+    settings = summary.get("settings", {})
+    cm = summary.get("classifier_metadata") or {}
+    lines = [f"# {'Certification' if summary['task'] == 'certify' else 'Prediction'} report", "",
+             f"{summary['images']} images of {settings.get('dataset')} ({settings.get('split')} split), "
+             f"sigma {summary['sigma']:g} (L2 noise std, pixels in [0,1]), alpha {summary['alpha']:g}.",
+             f"Guarantee: {summary['guarantee']}.", ""]
+    if summary["task"] == "certify":
+        lines += ["## Results", "", "| L2 radius | certified accuracy |", "| ---: | ---: |"]
+        lines += [f"| {row['radius']:.2f} | {row['certified_accuracy']:.1%} |" for row in summary["certified_accuracy"]]
+        lines += ["", f"- smoothed clean accuracy (certified accuracy at radius 0): "
+                      f"{summary['smoothed_clean_accuracy']:.1%}",
+                  f"- abstention rate: {summary['abstention_rate']:.1%}; "
+                  f"certified but wrong: {summary['wrong_rate']:.1%}",
+                  f"- average certified radius: {summary['average_certified_radius']:.4f} ({ACR_DEFINITION})",
+                  f"- largest certified radius: {summary['largest_certified_radius']:.4f}; largest possible with "
+                  f"n = {summary['n']} and alpha = {summary['alpha']:g}: {summary['max_certifiable_radius']:.4f}",
+                  "", f"![certified accuracy against L2 radius]({PLOT_FILE})", ""]
+    else:
+        lines += ["## Results", "", f"- smoothed accuracy: {summary['smoothed_accuracy']:.1%}",
+                  f"- abstention rate: {summary['abstention_rate']:.1%}; wrong: {summary['wrong_rate']:.1%}", ""]
+    timing = summary.get("timing", {})
+    lines += ["## Speed and hardware", "",
+              f"- {summary['seconds_per_image']:.4f} s per image, {summary['noisy_samples_per_second']:,.0f} noisy "
+              "samples per second (compute time of the rows, per process; parallel shards add up)",
+              f"- wall time of the processes: {timing.get('wall_seconds', 'n/a')} s",
+              *[f"- hardware: {h}" for h in summary.get("hardware", [])], "",
+              "## Models", "",
+              f"- classifier: `{settings.get('classifier')}` ({cm.get('architecture')}, test accuracy "
+              f"{cm.get('test_accuracy', 'n/a')} as recorded in its metadata), sha256 "
+              f"{str(settings.get('classifier_sha256'))[:16]}...",
+              f"- denoiser: `{settings.get('denoiser')}`" + (
+                  f" ({(summary.get('denoiser_metadata') or {}).get('architecture')}, arm "
+                  f"{denoiser_arm(summary.get('denoiser_metadata'))})" if settings.get("denoiser") else ""),
+              "", *_privacy_lines(summary.get("denoiser_metadata")), "",
+              "## Settings", "", *_settings_table(settings), ""]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------- run folders
+
+def finalize_run(run_dirs: Sequence[Path], out_dir: Path | None = None) -> dict[str, Any]:
+    """Merge a run's rows (one folder, or several shards' folders) and write the TSV, summary, report and figure.
+
+    Refuses an incomplete run. Returns the summary (also written to ``out_dir/summary.json``).
+    """
+    run_dirs = [Path(d) for d in run_dirs]
+    out_dir = Path(out_dir) if out_dir is not None else run_dirs[0]
+    settings, rows, statuses = collect_rows(run_dirs)
+    problems = missing_report(settings, rows)
+    if problems:
+        raise UserError(f"the run is not complete ({'; '.join(problems)}): finish or resume it first")
+    rows = ordered(settings, rows)
+    models = read_json(run_dirs[0] / MODELS_FILE, "the models' metadata")
+    task = settings["task"]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_rows(out_dir / f"{task}.tsv", task, rows)
+    if out_dir not in run_dirs:
+        write_json(out_dir / SETTINGS_FILE, settings)
+        write_json(out_dir / MODELS_FILE, models)
+    if task == "certify":
+        summary = summarize(rows, settings["sigma"], settings["n0"], settings["n"], settings["alpha"])
+    else:
+        summary = summarize_predictions(rows, settings["sigma"], settings["n"], settings["alpha"])
+    sessions = [s for status in statuses for s in status.get("sessions", [])]
+    summary["hardware"] = sorted({s["hardware"] for s in sessions})
+    summary["timing"] = {"wall_seconds": round(sum(s["wall_seconds"] for s in sessions), 3),
+                         "processes": len(statuses), "note": "wall seconds summed over processes and resumed sessions"}
+    summary["settings"] = settings
+    summary["classifier_metadata"] = models.get("classifier_metadata")
+    summary["denoiser_metadata"] = models.get("denoiser_metadata")
+    write_json(out_dir / SUMMARY_FILE, summary)
+    write_text(out_dir / REPORT_FILE, format_run_report(summary))
+    if task == "certify":
+        plot_certified_accuracy([(run_label(summary), rows)], out_dir / PLOT_FILE,
+                                title=f"Certified accuracy, {run_label(summary)}")
+    return summary
+
+
+def read_certify_run(run_dir: Path) -> tuple[dict[str, Any], list[CertifyRecord]]:
+    """summary.json and certify.tsv of a finished certify run."""
+    summary = read_json(run_dir / SUMMARY_FILE, "run summary: finish or merge the run first")
+    if summary.get("task") != "certify":
+        raise UserError(f"{run_dir}: summary.json is for task {summary.get('task')!r}, not certify")
+    return summary, read_rows(run_dir / "certify.tsv", "certify")  # type: ignore[return-value]
+
+
+def overlay_runs(run_dirs: Sequence[Path], out_dir: Path) -> list[Path]:
+    """One figure and one table over several runs: certify runs (certify.tsv) and attack runs (attack.json)."""
+    run_dirs = [Path(d) for d in run_dirs]
+    if any(out_dir.resolve() == d.resolve() for d in run_dirs):
+        raise UserError(f"--out {out_dir} is one of the runs: the overlay would overwrite its report; choose another")
+    certify_dirs, attack_dirs = [], []
+    for run_dir in run_dirs:
+        if (run_dir / "certify.tsv").is_file() or (run_dir / SUMMARY_FILE).is_file():
+            certify_dirs.append(run_dir)
+        elif (run_dir / "attack.json").is_file():
+            attack_dirs.append(run_dir)
+        elif run_dir.is_dir():
+            raise UserError(f"{run_dir} holds neither certify.tsv nor attack.json: not a certify or attack run")
+        else:
+            raise UserError(f"{run_dir}: no such run directory")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    if certify_dirs:
+        written += _overlay_certify_runs(certify_dirs, out_dir)
+    if attack_dirs:
+        from certify.attack_report import overlay_attack_runs
+
+        written += overlay_attack_runs(attack_dirs, out_dir)
+    return written
+
+
+def _overlay_certify_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
+    runs = [read_certify_run(d) for d in run_dirs]
+    labels = [run_label(summary) for summary, _ in runs]
+    for i, label in enumerate(labels):  # same label twice: tell them apart by folder
+        if labels.count(label) > 1:
+            labels[i] = f"{label} ({run_dirs[i].name})"
+    largest = max(summary["max_certifiable_radius"] for summary, _ in runs)
+    radii = radius_grid(largest)
+    table = []
+    for label, run_dir, (summary, records) in zip(labels, run_dirs, runs, strict=True):
+        table.append({"label": label, "run": str(run_dir), "images": len(records),
+                      "smoothed_clean_accuracy": summary["smoothed_clean_accuracy"],
+                      "abstention_rate": summary["abstention_rate"],
+                      "average_certified_radius": summary["average_certified_radius"],
+                      "certified_accuracy": {f"{r:.2f}": certified_accuracy(records, r) for r in radii},
+                      "settings": {k: summary.get("settings", {}).get(k) for k in ("sigma", "n0", "n", "alpha",
+                                                                                    "dataset", "split")}})
+    png = plot_certified_accuracy(list(zip(labels, [records for _, records in runs], strict=True)), out_dir / PLOT_FILE,
+                                  title="Certified accuracy against L2 radius")
+    header = "| run | images | " + " | ".join(f"r = {r:.2f}" for r in radii) + " | ACR | abstained |"
+    lines = ["# Certified accuracy of several runs", "",
+             "Certified accuracy at each L2 radius (pixels in [0,1]); ACR: average certified radius "
+             f"({ACR_DEFINITION}).", "", header, "|" + " --- |" * (len(radii) + 4)]
+    for row in table:
+        cells = " | ".join(f"{row['certified_accuracy'][f'{r:.2f}']:.1%}" for r in radii)
+        lines.append(f"| {row['label']} | {row['images']} | {cells} | {row['average_certified_radius']:.3f} | "
+                     f"{row['abstention_rate']:.1%} |")
+    lines += ["", f"![certified accuracy against L2 radius]({PLOT_FILE})", "", "Runs:", ""]
+    lines += [f"- {row['label']}: `{row['run']}` (n0 {row['settings']['n0']}, n {row['settings']['n']}, "
+              f"alpha {row['settings']['alpha']})" for row in table]
+    md = out_dir / REPORT_FILE
+    write_text(md, "\n".join(lines) + "\n")
+    overlay_json = out_dir / "overlay.json"
+    write_json(overlay_json, table)
+    return [png, md, overlay_json]

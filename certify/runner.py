@@ -1,0 +1,512 @@
+"""Certification (and prediction) over a dataset: packing, per-image seeds, shards, resume and merge.
+
+Reproducibility: image ``idx`` draws its noise from a generator seeded by (seed, idx)
+(:func:`certify.core.image_seed`), and images are packed into fixed *units* of consecutive
+positions of the work list (the unit plan depends only on the work list, n0 + n and the batch
+size). A shard takes every k-th unit, so each image sees the same noise and the same
+forward-pass companions whether the run is whole or sharded: merging the shards gives the same
+rows as one run (the ``time`` column aside). A resumed run re-packs only the images it still
+needs, which can change float32 rounding in the base model, never the statistics.
+
+Run directory (``--out DIR``):
+- ``settings.json``: what the run certifies and how; a second invocation with other settings is refused;
+- ``certify.tsv`` (or ``certify.shard-I-of-K.tsv`` per shard): one row per image, flushed as it is done;
+- ``certify.status.json`` (or ``certify.shard-I-of-K.status.json``): hardware, device, wall time, completeness;
+- after the run (or after the merge of all shards): ``summary.json``, ``report.md``, ``certified_accuracy.png``.
+``predict`` runs use ``predict.tsv`` the same way.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from certify.core import ABSTAIN, Certificate, Smooth, validate_sampling
+from transdenoiser.errors import UserError
+from transdenoiser.progress import Track, silent
+
+TASKS = ("certify", "predict")
+COLUMNS = {"certify": ("idx", "label", "predict", "radius", "correct", "time"),
+           "predict": ("idx", "label", "predict", "correct", "time")}
+UNIT_FORWARD_PASSES = 8  # a unit packs about this many forward passes' worth of images
+MAX_UNIT_IMAGES = 1024
+SETTINGS_FILE = "settings.json"
+MODELS_FILE = "models.json"  # both models' full metadata (the denoiser's includes its privacy report)
+# Settings that change what a run computes; paths are left out (a checkpoint or data folder may move).
+PATH_SETTINGS = ("classifier", "denoiser", "data_root")
+
+
+# ----------------------------------------------------------------------------------------------- records
+
+@dataclass(frozen=True)
+class CertifyRecord:
+    """One row of certify.tsv: ``prediction`` is ABSTAIN (-1) or a class; ``radius`` in [0,1]-pixel L2 units."""
+
+    idx: int
+    label: int
+    prediction: int
+    radius: float
+    correct: bool
+    seconds: float  # wall time of the image's n0 + n samples (a pack's time is split evenly over its images)
+    p_lower: float = math.nan  # not in the TSV (Cohen's columns); kept for library callers
+    count: int = -1
+
+    @classmethod
+    def from_certificate(cls, idx: int, label: int, cert: Certificate, seconds: float) -> CertifyRecord:
+        return cls(idx, label, cert.prediction, cert.radius, cert.prediction == label, seconds, cert.p_lower,
+                   cert.count)
+
+    def row(self) -> list[str]:
+        return [str(self.idx), str(self.label), str(self.prediction), f"{self.radius:.6f}", str(int(self.correct)),
+                f"{self.seconds:.4f}"]
+
+
+@dataclass(frozen=True)
+class PredictRecord:
+    """One row of predict.tsv (Cohen's predict.py columns)."""
+
+    idx: int
+    label: int
+    prediction: int
+    correct: bool
+    seconds: float
+
+    def row(self) -> list[str]:
+        return [str(self.idx), str(self.label), str(self.prediction), str(int(self.correct)), f"{self.seconds:.4f}"]
+
+
+Record = CertifyRecord | PredictRecord
+
+
+def parse_row(task: str, fields: list[str]) -> Record:
+    if task == "certify":
+        idx, label, prediction, radius, correct, seconds = fields
+        return CertifyRecord(int(idx), int(label), int(prediction), float(radius), correct == "1", float(seconds))
+    idx, label, prediction, correct, seconds = fields
+    return PredictRecord(int(idx), int(label), int(prediction), correct == "1", float(seconds))
+
+
+# ----------------------------------------------------------------------------------------------- planning
+
+def select_indices(size: int, skip: int = 1, max_index: int | None = None,
+                   indices: Sequence[int] | None = None, what: str = "the split") -> list[int]:
+    """The dataset indices to work on: ``indices`` as given, else every ``skip``-th index below ``max_index``.
+
+    ``max_index`` follows Cohen et al.'s ``--max`` (stop before that index); past the end is an error.
+    """
+    if skip < 1:
+        raise UserError(f"--skip must be >= 1, got {skip}")
+    if indices is not None:
+        bad = [i for i in indices if not 0 <= i < size]
+        if bad:
+            raise UserError(f"index {bad[0]} is past the end of {what} ({size} images: 0..{size - 1})")
+        if len(set(indices)) != len(indices):
+            raise UserError("the same image index is listed twice")
+        if not indices:
+            raise UserError("no image indices given")
+        return list(indices)
+    if max_index is not None:
+        if max_index < 1:
+            raise UserError(f"--max must be >= 1, got {max_index}")
+        if max_index > size:
+            raise UserError(f"--max {max_index} is past the end of {what} ({size} images); use --max {size} "
+                            f"or leave it out")
+    return list(range(0, size if max_index is None else max_index, skip))
+
+
+def pack_size(samples_per_image: int, batch: int) -> int:
+    """Images per unit: about UNIT_FORWARD_PASSES full forward passes of ``batch`` samples (at least one image)."""
+    return max(1, min(MAX_UNIT_IMAGES, round(UNIT_FORWARD_PASSES * batch / samples_per_image)))
+
+
+def plan_units(indices: Sequence[int], pack: int) -> list[list[int]]:
+    """Split the work list into consecutive units of ``pack`` images (the last may be shorter)."""
+    return [list(indices[i:i + pack]) for i in range(0, len(indices), pack)]
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Shard ``index`` of ``count`` (0-based): it takes units index, index + count, index + 2 count, ..."""
+
+    index: int
+    count: int
+
+    @classmethod
+    def parse(cls, text: str) -> Shard:
+        parts = text.split("/")
+        try:
+            index, count = (int(p) for p in parts)
+        except ValueError:
+            raise UserError(f"--shard {text!r}: expected I/K with 0 <= I < K, e.g. 0/4") from None
+        if not (count >= 1 and 0 <= index < count):
+            raise UserError(f"--shard {text!r}: expected I/K with 0 <= I < K, e.g. 0/4 (shards are numbered from 0)")
+        return cls(index, count)
+
+    @classmethod
+    def from_environment(cls, environ: dict[str, str] | None = None) -> Shard | None:
+        """The shard of this process under ``torchrun`` (RANK of WORLD_SIZE), or None outside it."""
+        env = os.environ if environ is None else environ
+        if "WORLD_SIZE" not in env or "RANK" not in env:
+            return None
+        try:
+            count, index = int(env["WORLD_SIZE"]), int(env["RANK"])
+        except ValueError:
+            raise UserError(f"torchrun environment: RANK={env['RANK']!r} WORLD_SIZE={env['WORLD_SIZE']!r} "
+                            f"are not integers") from None
+        return cls(index, count) if count > 1 else None
+
+    def take(self, units: list[list[int]]) -> list[list[int]]:
+        return units[self.index::self.count]
+
+    @property
+    def stem(self) -> str:
+        return f"shard-{self.index}-of-{self.count}"
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+def rank_device(device: torch.device, environ: dict[str, str] | None = None) -> torch.device:
+    """Under torchrun, a bare ``cuda`` device becomes this rank's ``cuda:LOCAL_RANK``."""
+    env = os.environ if environ is None else environ
+    if device.type == "cuda" and device.index is None and "LOCAL_RANK" in env:
+        return torch.device("cuda", int(env["LOCAL_RANK"]))
+    return device
+
+
+# ----------------------------------------------------------------------------------------------- engines
+
+def _check_indices(images: torch.Tensor, indices: Sequence[int]) -> None:
+    size = images.shape[0]
+    for i in indices:
+        if not 0 <= i < size:
+            raise UserError(f"index {i} is past the end of the data ({size} images: 0..{size - 1})")
+
+
+def iter_certify(smooth: Smooth, images: torch.Tensor, labels: torch.Tensor, units: Sequence[Sequence[int]],
+                 n0: int, n: int, alpha: float, seed: int) -> Iterator[list[CertifyRecord]]:
+    """Certify unit by unit (each unit's samples packed together); yield each unit's records when it is done."""
+    validate_sampling(n0, n, alpha)
+    for unit in units:
+        _check_indices(images, unit)
+        start = time.perf_counter()
+        certificates = smooth.certify_many(images[list(unit)], n0, n, alpha,
+                                           [smooth.image_generator(seed, i) for i in unit])
+        seconds = (time.perf_counter() - start) / len(unit)
+        yield [CertifyRecord.from_certificate(i, int(labels[i]), c, seconds)
+               for i, c in zip(unit, certificates, strict=True)]
+
+
+def iter_predict(smooth: Smooth, images: torch.Tensor, labels: torch.Tensor, units: Sequence[Sequence[int]],
+                 n: int, alpha: float, seed: int) -> Iterator[list[PredictRecord]]:
+    """:func:`iter_certify` for Cohen's PREDICT."""
+    validate_sampling(None, n, alpha)
+    for unit in units:
+        _check_indices(images, unit)
+        start = time.perf_counter()
+        generators = [smooth.image_generator(seed, i) for i in unit]
+        predictions = smooth.predict_many(images[list(unit)], n, alpha, generators)
+        seconds = (time.perf_counter() - start) / len(unit)
+        yield [PredictRecord(i, int(labels[i]), p, p == int(labels[i]), seconds)
+               for i, p in zip(unit, predictions, strict=True)]
+
+
+def _flatten(units_of_records: Iterator[list[Record]]) -> Iterator[Record]:
+    for records in units_of_records:
+        yield from records
+
+
+def certify_dataset(smooth: Smooth, images: torch.Tensor, labels: torch.Tensor, indices: Sequence[int], n0: int,
+                    n: int, alpha: float, seed: int, *, track: Track = silent) -> list[CertifyRecord]:
+    """Certify ``images[indices]`` (float32 pixels in [0,1], (N, C, H, W); ``labels`` (N,)) with per-image seeds.
+
+    Same arguments, same records (``seconds`` aside), however the call is split up: image ``idx``
+    draws from the generator of (seed, idx). Units of images share forward passes.
+    """
+    _check_indices(images, indices)
+    units = plan_units(indices, pack_size(n0 + n, smooth.batch_size))
+    return list(track(_flatten(iter_certify(smooth, images, labels, units, n0, n, alpha, seed)),
+                      desc="certify", total=len(indices)))
+
+
+def predict_dataset(smooth: Smooth, images: torch.Tensor, labels: torch.Tensor, indices: Sequence[int], n: int,
+                    alpha: float, seed: int, *, track: Track = silent) -> list[PredictRecord]:
+    """:func:`certify_dataset` for Cohen's PREDICT."""
+    _check_indices(images, indices)
+    units = plan_units(indices, pack_size(n, smooth.batch_size))
+    return list(track(_flatten(iter_predict(smooth, images, labels, units, n, alpha, seed)),
+                      desc="predict", total=len(indices)))
+
+
+# ----------------------------------------------------------------------------------------------- run files
+
+def write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, data: Any) -> None:
+    write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def read_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path}: missing ({what})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: not valid JSON ({exc})") from None
+
+
+def read_rows(path: Path, task: str, repair: bool = False) -> list[Record]:
+    """Rows of a run TSV. A last line cut short by an interrupted run is dropped (and cut off when ``repair``)."""
+    columns = COLUMNS[task]
+    if not path.exists():
+        return []
+    text = path.read_text()
+    if not text.endswith("\n"):
+        cut = text.rfind("\n") + 1  # 0 when even the header is incomplete
+        text = text[:cut]
+        if repair:
+            with path.open("r+") as handle:
+                handle.truncate(len(text.encode()))
+    lines = text.splitlines()
+    if not lines:
+        return []
+    if tuple(lines[0].split("\t")) != columns:
+        raise UserError(f"{path}: header is {lines[0]!r}, expected {chr(9).join(columns)!r} (not a {task} run file)")
+    records = []
+    for number, line in enumerate(lines[1:], start=2):
+        fields = line.split("\t")
+        try:
+            if len(fields) != len(columns):
+                raise ValueError(f"{len(fields)} fields")
+            records.append(parse_row(task, fields))
+        except ValueError as exc:
+            raise UserError(f"{path}, line {number}: not a valid {task} row ({exc})") from None
+    return records
+
+
+class RowWriter:
+    """Appends rows to a run TSV, writing the header first; every row is flushed as it comes."""
+
+    def __init__(self, path: Path, task: str):
+        self.path = path
+        new = not path.exists() or path.stat().st_size == 0
+        self.handle = path.open("a")
+        if new:
+            self.handle.write("\t".join(COLUMNS[task]) + "\n")
+            self.handle.flush()
+
+    def write(self, record: Record) -> None:
+        self.handle.write("\t".join(record.row()) + "\n")
+        self.handle.flush()
+
+    def close(self) -> None:
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+        self.handle.close()
+
+
+@dataclass
+class RunSettings:
+    """Everything that decides a run's rows (paths are recorded but not compared: files may move)."""
+
+    task: str
+    classifier: str
+    classifier_sha256: str
+    denoiser: str | None
+    denoiser_sha256: str | None
+    dataset: str
+    data_root: str | None
+    split_seed: int
+    split: str
+    split_fingerprint: str
+    split_size: int
+    sigma: float
+    n0: int | None  # None for predict
+    n: int
+    alpha: float
+    batch: int
+    skip: int
+    max: int | None
+    indices: list[int] | None
+    seed: int
+    shards: int
+    pack: int  # images per unit (from n0 + n and batch)
+    noise_device: str  # cpu or cuda: the two draw different noise from the same seed
+    memory_format: str
+    precision: str = "float32"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(data.pop("extra"))
+        return data
+
+    def compared(self) -> dict[str, Any]:
+        return {k: v for k, v in self.to_dict().items() if k not in PATH_SETTINGS}
+
+
+def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    keys = [k for k in new if k not in PATH_SETTINGS] + [k for k in old if k not in new and k not in PATH_SETTINGS]
+    return [f"{k} {old.get(k)!r} there, {new.get(k)!r} now" for k in keys if old.get(k) != new.get(k)]
+
+
+class RunDirectory:
+    """One run's folder: settings check, rows done so far, this process's rows file and status."""
+
+    def __init__(self, root: Path, settings: RunSettings, shard: Shard | None):
+        self.root = Path(root)
+        self.settings = settings
+        self.shard = shard
+        self.task = settings.task
+
+    # file names
+    def rows_path(self, shard: Shard | None = None) -> Path:
+        return self.root / (f"{self.task}.tsv" if shard is None else f"{self.task}.{shard.stem}.tsv")
+
+    def status_path(self, shard: Shard | None = None) -> Path:
+        return self.root / (f"{self.task}.status.json" if shard is None else f"{self.task}.{shard.stem}.status.json")
+
+    def open(self) -> None:
+        """Create the folder or check that it holds a run with the same settings (never mix two runs)."""
+        if self.root.exists() and not self.root.is_dir():
+            raise UserError(f"--out {self.root} exists and is not a directory")
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.root / SETTINGS_FILE
+        new = self.settings.to_dict()
+        if path.exists():
+            old = read_json(path, "run settings")
+            diffs = _differences(old, new)
+            if diffs:
+                raise UserError(f"--out {self.root} holds a run with different settings ({'; '.join(diffs[:3])}): "
+                                f"use another --out")
+        else:
+            write_json(path, new)
+
+    def write_models(self, classifier_metadata: dict[str, Any], denoiser_metadata: dict[str, Any] | None) -> None:
+        write_json(self.root / MODELS_FILE, {"classifier_metadata": classifier_metadata,
+                                             "denoiser_metadata": denoiser_metadata})
+
+    def done_indices(self) -> set[int]:
+        return {r.idx for r in read_rows(self.rows_path(self.shard), self.task, repair=True)}
+
+    def update_status(self, device: torch.device, hardware: str, wall_seconds: float, rows: int,
+                      complete: bool) -> None:
+        path = self.status_path(self.shard)
+        old = read_json(path, "status") if path.exists() else {}
+        sessions = old.get("sessions", [])
+        sessions.append({"device": str(device), "hardware": hardware, "wall_seconds": round(wall_seconds, 3),
+                         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        write_json(path, {"shard": None if self.shard is None else str(self.shard), "rows": rows,
+                          "complete": complete, "sessions": sessions})
+
+
+def run_work(directory: RunDirectory, units: list[list[int]], engine: Callable[[list[list[int]]], Iterator[list]],
+             track: Track = silent) -> tuple[int, int]:
+    """Run ``engine`` over this process's units minus the rows already done; returns (done before, done now)."""
+    mine = directory.shard.take(units) if directory.shard is not None else units
+    done = directory.done_indices()
+    pending = [[i for i in unit if i not in done] for unit in mine]
+    pending = [unit for unit in pending if unit]
+    todo = sum(len(u) for u in pending)
+    writer = RowWriter(directory.rows_path(directory.shard), directory.task)
+    written = 0
+    try:
+        for record in track(_flatten(engine(pending)), desc=directory.task, total=todo):
+            writer.write(record)
+            written += 1
+    finally:
+        writer.close()
+    return len(done), written
+
+
+def expected_indices(units: list[list[int]], shard: Shard | None) -> list[int]:
+    mine = shard.take(units) if shard is not None else units
+    return [i for unit in mine for i in unit]
+
+
+def collect_rows(run_dirs: Sequence[Path], task: str | None = None) -> tuple[dict[str, Any], list[Record], list[dict]]:
+    """Settings, all rows (in work-list order) and statuses of a whole run, from one folder or several shards' folders.
+
+    Refuses folders whose settings differ, duplicated rows, and missing shards or images.
+    """
+    settings: dict[str, Any] | None = None
+    rows: dict[int, Record] = {}
+    statuses: list[dict] = []
+    shard_files: dict[int, Path] = {}
+    for run_dir in run_dirs:
+        run_dir = Path(run_dir)
+        if not run_dir.is_dir():
+            raise UserError(f"{run_dir}: no such run directory")
+        current = read_json(run_dir / SETTINGS_FILE, "run settings: is this a certify or predict --out folder?")
+        if settings is None:
+            settings = current
+        elif _differences(settings, current):
+            raise UserError(f"{run_dir} holds a run with other settings than {run_dirs[0]} "
+                            f"({'; '.join(_differences(settings, current)[:3])}): refusing to merge")
+        run_task = current.get("task")
+        if run_task not in TASKS or (task is not None and run_task != task):
+            raise UserError(f"{run_dir}: settings.json is for task {run_task!r}, expected {task or 'certify/predict'}")
+        count = current["shards"]
+        names = ([f"{run_task}.tsv"] if count == 1 else [f"{run_task}.shard-{i}-of-{count}.tsv" for i in range(count)])
+        for number, name in enumerate(names):
+            path = run_dir / name
+            if not path.exists():
+                continue
+            if number in shard_files and count > 1:
+                raise UserError(f"shard {number}/{count} appears twice ({shard_files[number]} and {path})")
+            shard_files[number] = path
+            for record in read_rows(path, run_task):
+                if record.idx in rows:
+                    raise UserError(f"{path}: image {record.idx} appears twice in the run")
+                rows[record.idx] = record
+            status_path = path.with_suffix(".status.json")
+            if status_path.exists():
+                statuses.append(read_json(status_path, "status"))
+    assert settings is not None
+    return settings, list(rows.values()), statuses
+
+
+def work_list(settings: dict[str, Any]) -> list[int]:
+    return select_indices(settings["split_size"], settings["skip"], settings["max"], settings["indices"])
+
+
+def missing_report(settings: dict[str, Any], rows: Sequence[Record]) -> list[str]:
+    """What is still missing for the whole run, per shard: empty when the run is complete."""
+    units = plan_units(work_list(settings), settings["pack"])
+    have = {r.idx for r in rows}
+    count = settings["shards"]
+    problems = []
+    for index in range(count):
+        shard = Shard(index, count) if count > 1 else None
+        expected = expected_indices(units, shard)
+        missing = [i for i in expected if i not in have]
+        if missing:
+            where = f"shard {shard}" if shard else "the run"
+            problems.append(f"{where} has {len(expected) - len(missing)} of {len(expected)} images done")
+    return problems
+
+
+def ordered(settings: dict[str, Any], rows: Sequence[Record]) -> list[Record]:
+    """Rows in work-list order (the order of an unsharded run)."""
+    position = {idx: p for p, idx in enumerate(work_list(settings))}
+    return sorted(rows, key=lambda r: position.get(r.idx, len(position) + r.idx))
+
+
+def write_rows(path: Path, task: str, rows: Sequence[Record]) -> None:
+    lines = ["\t".join(COLUMNS[task])] + ["\t".join(r.row()) for r in rows]
+    write_text(path, "\n".join(lines) + "\n")
+
+
+def abstained(record: Record) -> bool:
+    return record.prediction == ABSTAIN

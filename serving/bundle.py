@@ -1,0 +1,66 @@
+"""Model directories: write one from checkpoints, load one into a servable pipeline."""
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from certify.pipeline import Pipeline, load_pipeline
+from serving.config import CONFIG_NAMES, ServingConfig, load_config, to_toml, validate_config
+from training.checkpoint import read_metadata
+from transdenoiser.errors import UserError
+
+
+def write_model_dir(out_dir: str | Path, classifier_dir: str | Path, denoiser_dir: str | Path | None = None, *,
+                    sigma: float, n0: int = ServingConfig.n0, n: int = ServingConfig.n,
+                    max_n: int = ServingConfig.max_n, alpha: float = ServingConfig.alpha,
+                    **settings) -> Path:
+    """Copy the checkpoints into ``out_dir`` and write ``out_dir/serving.toml``; return ``out_dir``.
+
+    ``settings`` takes any further :class:`ServingConfig` key (``batch_size``, ``max_images``,
+    ``allow_client_seed``, ...). Everything is validated before anything is written. An existing
+    ``out_dir`` is refused unless it is empty.
+    """
+    out_dir = Path(out_dir)
+    raw = {"sigma": sigma, "n0": n0, "n": n, "max_n": max_n, "alpha": alpha, **settings,
+           "classifier": "classifier", "denoiser": "denoiser" if denoiser_dir is not None else None}
+    config = validate_config(raw, "write_model_dir")
+    read_metadata(classifier_dir)  # a checkpoint, or a clear error
+    if denoiser_dir is not None:
+        read_metadata(denoiser_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise UserError(f"{out_dir} already exists and is not an empty directory")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(classifier_dir, out_dir / config.classifier)
+    if denoiser_dir is not None:
+        shutil.copytree(denoiser_dir, out_dir / config.denoiser)
+    (out_dir / CONFIG_NAMES[0]).write_text(to_toml(config))
+    return out_dir
+
+
+@dataclass
+class ModelBundle:
+    """A loaded model directory: its settings and the (frozen) pipeline."""
+
+    path: Path
+    config: ServingConfig
+    pipeline: Pipeline
+
+
+def _inside(model_dir: Path, name: str, key: str) -> Path:
+    path = (model_dir / name).resolve()
+    if model_dir.resolve() not in path.parents:
+        raise UserError(f"model directory {model_dir}: {key} = {name!r} points outside the model directory")
+    return path
+
+
+def load_model_dir(model_dir: str | Path, device: torch.device | str = "cpu") -> ModelBundle:
+    """Validate the config and load both checkpoints (hash-checked) onto ``device``."""
+    model_dir = Path(model_dir)
+    config = load_config(model_dir)
+    classifier = _inside(model_dir, config.classifier, "classifier")
+    denoiser = _inside(model_dir, config.denoiser, "denoiser") if config.denoiser is not None else None
+    pipeline = load_pipeline(classifier, denoiser, device=device)
+    return ModelBundle(model_dir, config, pipeline)

@@ -1,0 +1,136 @@
+"""Serving settings: a model directory holds the checkpoints and one config file (TOML or JSON).
+
+Layout of a model directory (``serving.bundle.write_model_dir`` writes one)::
+
+    DIR/serving.toml     settings below (or DIR/serving.json, the same keys)
+    DIR/classifier/      classifier checkpoint (a training.checkpoint directory)
+    DIR/denoiser/        optional denoiser checkpoint
+
+Every key is checked at start-up; an unknown key or a bad value is a ``UserError`` naming the file.
+Units: ``sigma`` is the Gaussian noise standard deviation in [0,1]-pixel units; ``n0`` and ``n`` count
+noisy samples; ``max_payload_bytes`` counts request-body bytes.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from transdenoiser.errors import UserError
+
+MODEL_DIR_ENV = "TRANSDENOISER_MODEL_DIR"
+DEVICE_ENV = "TRANSDENOISER_DEVICE"
+CONFIG_NAMES = ("serving.toml", "serving.json")
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    sigma: float  # noise standard deviation, [0,1]-pixel units
+    n0: int = 100  # selection samples per image (server-side, not per request)
+    n: int = 1000  # default estimation samples per image
+    max_n: int = 10_000  # largest n a request may ask for
+    alpha: float = 0.001  # each certificate holds with probability >= 1 - alpha
+    batch_size: int = 1000  # noisy samples per forward pass
+    chunk_samples: int = 100  # noisy samples per batching unit; forward passes hold batch_size // chunk_samples units
+    max_images: int = 16  # images per request
+    max_payload_bytes: int = 2 * 1024 * 1024  # request body limit
+    batching: bool = True  # adaptive batching across requests; False: one request at a time
+    max_latency_ms: int = 120_000  # adaptive batching: a queued unit waiting longer is refused with 503
+    allow_client_seed: bool = False  # accept a client "seed" (reproducible noise); see docs/SERVING.md
+    classifier: str = "classifier"  # checkpoint directory, relative to the model directory
+    denoiser: str | None = None  # optional denoiser checkpoint directory, relative to the model directory
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_INT_KEYS = ("n0", "n", "max_n", "batch_size", "chunk_samples", "max_images", "max_payload_bytes", "max_latency_ms")
+_BOOL_KEYS = ("batching", "allow_client_seed")
+
+
+def validate_config(raw: dict[str, Any], source: str) -> ServingConfig:
+    """Check every key of ``raw`` (read from ``source``) and build the config; errors name ``source``."""
+    known = {f.name for f in fields(ServingConfig)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise UserError(f"{source}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    if "sigma" not in raw:
+        raise UserError(f"{source}: 'sigma' (noise standard deviation in [0,1]-pixel units) is required")
+
+    def bad(key: str, what: str) -> UserError:
+        return UserError(f"{source}: {key} must be {what}, got {raw[key]!r}")
+
+    sigma = raw["sigma"]
+    if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not math.isfinite(sigma) or sigma <= 0:
+        raise bad("sigma", "a finite number > 0")
+    for key in _INT_KEYS:
+        if key in raw and (isinstance(raw[key], bool) or not isinstance(raw[key], int) or raw[key] < 1):
+            raise bad(key, "an integer >= 1")
+    for key in _BOOL_KEYS:
+        if key in raw and not isinstance(raw[key], bool):
+            raise bad(key, "true or false")
+    if "alpha" in raw:
+        alpha = raw["alpha"]
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
+            raise bad("alpha", "a number strictly between 0 and 1")
+    for key in ("classifier", "denoiser"):
+        if key in raw and raw[key] is not None and (not isinstance(raw[key], str) or not raw[key]):
+            raise bad(key, "a directory name (string)")
+    config = ServingConfig(**{**raw, "sigma": float(sigma), "alpha": float(raw.get("alpha", ServingConfig.alpha))})
+    if config.n > config.max_n:
+        raise UserError(f"{source}: default n = {config.n} exceeds max_n = {config.max_n}")
+    if config.chunk_samples > config.batch_size:
+        raise UserError(f"{source}: chunk_samples = {config.chunk_samples} exceeds batch_size = {config.batch_size}")
+    return config
+
+
+def config_path(model_dir: Path) -> Path:
+    found = [model_dir / name for name in CONFIG_NAMES if (model_dir / name).is_file()]
+    if not found:
+        raise UserError(f"model directory {model_dir}: no {' or '.join(CONFIG_NAMES)} found")
+    if len(found) > 1:
+        raise UserError(f"model directory {model_dir}: both {' and '.join(CONFIG_NAMES)} exist; keep one")
+    return found[0]
+
+
+def load_config(model_dir: str | Path) -> ServingConfig:
+    """Read and validate the config file of ``model_dir``."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise UserError(f"model directory {model_dir}: no such directory")
+    path = config_path(model_dir)
+    try:
+        raw = tomllib.loads(path.read_text()) if path.suffix == ".toml" else json.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: not valid {path.suffix[1:].upper()} ({exc})") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: expected a table of settings at the top level")
+    return validate_config(raw, str(path))
+
+
+def model_dir_from_env() -> Path:
+    value = os.environ.get(MODEL_DIR_ENV)
+    if not value:
+        raise UserError(f"set {MODEL_DIR_ENV} to a model directory (or run 'transdenoiser serve --model-dir DIR')")
+    return Path(value)
+
+
+def to_toml(config: ServingConfig) -> str:
+    """The config as TOML (flat scalars only; ``None`` values are left out, as TOML has no null)."""
+    lines = ["# TransDenoiser serving settings (see docs/SERVING.md). sigma in [0,1]-pixel units."]
+    for key, value in config.as_dict().items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, str):
+            text = json.dumps(value)  # a JSON string literal is a valid TOML basic string
+        else:
+            text = repr(value)
+        lines.append(f"{key} = {text}")
+    return "\n".join(lines) + "\n"

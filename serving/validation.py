@@ -1,0 +1,206 @@
+"""Request validation the server does itself (BentoML 1.4.39 does not; see docs/SERVING.md).
+
+A predict request is JSON ``{"images": [...], "n": N, "seed": S}`` (``n`` and ``seed`` optional), each
+image a nested array of exactly the classifier's (C, H, W) with values in [0, 1], or multipart/form-data
+with one or more PNG/JPEG files in the ``images`` field and optional ``n``/``seed`` fields. Nothing is
+reshaped, resized, converted between colour modes or clipped: anything else is refused with a
+:class:`RequestError` whose message names the problem and the image.
+"""
+from __future__ import annotations
+
+import io
+import json
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+
+from serving.config import ServingConfig
+from serving.engine import MAX_SEED
+
+IMAGE_FORMATS = ("PNG", "JPEG")
+MODE_CHANNELS = {"L": 1, "RGB": 3}  # the PIL modes accepted, and their channel counts
+JSON_KEYS = ("images", "n", "seed")
+
+
+class RequestError(Exception):
+    """A request the server refuses: HTTP ``status`` (4xx) and a one-line ``message``."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class PredictRequest:
+    images: torch.Tensor  # (K, C, H, W) float32 in [0, 1]
+    n: int
+    seed: int | None  # a client seed (only when the server allows it); None: fresh noise
+
+
+def _bad(message: str) -> RequestError:
+    return RequestError(400, message)
+
+
+def check_n(value: Any, config: ServingConfig) -> int:
+    if value is None:
+        return config.n
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(f"'n' must be an integer number of noise samples, got {value!r}")
+    if not 1 <= value <= config.max_n:
+        raise _bad(f"'n' must lie in 1..{config.max_n} (this server's max_n), got {value}")
+    return value
+
+
+def check_seed(value: Any, config: ServingConfig) -> int | None:
+    if value is None:
+        return None
+    if not config.allow_client_seed:
+        raise _bad("this server does not accept client seeds (allow_client_seed = false): every request draws "
+                   "fresh noise; leave 'seed' out")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
+        raise _bad(f"'seed' must be an integer in 0..{MAX_SEED}, got {value!r}")
+    return value
+
+
+def check_count(count: int, config: ServingConfig) -> None:
+    if count == 0:
+        raise _bad("no images: send at least one")
+    if count > config.max_images:
+        raise _bad(f"{count} images in one request; this server takes at most {config.max_images} (max_images)")
+
+
+def check_pixels(array: np.ndarray, index: int, shape: tuple[int, int, int]) -> torch.Tensor:
+    """A (C, H, W) array of finite values in [0, 1] as float32, or a RequestError; never reshaped."""
+    if array.dtype == object or array.dtype.kind not in "iuf":
+        raise _bad(f"image {index}: expected a rectangular array of numbers of shape {list(shape)} "
+                   f"(C, H, W), got ragged or non-numeric data")
+    if tuple(array.shape) != tuple(shape):
+        raise _bad(f"image {index}: shape {list(array.shape)}, the model takes exactly {list(shape)} (C, H, W); "
+                   f"images are never reshaped")
+    if not np.isfinite(array).all():
+        raise _bad(f"image {index}: contains NaN or infinite values")
+    low, high = float(array.min()), float(array.max())
+    if low < 0.0 or high > 1.0:
+        raise _bad(f"image {index}: pixel values must lie in [0, 1], got [{low:g}, {high:g}] (never clipped)")
+    return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
+
+
+def parse_json(body: bytes, config: ServingConfig, shape: tuple[int, int, int]) -> PredictRequest:
+    try:
+        payload = json.loads(body)  # NaN/Infinity literals parse, then are refused by check_pixels
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise _bad(f"body is not valid JSON ({exc})") from None
+    if not isinstance(payload, dict):
+        raise _bad('expected a JSON object {"images": [...], "n": N, "seed": S}')
+    return parse_payload(payload, config, shape)
+
+
+def parse_payload(payload: dict[str, Any], config: ServingConfig, shape: tuple[int, int, int]) -> PredictRequest:
+    """Validate a decoded JSON request (also used for in-process calls of the predict API)."""
+    unknown = sorted(set(payload) - set(JSON_KEYS))
+    if unknown:
+        raise _bad(f"unknown field(s) {', '.join(map(repr, unknown))}; known: {', '.join(JSON_KEYS)}")
+    images = payload.get("images")
+    if not isinstance(images, list):
+        raise _bad("'images' must be a list of images, each a nested array of shape (C, H, W)")
+    if images and not all(isinstance(image, list) for image in images):
+        raise _bad(f"'images' must be a list of images, each a nested array of shape {list(shape)} (C, H, W); "
+                   f"got a list holding non-arrays (to send one image, wrap it: [image])")
+    check_count(len(images), config)
+    n = check_n(payload.get("n"), config)
+    seed = check_seed(payload.get("seed"), config)
+    tensors = []
+    for index, image in enumerate(images):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                array = np.asarray(image)
+        except (ValueError, TypeError, OverflowError):
+            array = np.asarray([], dtype=object)
+        tensors.append(check_pixels(array, index, shape))
+    return PredictRequest(torch.stack(tensors), n, seed)
+
+
+def decode_image(data: bytes, index: int, name: str, shape: tuple[int, int, int]) -> torch.Tensor:
+    """PNG/JPEG bytes -> (C, H, W) float32 in [0, 1]; size and colour mode must already match the model."""
+    label = f"image {index} ({name})" if name else f"image {index}"
+    channels, height, width = shape
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            if image.format not in IMAGE_FORMATS:
+                raise _bad(f"{label}: format {image.format}; only PNG and JPEG are accepted")
+            if image.size != (width, height):  # checked from the header, before any pixel is decoded
+                raise _bad(f"{label}: {image.size[0]}x{image.size[1]} pixels, the model takes exactly "
+                           f"{width}x{height}; images are never resized")
+            if MODE_CHANNELS.get(image.mode) != channels:
+                wanted = next(mode for mode, c in MODE_CHANNELS.items() if c == channels) \
+                    if channels in MODE_CHANNELS.values() else f"{channels}-channel"
+                raise _bad(f"{label}: colour mode {image.mode}, the model takes {channels}-channel ({wanted}) "
+                           f"images; convert it yourself, the server never does")
+            pixels = np.array(image, dtype=np.uint8)  # a writable copy
+    except RequestError:
+        raise
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        raise _bad(f"{label}: could not be decoded as PNG or JPEG ({type(exc).__name__})") from None
+    pixels = pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)  # HWC -> CHW, the format's layout
+    return torch.from_numpy(np.ascontiguousarray(pixels)).float().div_(255.0)
+
+
+def _form_int(value: Any, key: str) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise _bad(f"'{key}' must be a plain form field, not a file")
+    try:
+        return int(value.strip())
+    except ValueError:
+        raise _bad(f"'{key}' must be an integer, got {value!r}") from None
+
+
+async def parse_multipart(request, config: ServingConfig, shape: tuple[int, int, int]) -> PredictRequest:
+    """Parse a Starlette multipart request (body size already capped by the payload middleware)."""
+    from starlette.datastructures import UploadFile
+    from starlette.exceptions import HTTPException
+    from starlette.formparsers import MultiPartException
+
+    try:
+        form = await request.form(max_files=config.max_images, max_fields=8,
+                                  max_part_size=config.max_payload_bytes)
+    except (MultiPartException, HTTPException) as exc:  # Starlette wraps the first in the second inside an app
+        message = str(getattr(exc, "message", None) or getattr(exc, "detail", None) or exc)
+        if "Too many files" in message:
+            raise _bad(f"too many files; this server takes at most {config.max_images} images (max_images)") \
+                from None
+        raise _bad(f"malformed multipart body ({message})") from None
+    try:
+        unknown = sorted(set(form.keys()) - set(JSON_KEYS))
+        if unknown:
+            raise _bad(f"unknown form field(s) {', '.join(map(repr, unknown))}; known: {', '.join(JSON_KEYS)}")
+        files = form.getlist("images")
+        check_count(len(files), config)
+        n = check_n(_form_int(form.get("n"), "n"), config)
+        seed = check_seed(_form_int(form.get("seed"), "seed"), config)
+        tensors = []
+        for index, upload in enumerate(files):
+            if not isinstance(upload, UploadFile):
+                raise _bad(f"image {index}: 'images' must be file uploads (PNG or JPEG), got a text field")
+            tensors.append(decode_image(await upload.read(), index, upload.filename or "", shape))
+        return PredictRequest(torch.stack(tensors), n, seed)
+    finally:
+        await form.close()
+
+
+async def parse_predict_request(request, config: ServingConfig, shape: tuple[int, int, int]) -> PredictRequest:
+    """Dispatch on Content-Type; any problem is a RequestError (400, or 415 for an unsupported type)."""
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type == "application/json":
+        return parse_json(await request.body(), config, shape)
+    if media_type == "multipart/form-data":
+        return await parse_multipart(request, config, shape)
+    raise RequestError(415, f"unsupported Content-Type {media_type or '(none)'!r}: send application/json "
+                            f"or multipart/form-data with PNG/JPEG files in the 'images' field")

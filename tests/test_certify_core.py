@@ -1,0 +1,229 @@
+"""Statistics of the smoothing core against closed forms: radius, abstention, seeds, separate samples, packing."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import norm
+from torch import nn
+
+from certify.core import (
+    ABSTAIN,
+    Smooth,
+    certificate_from_counts,
+    clopper_pearson_lower,
+    image_seed,
+    max_certifiable_radius,
+    prediction_from_counts,
+    radius_from_p_lower,
+)
+from transdenoiser.errors import UserError
+
+SHAPE = (1, 2, 2)
+
+
+class Halfspace(nn.Module):
+    """f(x) = 1[w.x > b] with ||w|| = 1: under N(0, sigma^2 I) noise, P[f(x + e) = 1] = Phi((w.x - b) / sigma)."""
+
+    def __init__(self, b: float):
+        super().__init__()
+        self.w = nn.Parameter(torch.full((4,), 0.5), requires_grad=False)  # unit norm
+        self.b = b
+
+    def forward(self, x):
+        score = x.flatten(1) @ self.w - self.b
+        return torch.stack([-score, score], dim=1)
+
+
+class CoinFlip(nn.Module):
+    """Class 1 when the first pixel's noise is positive, else 0: at x = 0 both classes have probability 1/2."""
+
+    def __init__(self):
+        super().__init__()
+        self.anchor = nn.Parameter(torch.zeros(1), requires_grad=False)
+
+    def forward(self, x):
+        first = x.flatten(1)[:, 0]
+        return torch.stack([-first, first], dim=1)
+
+
+class Recorder(nn.Module):
+    """Remembers every input row it evaluates, and answers class 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.anchor = nn.Parameter(torch.zeros(1), requires_grad=False)
+        self.rows: list[torch.Tensor] = []
+
+    def forward(self, x):
+        self.rows.append(x.flatten(1).clone())
+        return torch.zeros(x.shape[0], 2) + torch.tensor([1.0, 0.0])
+
+
+class FirstSeenVotes(nn.Module):
+    """Votes class 0 for the first ``first`` samples it ever sees and class 1 afterwards."""
+
+    def __init__(self, first: int):
+        super().__init__()
+        self.anchor = nn.Parameter(torch.zeros(1), requires_grad=False)
+        self.first, self.seen = first, 0
+
+    def forward(self, x):
+        position = torch.arange(self.seen, self.seen + x.shape[0])
+        self.seen += x.shape[0]
+        vote_one = (position >= self.first).float()
+        return torch.stack([1 - vote_one, vote_one], dim=1)
+
+
+def halfspace_for(p_one: float, sigma: float) -> Halfspace:
+    """A halfspace whose smoothed probability of class 1 at x = 0 is ``p_one``."""
+    return Halfspace(b=-sigma * norm.ppf(p_one))
+
+
+def radius_band(p: float, n: int, alpha: float, sigma: float, sds: float = 5.0) -> tuple[float, float, float]:
+    """Radius at the expected count, and at the expected count -/+ ``sds`` Monte Carlo standard deviations."""
+    mean, sd = n * p, math.sqrt(n * p * (1 - p))
+
+    def radius(count: float) -> float:
+        return radius_from_p_lower(clopper_pearson_lower(int(round(count)), n, alpha), sigma)
+
+    return radius(mean), radius(mean - sds * sd), radius(min(n, mean + sds * sd))
+
+
+@pytest.mark.parametrize(("p_one", "expected_class"), [(0.9, 1), (0.2, 0)])
+def test_radius_matches_closed_form(p_one, expected_class):
+    sigma, n0, n, alpha = 0.5, 100, 4000, 0.001
+    smooth = Smooth(halfspace_for(p_one, sigma), num_classes=2, sigma=sigma, batch_size=512, device="cpu")
+    cert = smooth.certify(torch.zeros(SHAPE), n0, n, alpha, smooth.generator(1))
+    p_true = p_one if expected_class == 1 else 1 - p_one
+    expected, low, high = radius_band(p_true, n, alpha, sigma)
+    assert cert.prediction == expected_class
+    assert low <= cert.radius <= high, (cert, expected)
+    assert abs(cert.count - n * p_true) <= 5 * math.sqrt(n * p_true * (1 - p_true))
+    assert cert.p_lower < p_true  # the lower bound lies below the true probability
+    assert cert.radius == pytest.approx(sigma * norm.ppf(clopper_pearson_lower(cert.count, n, alpha)))
+    # over several seeds the radius scatters around the radius at the expected count
+    radii = [smooth.certify(torch.zeros(SHAPE), n0, n, alpha, smooth.generator(s)).radius for s in range(2, 8)]
+    assert abs(np.mean(radii) - expected) < (high - low) / 4
+
+
+def test_packed_images_each_match_their_own_closed_form():
+    """Several images with different smoothed probabilities share forward passes, counts never mix."""
+    sigma, n = 0.5, 3000
+    smooth = Smooth(Halfspace(b=0.0), num_classes=2, sigma=sigma, batch_size=700, device="cpu")
+    shifts = [-0.5, 0.0, 0.3, 0.8]  # w.x = shift (||w|| = 1 and w has equal entries)
+    images = torch.stack([torch.full(SHAPE, s / 2) for s in shifts])
+    counts = smooth.sample_counts_many(images, [n], [smooth.generator(10 + i) for i in range(4)])
+    assert counts.shape == (4, 1, 2)
+    for shift, count in zip(shifts, counts[:, 0, 1], strict=True):
+        p = norm.cdf(shift / sigma)
+        assert abs(count - n * p) <= 5 * math.sqrt(n * p * (1 - p)) + 1e-9, (shift, count, n * p)
+
+
+def test_abstains_on_a_tie():
+    smooth = Smooth(CoinFlip(), num_classes=2, sigma=0.25, batch_size=500, device="cpu")
+    for seed in range(3):
+        cert = smooth.certify(torch.zeros(SHAPE), 100, 2000, 0.001, smooth.generator(seed))
+        assert cert.prediction == ABSTAIN and cert.abstained and cert.radius == 0.0
+        assert cert.p_lower < 0.5
+        assert smooth.predict(torch.zeros(SHAPE), 2000, 0.001, smooth.generator(seed)) == ABSTAIN
+
+
+def test_predict_returns_the_clear_winner():
+    smooth = Smooth(halfspace_for(0.95, 0.5), num_classes=2, sigma=0.5, batch_size=500, device="cpu")
+    assert smooth.predict(torch.zeros(SHAPE), 1000, 0.001, smooth.generator(0)) == 1
+
+
+def test_same_seed_same_result_other_seed_other_noise():
+    smooth = Smooth(halfspace_for(0.7, 0.5), num_classes=2, sigma=0.5, batch_size=300, device="cpu")
+    x = torch.zeros(SHAPE)
+    a = smooth.certify(x, 50, 2000, 0.01, smooth.image_generator(7, 3))
+    b = smooth.certify(x, 50, 2000, 0.01, smooth.image_generator(7, 3))
+    c = smooth.certify(x, 50, 2000, 0.01, smooth.image_generator(8, 3))
+    assert a == b
+    assert a.count != c.count
+    assert image_seed(7, 3) == image_seed(7, 3) != image_seed(7, 4) != image_seed(8, 3)
+
+
+def test_noise_does_not_depend_on_batch_size_or_companions():
+    """An image's counts depend on its generator only: other batch sizes and other pack-mates give the same."""
+    smooth = Smooth(halfspace_for(0.6, 0.5), num_classes=2, sigma=0.5, batch_size=1000, device="cpu")
+    other = Smooth(smooth.classifier, num_classes=2, sigma=0.5, batch_size=37, device="cpu")
+    x = torch.zeros(SHAPE)
+    alone = smooth.certify(x, 30, 500, 0.01, smooth.image_generator(0, 5))
+    packed = other.certify_many(torch.stack([x + 0.1, x, x - 0.2]), 30, 500, 0.01,
+                                [other.image_generator(0, i) for i in (4, 5, 6)])
+    assert packed[1] == alone
+
+
+def test_selection_samples_are_not_reused_for_estimation():
+    recorder = Recorder()
+    smooth = Smooth(recorder, num_classes=2, sigma=0.3, batch_size=64, device="cpu")
+    cert = smooth.certify(torch.zeros(SHAPE), 40, 200, 0.01, smooth.generator(0))
+    rows = torch.cat(recorder.rows)
+    assert rows.shape[0] == 240  # n0 + n noisy samples evaluated, each once
+    assert torch.unique(rows, dim=0).shape[0] == 240  # all distinct: no sample evaluated twice
+    assert (cert.n0, cert.n, cert.count) == (40, 200, 200)
+
+
+def test_estimation_ignores_the_selection_votes():
+    """The first n0 samples vote 0, all later ones vote 1: selection picks 0, estimation must find no 0 votes."""
+    smooth = Smooth(FirstSeenVotes(first=50), num_classes=2, sigma=0.3, batch_size=32, device="cpu")
+    cert = smooth.certify(torch.zeros(SHAPE), 50, 300, 0.01, smooth.generator(0))
+    assert cert.count == 0 and cert.prediction == ABSTAIN
+
+
+def test_decision_rules_from_counts():
+    cert = certificate_from_counts(np.array([3, 97]), np.array([10, 990]), alpha=0.001, sigma=0.25)
+    assert cert.prediction == 1
+    assert cert.radius == pytest.approx(0.25 * norm.ppf(clopper_pearson_lower(990, 1000, 0.001)))
+    assert certificate_from_counts(np.array([60, 40]), np.array([480, 520]), 0.001, 0.25).prediction == ABSTAIN
+    assert prediction_from_counts(np.array([500, 500, 0]), 0.05) == ABSTAIN
+    assert prediction_from_counts(np.array([10, 900, 90]), 0.001) == 1
+    # the largest radius: every estimation sample votes for the class
+    assert max_certifiable_radius(0.25, 1000, 0.001) == pytest.approx(0.25 * norm.ppf(0.001 ** (1 / 1000)))
+
+
+def test_denoiser_runs_before_the_classifier_on_noisy_pixels():
+    """With a denoiser that shifts pixels by +1, the halfspace sees w.x + 2: class 1 almost surely."""
+    class Shift(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.anchor = nn.Parameter(torch.zeros(1), requires_grad=False)
+
+        def forward(self, x):
+            return x + 1.0
+
+    smooth = Smooth(Halfspace(b=0.0), num_classes=2, sigma=0.25, denoiser=Shift(), batch_size=100, device="cpu")
+    cert = smooth.certify(torch.zeros(SHAPE), 20, 200, 0.01, smooth.generator(0))
+    assert cert.prediction == 1 and cert.count == 200
+
+
+def test_channels_last_copy_leaves_the_callers_model_alone():
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.Flatten(), nn.Linear(4 * 28 * 28, 10)).eval()
+    smooth = Smooth(model, num_classes=10, sigma=0.25, device="cpu")
+    assert smooth.memory_format == "channels_last"
+    assert model[0].weight.is_contiguous()  # the caller's module is unchanged
+    x = torch.rand(5, 1, 28, 28)
+    with torch.inference_mode():
+        assert torch.allclose(smooth.base_logits(x), model(x), atol=1e-5)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"sigma": 0.0}, "sigma must be > 0"), ({"sigma": -1.0}, "sigma must be > 0"),
+    ({"sigma": float("nan")}, "sigma must be > 0"), ({"batch_size": 0}, "batch size"),
+    ({"memory_format": "weird"}, "memory format")])
+def test_bad_smoothing_arguments(kwargs, message):
+    args = {"sigma": 0.25} | kwargs
+    with pytest.raises(UserError, match=message):
+        Smooth(Halfspace(0.0), num_classes=2, device="cpu", **args)
+
+
+@pytest.mark.parametrize(("n0", "n", "alpha", "message"), [
+    (0, 10, 0.01, "n0 must be >= 1"), (10, 0, 0.01, "n must be >= 1"), (10, 10, 0.0, "alpha"), (10, 10, 1.0, "alpha")])
+def test_bad_sampling_arguments(n0, n, alpha, message):
+    smooth = Smooth(Halfspace(0.0), num_classes=2, sigma=0.25, device="cpu")
+    with pytest.raises(UserError, match=message):
+        smooth.certify(torch.zeros(SHAPE), n0, n, alpha)

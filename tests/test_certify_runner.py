@@ -1,0 +1,243 @@
+"""Certification over a dataset: per-image seeds, shards + merge == one run, resume, CLI files and errors."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from certify.core import Smooth
+from certify.report import format_certified_accuracy_table, radius_grid, summarize
+from certify.runner import Shard, certify_dataset, pack_size, plan_units, rank_device, read_rows, select_indices
+from transdenoiser.cli import main
+from transdenoiser.errors import UserError
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One torch thread: these tests are dominated by small forward passes, which extra threads only slow down."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+FAST = ["--sigma", "0.25", "--n0", "8", "--n", "40", "--batch", "64", "--alpha", "0.01", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def tiny_classifier_dir(tmp_path_factory):
+    """A randomly initialised cnn28 checkpoint: the files and the bookkeeping are under test, not accuracy."""
+    from training.checkpoint import save_checkpoint
+    from training.models import build_model
+
+    torch.manual_seed(0)
+    kwargs = {"in_channels": 1, "num_classes": 10}
+    model = build_model("cnn28", **kwargs)
+    meta = {"kind": "classifier", "architecture": "cnn28", "arch_kwargs": kwargs, "num_classes": 10,
+            "input_shape": [1, 28, 28], "class_names": [str(d) for d in range(10)], "test_accuracy": None}
+    return save_checkpoint(tmp_path_factory.mktemp("tiny") / "classifier", model, meta)
+
+
+def rows_without_time(path):
+    return [line.rsplit("\t", 1)[0] for line in path.read_text().splitlines()]
+
+
+def run_cli(argv, capsys):
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+# ----------------------------------------------------------------------------------------------- library
+
+class Halfspace(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.full((4,), 0.5), requires_grad=False)
+
+    def forward(self, x):
+        score = x.flatten(1) @ self.w - 0.3
+        return torch.stack([-score, score], dim=1)
+
+
+def test_certify_dataset_is_reproducible_and_split_independent():
+    smooth = Smooth(Halfspace(), num_classes=2, sigma=0.5, batch_size=100, device="cpu")
+    images = torch.rand(12, 1, 2, 2)
+    labels = torch.randint(0, 2, (12,))
+    whole = certify_dataset(smooth, images, labels, list(range(12)), 10, 50, 0.01, seed=3)
+    again = certify_dataset(smooth, images, labels, list(range(12)), 10, 50, 0.01, seed=3)
+    parts = (certify_dataset(smooth, images, labels, [0, 1, 2, 3, 4], 10, 50, 0.01, seed=3)
+             + certify_dataset(smooth, images, labels, [5, 6, 7, 8, 9, 10, 11], 10, 50, 0.01, seed=3))
+    key = [(r.idx, r.prediction, r.radius, r.count) for r in whole]
+    assert key == [(r.idx, r.prediction, r.radius, r.count) for r in again]
+    assert key == [(r.idx, r.prediction, r.radius, r.count) for r in parts]
+    other = certify_dataset(smooth, images, labels, list(range(12)), 10, 50, 0.01, seed=4)
+    assert [r.count for r in other] != [r.count for r in whole]
+    summary = summarize(whole, sigma=0.5, n0=10, n=50, alpha=0.01)
+    assert summary["images"] == 12
+    assert summary["certified_accuracy"][0]["certified_accuracy"] == summary["smoothed_clean_accuracy"]
+    assert summary["average_certified_radius"] == pytest.approx(sum(r.radius for r in whole if r.correct) / 12)
+    assert "certified accuracy" in format_certified_accuracy_table(summary)
+    with pytest.raises(UserError, match="past the end"):
+        certify_dataset(smooth, images, labels, [12], 10, 50, 0.01, seed=3)
+
+
+def test_work_list_units_and_shards():
+    assert select_indices(10, skip=3) == [0, 3, 6, 9]
+    assert select_indices(10, skip=2, max_index=5) == [0, 2, 4]
+    assert select_indices(10, indices=[7, 2]) == [7, 2]
+    for bad in ({"max_index": 11}, {"indices": [10]}, {"indices": [1, 1]}):
+        with pytest.raises(UserError):
+            select_indices(10, **bad)
+    units = plan_units(list(range(23)), pack=4)
+    shards = [Shard(i, 3).take(units) for i in range(3)]
+    flat = sorted(i for shard in shards for unit in shard for i in unit)
+    assert flat == list(range(23))  # disjoint and complete
+    assert pack_size(100 + 100_000, 1000) == 1 and pack_size(100 + 100, 1000) == 40
+    assert Shard.parse("1/4") == Shard(1, 4)
+    for bad in ("4/4", "-1/2", "1", "a/b"):
+        with pytest.raises(UserError):
+            Shard.parse(bad)
+    assert Shard.from_environment({"RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0"}) == Shard(2, 4)
+    assert Shard.from_environment({}) is None
+    assert rank_device(torch.device("cuda"), {"LOCAL_RANK": "3"}) == torch.device("cuda", 3)
+    assert rank_device(torch.device("cpu"), {"LOCAL_RANK": "3"}) == torch.device("cpu")
+    assert radius_grid(0.8) == [0.0, 0.25, 0.5, 0.75]
+
+
+# ----------------------------------------------------------------------------------------------- CLI
+
+def test_cli_writes_all_four_files_and_report_overlays(tiny_classifier_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    code, stdout, _ = run_cli(["certify", "--classifier", tiny_classifier_dir, *FAST, "--max", "6", "--out", out],
+                              capsys)
+    assert code == 0, stdout
+    for name in ("certify.tsv", "summary.json", "report.md", "certified_accuracy.png"):
+        assert (out / name).is_file(), name
+    assert (out / "certify.tsv").read_text().splitlines()[0].split("\t") == ["idx", "label", "predict", "radius",
+                                                                            "correct", "time"]
+    summary = json.loads((out / "summary.json").read_text())
+    settings = summary["settings"]
+    for key in ("classifier", "denoiser", "dataset", "data_root", "split_seed", "split", "sigma", "n0", "n", "alpha",
+                "batch", "skip", "max", "seed"):
+        assert key in settings, key
+    assert settings["classifier"] == str(tiny_classifier_dir.resolve()) and settings["denoiser"] is None
+    assert summary["images"] == 6 and summary["classifier_metadata"]["architecture"] == "cnn28"
+    assert summary["denoiser_metadata"] is None and summary["hardware"]
+    assert (out / "certified_accuracy.png").read_bytes()[:4] == b"\x89PNG"
+
+    other = tmp_path / "run_sigma"
+    code, _, _ = run_cli(["certify", "--classifier", tiny_classifier_dir, *FAST, "--sigma", "0.5", "--max", "4",
+                          "--out", other], capsys)
+    assert code == 0
+    code, stdout, _ = run_cli(["report", out, other, "--out", tmp_path / "overlay"], capsys)
+    assert code == 0
+    table = (tmp_path / "overlay" / "report.md").read_text()
+    assert "no denoiser, sigma 0.25" in table and "no denoiser, sigma 0.5" in table
+    assert (tmp_path / "overlay" / "certified_accuracy.png").is_file()
+    (tmp_path / "empty").mkdir()
+    code, _, err = run_cli(["report", out, tmp_path / "empty", "--out", tmp_path / "overlay2"], capsys)
+    assert code == 2 and "neither certify.tsv nor attack.json" in err
+
+
+def test_shards_merge_to_the_single_run(tiny_classifier_dir, tmp_path, capsys):
+    # 8 + 41 samples per image, batch 16: units of 3 images whose forward passes straddle images
+    common = ["certify", "--classifier", tiny_classifier_dir, *FAST, "--n", "41", "--batch", "16",
+              "--indices", "0-8,20", "--seed", "5"]
+    single = tmp_path / "single"
+    assert run_cli([*common, "--out", single], capsys)[0] == 0
+    shared = tmp_path / "shared"
+    code, stdout, _ = run_cli([*common, "--out", shared, "--shard", "1/3"], capsys)
+    assert code == 0 and "waiting for the other shards" in stdout
+    assert run_cli([*common, "--out", shared, "--shard", "0/3"], capsys)[0] == 0
+    assert not (shared / "summary.json").exists()
+    assert run_cli([*common, "--out", shared, "--shard", "2/3"], capsys)[0] == 0  # the last one merges
+    assert rows_without_time(shared / "certify.tsv") == rows_without_time(single / "certify.tsv")
+    assert len(read_rows(shared / "certify.shard-1-of-3.tsv", "certify")) == 3  # shards did share the work
+    # shards in separate folders (separate machines), merged explicitly
+    parts = []
+    for i in range(3):
+        parts.append(tmp_path / f"part{i}")
+        assert run_cli([*common, "--out", parts[-1], "--shard", f"{i}/3"], capsys)[0] == 0
+    code, _, err = run_cli(["certify-merge", parts[0], parts[1], "--out", tmp_path / "merged"], capsys)
+    assert code == 2 and "not complete" in err
+    assert run_cli(["certify-merge", *parts, "--out", tmp_path / "merged"], capsys)[0] == 0
+    assert rows_without_time(tmp_path / "merged" / "certify.tsv") == rows_without_time(single / "certify.tsv")
+    merged = json.loads((tmp_path / "merged" / "summary.json").read_text())
+    alone = json.loads((single / "summary.json").read_text())
+    for key in ("certified_accuracy", "smoothed_clean_accuracy", "abstention_rate", "average_certified_radius"):
+        assert merged[key] == alone[key], key
+
+
+def test_resume_skips_done_rows_and_tolerates_a_cut_line(tiny_classifier_dir, tmp_path, capsys):
+    args = ["certify", "--classifier", tiny_classifier_dir, *FAST, "--max", "5"]
+    full = tmp_path / "full"
+    assert run_cli([*args, "--out", full], capsys)[0] == 0
+    out = tmp_path / "cut"
+    assert run_cli([*args, "--out", out], capsys)[0] == 0
+    lines = (out / "certify.tsv").read_text().splitlines(keepends=True)
+    (out / "certify.tsv").write_text("".join(lines[:3]) + lines[3][:5])  # header, 2 rows, a row cut mid-line
+    (out / "summary.json").unlink()
+    code, stdout, _ = run_cli([*args, "--out", out], capsys)
+    assert code == 0 and "3 images done now, 2 done before" in stdout
+    assert (out / "certify.tsv").read_text().splitlines(keepends=True)[:3] == lines[:3]  # kept as they were
+    assert rows_without_time(out / "certify.tsv") == rows_without_time(full / "certify.tsv")
+    assert len(read_rows(out / "certify.tsv", "certify")) == 5
+    code, stdout, _ = run_cli([*args, "--out", out], capsys)  # nothing left to do
+    assert code == 0 and "0 images done now, 5 done before" in stdout
+
+
+def test_predict_writes_cohen_columns(tiny_classifier_dir, tmp_path, capsys):
+    out = tmp_path / "predict"
+    code, stdout, _ = run_cli(["predict", "--classifier", tiny_classifier_dir, "--sigma", "0.25", "--n", "40",
+                               "--batch", "64", "--device", "cpu", "--skip", "200", "--out", out], capsys)
+    assert code == 0
+    lines = (out / "predict.tsv").read_text().splitlines()
+    assert lines[0].split("\t") == ["idx", "label", "predict", "correct", "time"]
+    assert [int(line.split("\t")[0]) for line in lines[1:]] == list(range(0, 2004, 200))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["task"] == "predict" and summary["images"] == 11 and (out / "report.md").is_file()
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--sigma", "0"], "--sigma: must be > 0"),
+    (["--n0", "0"], "--n0: must be >= 1"),
+    (["--n", "0"], "--n: must be >= 1"),
+    (["--alpha", "1.5"], "--alpha: must lie strictly between 0 and 1"),
+    (["--shard", "3/3"], "0 <= I < K"),
+])
+def test_bad_flags_exit_2_naming_the_problem(tiny_classifier_dir, tmp_path, capsys, extra, message):
+    with pytest.raises(SystemExit) as stop:
+        main(["certify", "--classifier", str(tiny_classifier_dir), *FAST, *extra, "--out", str(tmp_path / "bad")])
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err.strip().splitlines()[-1]  # argparse: usage line, then the error
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--max", "5000"], "--max 5000 is past the end of mnist10k's test split (2004 images)"),
+    (["--indices", "2003-2004"], "index 2004 is past the end"),
+])
+def test_bad_data_choice_exits_2_with_one_line(tiny_classifier_dir, tmp_path, capsys, extra, message):
+    code, _, err = run_cli(["certify", "--classifier", tiny_classifier_dir, *FAST, *extra, "--out", tmp_path / "bad"],
+                           capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and message in err
+
+
+def test_refuses_to_mix_runs_and_unfit_models(tiny_classifier_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert run_cli(["certify", "--classifier", tiny_classifier_dir, *FAST, "--max", "2", "--out", out], capsys)[0] == 0
+    code, _, err = run_cli(["certify", "--classifier", tiny_classifier_dir, *FAST, "--max", "2", "--n", "41",
+                            "--out", out], capsys)
+    assert code == 2 and "different settings" in err and "n 40 there, 41 now" in err
+    assert len(err.strip().splitlines()) == 1
+
+    from training.checkpoint import save_checkpoint
+    from training.models import build_model
+
+    kwargs = {"in_channels": 1, "num_classes": 3}
+    three = save_checkpoint(tmp_path / "three", build_model("cnn28", **kwargs),
+                            {"kind": "classifier", "architecture": "cnn28", "arch_kwargs": kwargs, "num_classes": 3,
+                             "input_shape": [1, 28, 28]})
+    code, _, err = run_cli(["certify", "--classifier", three, *FAST, "--out", tmp_path / "three_run"], capsys)
+    assert code == 2 and "10 classes" in err and "3" in err

@@ -1,0 +1,240 @@
+"""Private training: the three arms, DP mechanics, resume, reports, bad input, the CLI."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from transdenoiser.errors import UserError
+from training.checkpoint import load_checkpoint, read_metadata
+from training.dp import GaussianNoise, PerExampleClipper, PerExampleGradients, PoissonSampler, per_example_norms
+from training.models import build_model
+from training.private_train import (ARM_CLASSES, SepDPArm, TrainConfig, TransDenoiserArm, line16_sigma_bar, plan,
+                                    train_denoiser)
+
+FAST = dict(denoiser="tiny", denoiser_kwargs={"width": 2}, activation="silu", epochs=1, batch_size=16,
+            train_examples=64, eval_examples=100, max_smin_dim=10, learning_rate=0.05, optimizer="sgd",
+            momentum=0.9, delta=1e-3)
+
+
+@pytest.fixture(scope="module")
+def clf(classifier_dir):
+    return load_checkpoint(classifier_dir, kind="classifier")
+
+
+def cfg(**overrides) -> TrainConfig:
+    return TrainConfig(**{**FAST, **overrides})
+
+
+# ------------------------------------------------------------------------------------------------ mechanics
+
+def test_per_example_gradients_match_autograd():
+    torch.manual_seed(0)
+    model = build_model("tiny", width=2)
+    x = torch.rand(3, 1, 8, 8)
+    z = x + 0.25 * torch.randn_like(x)
+    grads, losses = PerExampleGradients(model)(z, x)
+    for i in range(3):
+        model.zero_grad()
+        loss = (model(z[i:i + 1]) - x[i:i + 1]).pow(2).sum()
+        loss.backward()
+        assert math.isclose(float(losses[i]), float(loss), rel_tol=1e-5)
+        for name, p in model.named_parameters():
+            assert torch.allclose(grads[name][i], p.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_clipping_bounds_per_example_norms():
+    torch.manual_seed(0)
+    grads = {"a": torch.randn(50, 7) * 10, "b": torch.randn(50, 3, 2) * 0.01}
+    clipper = PerExampleClipper(clip_norm=0.5)
+    factors = clipper.factors(per_example_norms(grads))
+    clipped = {k: v * factors.view(-1, *[1] * (v.dim() - 1)) for k, v in grads.items()}
+    norms = per_example_norms(clipped)
+    assert float(norms.max()) <= 0.5 * (1 + 1e-6)
+    small = per_example_norms(grads) <= 0.5
+    assert torch.all(factors[small] == 1)  # short gradients untouched
+    summed = clipper.weighted_sum(grads, factors)
+    assert torch.allclose(summed["a"], clipped["a"].sum(0))
+
+
+def test_noise_std_matches_multiplier_times_clip_norm():
+    noise = GaussianNoise(clip_norm=0.7)
+    out = noise.add({"w": torch.zeros(400_000)}, 1.5, torch.Generator().manual_seed(0))["w"]
+    assert abs(float(out.std()) / (1.5 * 0.7) - 1) < 0.01
+    assert abs(float(out.mean())) < 0.01
+    assert torch.equal(noise.add({"w": torch.ones(3)}, 0.0, torch.Generator())["w"], torch.ones(3))
+
+
+def test_poisson_sampler_rate_and_empty_batches():
+    sampler = PoissonSampler(1000, 0.05)
+    gen = torch.Generator().manual_seed(0)
+    sizes = [len(sampler.sample(gen)) for _ in range(200)]
+    assert abs(np.mean(sizes) - 50) < 3
+    tiny = PoissonSampler(3, 0.01)
+    assert any(len(tiny.sample(gen)) == 0 for _ in range(50))
+
+
+@pytest.mark.parametrize("arm_class", [SepDPArm, TransDenoiserArm])
+def test_empty_poisson_batch_still_noised_and_counted(arm_class):
+    torch.manual_seed(0)
+    model = build_model("tiny", width=2)
+    arm = arm_class(model, cfg(arm=arm_class.name, clip_norm=2.0), xi_up=1.5, expected_batch=4.0, total_steps=10)
+    grads, record = arm.gradient(torch.zeros(0, 1, 28, 28), torch.Generator().manual_seed(0))
+    flat = torch.cat([g.flatten() for g in grads.values()])
+    assert record.batch_size == 0 and record.explicit_multiplier == 1.5
+    assert abs(float(flat.std()) * 4.0 / (1.5 * 2.0) - 1) < 0.2  # (0 + N(0, (xi C)^2)) / B
+
+
+def test_line16():
+    assert line16_sigma_bar(0.1, xi_low=0.5, xi_up=2.0) == 2.0
+    assert math.isclose(line16_sigma_bar(1.2, 0.5, 2.0), math.sqrt(4 - 1.44))
+    assert line16_sigma_bar(2.0, 0.5, 2.0) == 0.0
+    assert line16_sigma_bar(3.0, 0.5, 2.0) == 0.0
+
+
+def test_target_epsilon_calibrates_xi_up():
+    from training.accounting import epsilon_report
+
+    config = cfg(arm="sepdp", target_epsilon=2.0, delta=1e-5, train_examples=0)
+    schedule = plan(config, 3000)
+    eps = epsilon_report(schedule["sample_rate"], schedule["xi_up"], schedule["total_steps"], 1e-5)
+    assert eps["rdp"] <= 2.0 and eps["rdp"] > 1.9
+
+
+# ------------------------------------------------------------------------------------------------ training runs
+
+@pytest.mark.parametrize("arm", ["nodp", "sepdp", "transdenoiser"])
+def test_each_arm_trains_and_writes_checkpoint_with_report(arm, mnist10k, clf, tmp_path):
+    from certify.pipeline import load_pipeline
+
+    out = tmp_path / arm
+    model, meta = train_denoiser(cfg(arm=arm), mnist10k, clf, torch.device("cpu"), checkpoint_dir=out)
+    saved = read_metadata(out)
+    assert saved["kind"] == "denoiser" and saved["architecture"] == "tiny"
+    assert saved["classifier"]["num_classes"] == 10 and saved["dataset"]["fingerprints"] == mnist10k.fingerprints()
+    assert len(saved["metrics"]) == 1 and {"mse", "psnr", "accuracy_denoised"} <= set(saved["metrics"][0])
+    text = (out / "privacy_report.txt").read_text()
+    privacy = saved["privacy"]
+    assert privacy["steps_done"] == privacy["steps_planned"] == 4  # round(64 / 16) Poisson steps
+    if arm == "nodp":
+        assert "no privacy claim" in text and privacy["guarantees"] == []
+    elif arm == "sepdp":
+        (g,) = privacy["guarantees"]
+        assert g["data_independent"] is True and g["epsilon"]["rdp"] > 0
+    else:
+        mmga, explicit = privacy["guarantees"]
+        assert mmga["data_independent"] is False and explicit["data_independent"] is False
+        assert "NOT a data-independent guarantee" in text and "explicit noise alone" in text
+        assert "max_smin_dim=10" in text  # w = 77 > 10: not computed, treated as 0, and said so
+        assert 0 <= privacy["transdenoiser"]["nonnegative_share"] <= 1
+    pipeline = load_pipeline(saved["classifier"]["path"], out)
+    x = mnist10k.test.tensors()[0][:2]
+    assert torch.allclose(pipeline.denoiser(x), model(x))
+
+
+def test_transdenoiser_computes_smin_and_follows_line16(mnist10k, clf, tmp_path):
+    config = cfg(arm="transdenoiser", max_smin_dim=4096, train_examples=32, batch_size=8, sigma=0.5,
+                 xi_up=1.0, xi_low=0.0, delta=1e-2)
+    _, meta = train_denoiser(config, mnist10k, clf, torch.device("cpu"), checkpoint_dir=tmp_path / "td")
+    td = meta["privacy"]["transdenoiser"]
+    assert td["smin_methods"].get("eigvalsh", 0) >= 1
+    assert td["smin"]["max"] > 0  # silu: S_min > 0
+    from training.checkpoint import load_extra_tensors
+
+    hist = load_extra_tensors(tmp_path / "td", "training_state")
+    m, sb = hist["history.input_multiplier"], hist["history.sigma_bar"]
+    ok = ~torch.isnan(sb)
+    expected = torch.tensor([line16_sigma_bar(float(a), 0.0, 1.0) for a in m[ok]], dtype=torch.float64)
+    assert torch.allclose(sb[ok], expected)
+
+
+def test_resume_is_bit_identical(mnist10k, clf, tmp_path):
+    config = cfg(arm="transdenoiser", epochs=2, optimizer="adam", learning_rate=1e-2)
+    full, full_meta = train_denoiser(config, mnist10k, clf, torch.device("cpu"), checkpoint_dir=tmp_path / "full")
+    train_denoiser(config, mnist10k, clf, torch.device("cpu"), checkpoint_dir=tmp_path / "part", stop_after_epochs=1)
+    assert read_metadata(tmp_path / "part")["privacy"]["complete"] is False
+    resumed, meta = train_denoiser(config, mnist10k, clf, torch.device("cpu"), checkpoint_dir=tmp_path / "part",
+                                   resume=True)
+    for (name, a), (_, b) in zip(full.state_dict().items(), resumed.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    assert meta["privacy"] == full_meta["privacy"]  # no step lost or counted twice
+    assert meta["steps_done"] == full_meta["steps_done"] == 8
+
+
+def test_existing_checkpoint_and_changed_config_refused(mnist10k, clf, tmp_path):
+    train_denoiser(cfg(arm="sepdp"), mnist10k, clf, torch.device("cpu"), checkpoint_dir=tmp_path / "run")
+    with pytest.raises(UserError, match="already holds a checkpoint"):
+        train_denoiser(cfg(arm="sepdp"), mnist10k, clf, torch.device("cpu"), checkpoint_dir=tmp_path / "run")
+    with pytest.raises(UserError, match="xi_up"):
+        train_denoiser(cfg(arm="sepdp", xi_up=3.0), mnist10k, clf, torch.device("cpu"),
+                       checkpoint_dir=tmp_path / "run", resume=True)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"sigma": 0.0}, "sigma"), ({"clip_norm": -1.0}, "clip norm"), ({"delta": 0.02}, "delta"),
+    ({"xi_low": 3.0, "xi_up": 2.0}, "xi_low"), ({"batch_size": 65}, "sample rate"), ({"arm": "foo"}, "arm"),
+    ({"optimizer": "rmsprop"}, "optimizer"), ({"denoiser_kwargs": {"in_channels": 3}}, "in_channels")])
+def test_bad_input_rejected_before_training(overrides, message, mnist10k, clf, tmp_path, monkeypatch):
+    for arm_class in ARM_CLASSES.values():
+        monkeypatch.setattr(arm_class, "gradient", lambda *a, **k: pytest.fail("trained despite bad input"))
+    with pytest.raises(UserError, match=message):
+        train_denoiser(cfg(arm="sepdp", **overrides), mnist10k, clf, torch.device("cpu"),
+                       checkpoint_dir=tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+
+
+def test_empty_dataset_and_misfit_classifier_rejected(mnist10k, clf):
+    import dataclasses
+
+    from training.datasets import Split
+
+    empty = dataclasses.replace(mnist10k, private=Split(mnist10k.private.images[:0], mnist10k.private.labels[:0]))
+    with pytest.raises(UserError, match="empty"):
+        train_denoiser(cfg(arm="sepdp", train_examples=0), empty, clf, torch.device("cpu"))
+    wrong = dataclasses.replace(mnist10k, classes=tuple("abcde"))
+    with pytest.raises(UserError, match="classes"):
+        train_denoiser(cfg(arm="sepdp"), wrong, clf, torch.device("cpu"))
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+def _parser():
+    from training import train_cli
+    from transdenoiser.cli import common_parser
+
+    parser = argparse.ArgumentParser(prog="transdenoiser")
+    train_cli.register(parser.add_subparsers(dest="command"), common_parser())
+    return parser
+
+
+def test_cli_help_and_bad_flags(capsys):
+    with pytest.raises(SystemExit) as exc:
+        _parser().parse_args(["train", "--help"])
+    assert exc.value.code == 0
+    assert "--target-epsilon" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        _parser().parse_args(["train", "--out", "x", "--sigma", "-1"])
+    assert exc.value.code == 2
+
+
+def test_cli_config_file_and_flag_override(classifier_dir, tmp_path, capsys):
+    config = tmp_path / "c.toml"
+    config.write_text('arm = "nodp"\ndenoiser = "tiny"\nepochs = 1\nbatch_size = 32\ntrain_examples = 64\n'
+                      'eval_examples = 50\n[denoiser_kwargs]\nwidth = 2\n')
+    args = _parser().parse_args(["train", "--config", str(config), "--arm", "sepdp", "--delta", "1e-3",
+                                 "--classifier", str(classifier_dir), "--out", str(tmp_path / "o"), "--json",
+                                 "--device", "cpu"])
+    assert args.handler(args) == 0
+    meta = json.loads(capsys.readouterr().out)
+    assert meta["config"]["arm"] == "sepdp" and meta["config"]["batch_size"] == 32
+    assert meta["privacy"]["guarantees"][0]["name"] == "sepdp"
+    bad = tmp_path / "bad.toml"
+    bad.write_text("sigmaa = 1\n")
+    args = _parser().parse_args(["train", "--config", str(bad), "--classifier", str(classifier_dir),
+                                 "--out", str(tmp_path / "b")])
+    with pytest.raises(UserError, match="sigmaa"):
+        args.handler(args)

@@ -1,0 +1,355 @@
+"""Serving: config, model directories, validation, the batched certifier, middlewares, and the service in process."""
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import threading
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from certify.core import Smooth
+from serving.auth import ApiKeyMiddleware
+from serving.batching import AdaptiveBatcher
+from serving.bundle import load_model_dir, write_model_dir
+from serving.card import epsilon_statements
+from serving.config import ServingConfig, load_config, validate_config
+from serving.engine import NoiseJob, ServingCertifier, VoteCounter, job_seed, plan_jobs
+from serving.limits import PayloadLimitMiddleware
+from serving.validation import RequestError, decode_image, parse_payload
+from transdenoiser.cli import main as cli_main
+from transdenoiser.errors import UserError
+
+SHAPE = (1, 28, 28)
+API_KEY = "k" * 32
+
+
+def png_bytes(array: np.ndarray, mode: str = "L", fmt: str = "PNG") -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(array, mode=mode).save(buffer, fmt)
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def digits(mnist10k):
+    """The first test image of each of eight classes (the test split is ordered by class)."""
+    x, y = mnist10k.test.tensors()
+    first = [int(np.flatnonzero(y.numpy() == label)[0]) for label in range(8)]
+    return x[first], y[first]
+
+
+@pytest.fixture(scope="module")
+def model_dir(classifier_dir, tmp_path_factory):
+    return write_model_dir(tmp_path_factory.mktemp("serve") / "model", classifier_dir, sigma=0.25, n0=20, n=100,
+                           max_n=500, max_images=4, max_payload_bytes=200_000, allow_client_seed=True)
+
+
+@pytest.fixture(scope="module")
+def smooth(model_dir):
+    pipeline = load_model_dir(model_dir).pipeline
+    return Smooth(pipeline.classifier, pipeline.num_classes, 0.25, batch_size=100)
+
+
+# ------------------------------------------------------------------------------------------------ config
+
+def test_model_dir_round_trip_and_refusals(model_dir, classifier_dir, tmp_path):
+    config = load_config(model_dir)
+    assert (config.sigma, config.n0, config.n, config.max_n, config.max_images) == (0.25, 20, 100, 500, 4)
+    assert config.denoiser is None and (model_dir / "classifier" / "weights.safetensors").is_file()
+    with pytest.raises(UserError, match="not an empty directory"):
+        write_model_dir(model_dir, classifier_dir, sigma=0.25)
+    with pytest.raises(UserError, match="exceeds max_n"):
+        write_model_dir(tmp_path / "m", classifier_dir, sigma=0.25, n=2000, max_n=1000)
+    assert not (tmp_path / "m").exists()  # validated before anything is written
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({}, "'sigma'.*required"),
+    ({"sigma": 0}, "sigma must be a finite number > 0"),
+    ({"sigma": float("nan")}, "sigma must be"),
+    ({"sigma": 0.25, "alpha": 1.0}, "alpha must be a number strictly between 0 and 1"),
+    ({"sigma": 0.25, "n0": 0}, "n0 must be an integer >= 1"),
+    ({"sigma": 0.25, "batch_size": 2.5}, "batch_size must be an integer"),
+    ({"sigma": 0.25, "batching": "yes"}, "batching must be true or false"),
+    ({"sigma": 0.25, "chunk_samples": 2000}, "chunk_samples = 2000 exceeds batch_size"),
+    ({"sigma": 0.25, "sigmaa": 1}, "unknown setting"),
+])
+def test_config_refuses_bad_values(raw, message):
+    with pytest.raises(UserError, match=message):
+        validate_config(raw, "test.toml")
+
+
+def test_config_file_errors_name_the_file(tmp_path):
+    (tmp_path / "serving.toml").write_text("sigma = [")
+    with pytest.raises(UserError, match="serving.toml: not valid TOML"):
+        load_config(tmp_path)
+    (tmp_path / "serving.json").write_text(json.dumps({"sigma": 0.5}))
+    with pytest.raises(UserError, match="both"):
+        load_config(tmp_path)
+    (tmp_path / "serving.toml").unlink()
+    assert load_config(tmp_path).sigma == 0.5
+    (tmp_path / "serving.json").write_text(json.dumps({"sigma": 0.5, "classifier": "../elsewhere"}))
+    with pytest.raises(UserError, match="outside the model directory"):
+        load_model_dir(tmp_path)
+
+
+# ------------------------------------------------------------------------------------------------ validation
+
+CONFIG = ServingConfig(sigma=0.25, n=100, max_n=500, max_images=4, allow_client_seed=False)
+
+
+@pytest.mark.parametrize("payload, message", [
+    ({"images": [np.zeros(784).tolist()]}, r"shape \[784\].*never reshaped"),
+    ({"images": [np.zeros((28, 28)).tolist()]}, r"shape \[28, 28\]"),
+    ({"images": [np.zeros((3, 28, 28)).tolist()]}, r"shape \[3, 28, 28\]"),
+    ({"images": np.zeros(784).tolist()}, "wrap it"),
+    ({"images": [[[[0.5] * 28] * 27 + [[0.5] * 27]]]}, "ragged or non-numeric"),
+    ({"images": [[[["a"] * 28] * 28]]}, "ragged or non-numeric"),
+    ({"images": [np.full(SHAPE, np.nan).tolist()]}, "NaN or infinite"),
+    ({"images": [np.full(SHAPE, np.inf).tolist()]}, "NaN or infinite"),
+    ({"images": [np.full(SHAPE, 1.5).tolist()]}, r"\[0, 1\], got \[1.5, 1.5\]"),
+    ({"images": [np.full(SHAPE, -0.1).tolist()]}, r"\[0, 1\]"),
+    ({"images": [np.zeros(SHAPE).tolist()] * 5}, "at most 4"),
+    ({"images": []}, "no images"),
+    ({"images": [np.zeros(SHAPE).tolist()], "n": 501}, r"1\.\.500"),
+    ({"images": [np.zeros(SHAPE).tolist()], "n": "100"}, "integer"),
+    ({"images": [np.zeros(SHAPE).tolist()], "seed": 1}, "does not accept client seeds"),
+    ({"images": [np.zeros(SHAPE).tolist()], "extra": 1}, "unknown field"),
+])
+def test_json_validation_refuses_with_a_clear_message(payload, message):
+    with pytest.raises(RequestError, match=message) as info:
+        parse_payload(payload, CONFIG, SHAPE)
+    assert info.value.status == 400
+
+
+def test_json_validation_accepts_and_keeps_values():
+    image = np.random.default_rng(0).random(SHAPE)
+    request = parse_payload({"images": [image.tolist()], "n": 7}, CONFIG, SHAPE)
+    assert request.images.shape == (1, *SHAPE) and request.images.dtype == torch.float32
+    assert request.n == 7 and request.seed is None
+    assert torch.allclose(request.images[0].double(), torch.from_numpy(image), atol=1e-7)
+
+
+def test_image_decoding():
+    pixels = np.arange(784, dtype=np.uint8).reshape(28, 28)
+    decoded = decode_image(png_bytes(pixels), 0, "a.png", SHAPE)
+    assert torch.equal(decoded, torch.from_numpy(pixels).float().div(255).unsqueeze(0))
+    assert decode_image(png_bytes(pixels, fmt="JPEG"), 0, "", SHAPE).shape == SHAPE
+    rgb = png_bytes(np.zeros((28, 28, 3), np.uint8), mode="RGB")
+    assert decode_image(rgb, 0, "", (3, 28, 28)).shape == (3, 28, 28)
+    for data, message in [(b"not an image", "could not be decoded"), (png_bytes(pixels)[:60], "could not be decoded"),
+                          (png_bytes(np.zeros((27, 28), np.uint8)), "28x27 pixels.*never resized"),
+                          (rgb, "colour mode RGB, the model takes 1-channel"),
+                          (png_bytes(pixels, fmt="BMP"), "only PNG and JPEG")]:
+        with pytest.raises(RequestError, match=message):
+            decode_image(data, 0, "a.png", SHAPE)
+
+
+# ------------------------------------------------------------------------------------------------ engine
+
+def test_vote_counter_matches_smooth_sample_counts(smooth, digits):
+    x = digits[0][0]
+    jobs = [NoiseJob(x, 37, 11), NoiseJob(x, 150, 12), NoiseJob(digits[0][1], 5, 13)]
+    counts = VoteCounter(smooth)(jobs)  # one shared pass over 192 samples, split in batches of 100
+    for job, job_counts in zip(jobs, counts, strict=True):
+        expected = smooth.sample_counts(job.image, job.num_samples, smooth.generator(job.seed))
+        np.testing.assert_array_equal(job_counts, expected)
+
+
+def test_jobs_never_share_draws():
+    plan = plan_jobs(torch.zeros(2, *SHAPE), n0=30, n=250, chunk_samples=100, request_seed=5)
+    assert [(i, p, j.num_samples) for i, p, j in plan][:4] == [(0, 0, 30), (0, 1, 100), (0, 1, 100), (0, 1, 50)]
+    seeds = [j.seed for _, _, j in plan]
+    assert len(set(seeds)) == len(seeds) == 8
+    assert job_seed(5, 0, 0, 0) == seeds[0] and job_seed(6, 0, 0, 0) != seeds[0]
+
+
+def _certify(certifier, images, n, seed):
+    async def run():
+        return await asyncio.gather(*(certifier.certify(images, n, seed + k) for k in range(3)))
+    return asyncio.run(run())
+
+
+def test_batching_does_not_change_certificates(smooth, digits):
+    images = digits[0][:2]
+    batched = _certify(ServingCertifier(smooth, 20, 0.001, 50, AdaptiveBatcher(VoteCounter(smooth), 4, 60_000)),
+                       images, 200, seed=100)
+    alone = _certify(ServingCertifier(smooth, 20, 0.001, 50, None), images, 200, seed=100)
+    assert batched == alone
+    for certificate, label in zip(batched[0], digits[1][:2], strict=True):
+        assert certificate.prediction == int(label) and certificate.radius > 0 and certificate.n == 200
+
+
+def test_a_failing_job_never_fails_the_jobs_sharing_its_batch(smooth, digits):
+    sizes = []
+
+    class Recording(VoteCounter):
+        def __call__(self, jobs):
+            sizes.append(len(jobs))
+            return super().__call__(jobs)
+
+    counter = Recording(smooth)
+    good = [NoiseJob(digits[0][i % 4], 50, i) for i in range(12)]
+    bad = NoiseJob(torch.zeros(3, 5, 5), 50, 99)  # would crash the forward pass of a shared batch
+
+    async def run():
+        batcher = AdaptiveBatcher(counter, 8, 60_000)
+        return await asyncio.gather(*(batcher(job) for job in [*good[:6], bad, *good[6:]]), return_exceptions=True)
+
+    results = asyncio.run(run())
+    assert isinstance(results[6], Exception)
+    for job, result in zip(good, results[:6] + results[7:], strict=True):
+        np.testing.assert_array_equal(result, smooth.sample_counts(job.image, 50, smooth.generator(job.seed)))
+    assert max(sizes) > 1  # jobs were in fact batched together
+
+
+# ------------------------------------------------------------------------------------------------ middlewares
+
+async def _ok_app(scope, receive, send):
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": str(len(body)).encode()})
+
+
+def _client(app):
+    from starlette.testclient import TestClient
+
+    return TestClient(app)
+
+
+def test_api_key_middleware():
+    client = _client(ApiKeyMiddleware(_ok_app, api_key=API_KEY.encode()))
+    assert client.post("/predict").status_code == 401
+    refused = client.post("/predict", headers={"Authorization": "Bearer " + "x" * 32})
+    assert refused.status_code == 401 and "invalid API key" in refused.json()["error"]
+    assert client.post("/predict", headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 200
+    assert client.post("/predict", headers={"X-API-Key": API_KEY}).status_code == 200
+    for path in ("/healthz", "/livez", "/readyz", "/metrics"):
+        assert client.get(path).status_code == 200
+    assert client.get("/metadata").status_code == 401 and client.get("/").status_code == 401
+    open_client = _client(ApiKeyMiddleware(_ok_app, from_env=False))
+    assert open_client.post("/predict").status_code == 200
+
+
+def test_api_key_from_env_refuses_short_keys(monkeypatch):
+    monkeypatch.setenv("TRANSDENOISER_API_KEY", "short")
+    with pytest.raises(UserError, match="shorter than 16"):
+        ApiKeyMiddleware(_ok_app)
+
+
+def test_payload_limit_middleware():
+    client = _client(PayloadLimitMiddleware(_ok_app, max_bytes=1000))
+    assert client.post("/predict", content=b"x" * 1000).text == "1000"
+    too_big = client.post("/predict", content=b"x" * 1001)
+    assert too_big.status_code == 413 and "max_payload_bytes" in too_big.json()["error"]
+    chunked = client.post("/predict", content=iter([b"x" * 600, b"x" * 600]))  # no Content-Length
+    assert chunked.status_code == 413
+
+
+# ------------------------------------------------------------------------------------------------ the service
+
+@pytest.fixture(scope="module")
+def service_client(model_dir):
+    from starlette.testclient import TestClient
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRANSDENOISER_MODEL_DIR", str(model_dir))
+        patch.setenv("TRANSDENOISER_DEVICE", "cpu")
+        patch.delenv("TRANSDENOISER_API_KEY", raising=False)
+        from serving.service import TransDenoiser
+
+        with TestClient(TransDenoiser.to_asgi(), raise_server_exceptions=False) as client:
+            yield client
+
+
+def test_service_predicts_json_and_png(service_client, digits):
+    x, y = digits
+    response = service_client.post("/predict", json={"images": x[:2].tolist(), "n": 200, "seed": 4})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["seed"] == 4 and body["seed_source"] == "client"
+    for prediction, label in zip(body["predictions"], y[:2], strict=True):
+        assert prediction["label"] == int(label) and prediction["class_name"] == str(int(label))
+        assert prediction["certified_radius"] > 0 and not prediction["abstained"]
+        assert (prediction["n0"], prediction["n"], prediction["sigma"], prediction["alpha"]) == (20, 200, 0.25, 0.001)
+        assert 0.5 < prediction["p_lower"] < 1
+    again = service_client.post("/predict", json={"images": x[:2].tolist(), "n": 200, "seed": 4}).json()
+    assert again == body  # same seed, same certificates
+    png = png_bytes((x[2, 0].numpy() * 255).round().astype(np.uint8))
+    upload = service_client.post("/predict", files=[("images", ("d.png", png, "image/png"))], data={"n": "100"})
+    assert upload.status_code == 200, upload.text
+    assert upload.json()["predictions"][0]["label"] == int(y[2]) and upload.json()["seed_source"] == "server"
+
+
+def test_service_refuses_bad_requests_with_json_4xx(service_client):
+    nan_body = json.dumps({"images": [np.full(SHAPE, np.nan).tolist()]})
+    cases = [
+        dict(content=nan_body, headers={"content-type": "application/json"}),
+        dict(json={"images": [np.zeros(784).tolist()]}),
+        dict(json={"images": [np.full(SHAPE, 2.0).tolist()]}),
+        dict(files=[("images", ("x.png", b"garbage", "image/png"))]),
+        dict(files=[("images", ("x.png", png_bytes(np.zeros((28, 28, 3), np.uint8), "RGB"), "image/png"))]),
+        dict(files=[("images", (f"{i}.png", png_bytes(np.zeros((28, 28), np.uint8)), "image/png")) for i in range(5)]),
+        dict(content=b"x" * 200_001, headers={"content-type": "application/json"}),
+        dict(content=b"images", headers={"content-type": "text/plain"}),
+    ]
+    statuses = []
+    for case in cases:
+        response = service_client.post("/predict", **case)
+        assert 400 <= response.status_code < 500 and response.json()["error"], response.text
+        statuses.append(response.status_code)
+    assert statuses[-2:] == [413, 415]
+    assert service_client.get("/readyz").status_code == 200
+
+
+def test_service_concurrent_requests_with_a_bad_one(service_client, digits):
+    x, y = digits
+    results = {}
+
+    def call(index):
+        payload = {"images": [np.full(SHAPE, np.inf).tolist() if index == 3 else x[index].tolist()], "n": 100}
+        results[index] = service_client.post("/predict", content=json.dumps(payload),
+                                             headers={"content-type": "application/json"})
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(6)]
+    [t.start() for t in threads]
+    [t.join(timeout=120) for t in threads]
+    assert results[3].status_code == 400
+    for i in (0, 1, 2, 4, 5):
+        assert results[i].status_code == 200 and results[i].json()["predictions"][0]["label"] == int(y[i])
+
+
+def test_service_metadata_card(service_client):
+    card = service_client.post("/metadata").json()
+    assert card["classifier"]["architecture"] == "cnn28"
+    assert set(card["classifier"]["dataset"]["fingerprints"]) == {"public", "private", "test"}
+    assert card["denoiser"] is None and "no differential-privacy claim" in card["privacy"]["statement"]
+    assert card["certification"]["n0"] == 20 and card["certification"]["alpha"] == 0.001
+    assert card["limits"] == {"max_images": 4, "max_payload_bytes": 200_000, "max_n": 500}
+
+
+def test_epsilon_statements_name_their_analysis():
+    report = {"arm": "sepdp", "delta": 1e-5, "rdp": {"epsilon": 3.2, "delta": 1e-5},
+              "pld": {"epsilon": 2.9, "delta": 1e-5}, "gdp": {"epsilon": 2.5, "delta": 1e-5, "note": "approximation"}}
+    assert [(s["analysis"], s["epsilon"]) for s in epsilon_statements(report)] == [
+        ("rdp", 3.2), ("pld", 2.9), ("gdp", 2.5)]
+
+
+def test_serve_cli_checks_before_starting(model_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("TRANSDENOISER_API_KEY", raising=False)
+    assert cli_main(["serve", "--model-dir", str(model_dir), "--port", "3999", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "bentoml serve serving.service:TransDenoiser --host 127.0.0.1 --port 3999" in out
+    assert f"TRANSDENOISER_MODEL_DIR={model_dir.resolve()}" in out
+    assert cli_main(["serve", "--model-dir", str(tmp_path / "missing"), "--dry-run"]) == 2
+    assert "no such directory" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli_main(["serve", "--port", "70000"])

@@ -1,0 +1,596 @@
+"""Train the denoiser g in front of the frozen classifier h on the ``private`` split: three arms.
+
+- ``nodp``: input perturbation only (z = x + N(0, sigma^2 I)), ordinary shuffled minibatches, no privacy claim.
+- ``sepdp``: DP-SGD (Abadi et al. 2016): Poisson sampling at q = B/N, per-example clipping at C, noise
+  N(0, (xi_up C)^2 I) on the summed clipped gradient.
+- ``transdenoiser``: Algorithm 1 of the TransDenoiser paper, line by line, with the unit mapping of
+  docs/PRIVACY.md: K_t = sum_{non-negative} s_i^2 A_i A_i^T, m_t = sigma sqrt(T S_min(K_t)) / C, sigma_bar by
+  line 16 in noise-multiplier units.
+
+The update is (clipped sum + noise) / B with B = q N the expected batch size, fed to SGD or Adam (DP-Adam:
+Adam on the privatised gradient is post-processing). A checkpoint is written every epoch; ``resume``
+continues bit-for-bit (weights, optimiser state, the CPU generator that draws every random number, and the
+per-step privacy history), so an interruption never loses or double-counts privacy spending.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from training.checkpoint import Checkpoint, load_checkpoint, load_extra_tensors, read_metadata, save_checkpoint
+from training.datasets import Dataset
+from training.denoisers import ACTIVATIONS, DENOISERS, check_denoiser_fits, denoiser_kwargs
+from training.dp import (
+    GaussianNoise,
+    PerExampleClipper,
+    PerExampleGradients,
+    PoissonSampler,
+    input_gradient_fn,
+    losses_fn,
+    model_params,
+    per_example_norms,
+)
+from training.models import build_model
+from training.privacy_report import build_privacy_report, format_privacy_report, json_safe
+from training.smin import DEFAULT_CHUNK_SIZE, DEFAULT_MAX_DIM, METHODS, smin_lower_bound
+from transdenoiser.errors import UserError
+from transdenoiser.progress import Track, silent
+from transdenoiser.runtime import hardware_description
+
+ARMS = ("nodp", "sepdp", "transdenoiser")
+OPTIMIZERS = ("sgd", "adam")
+EVAL_BATCH = 500
+EPS64 = float(np.finfo(np.float64).eps)
+# Line 8's remainder is computed in float64; an example counts as non-negative only if its remainder exceeds
+# this many ulps of the terms it is made of, so rounding can only push examples to the full-noise side.
+REMAINDER_TOLERANCE_ULPS = 64
+STATE_FILE = "training_state"
+SUBSET_SEED = 0  # train_examples / eval_examples take a fixed random subset (the splits are sorted by class)
+REPORT_FILE = "privacy_report.txt"
+HISTORY_FIELDS = ("batch_size", "num_nonnegative", "smin", "smin_method", "input_multiplier", "sigma_bar",
+                  "explicit_multiplier", "mean_loss")
+
+
+@dataclass
+class TrainConfig:
+    """Everything that decides a training run (saved in the checkpoint; ``resume`` requires it unchanged)."""
+
+    arm: str = "transdenoiser"
+    sigma: float = 0.25  # input noise std, pixels in [0, 1]; also the smoothing sigma at certification
+    clip_norm: float = 1.0  # C: per-example gradient L2 clipping norm
+    xi_up: float = 2.0  # noise multiplier (std / C on the summed clipped gradient)
+    xi_low: float = 0.5  # line 16: input-noise multipliers below this are ignored
+    target_epsilon: float | None = None  # if set, xi_up is calibrated to it (``calibration_accountant``)
+    calibration_accountant: str = "rdp"
+    delta: float = 1e-5
+    batch_size: int = 64  # expected batch size B; Poisson rate q = B / N
+    epochs: int = 10
+    optimizer: str = "adam"
+    learning_rate: float = 1e-3
+    momentum: float = 0.0  # sgd only
+    denoiser: str = "autoencoder"
+    activation: str = "relu"
+    denoiser_kwargs: dict = field(default_factory=dict)  # e.g. {"widths": [32, 64]}, {"width": 8}, {"depth": 17}
+    train_examples: int = 0  # 0: the whole private split; else a fixed random subset of n examples
+    eval_examples: int = 0  # 0: the whole test split; else a fixed random subset of n examples
+    eval_noise_seed: int = 12345  # fixed noise for the per-epoch evaluation
+    max_smin_dim: int = DEFAULT_MAX_DIM
+    smin_chunk_size: int = DEFAULT_CHUNK_SIZE
+    grad_chunk_size: int = 0  # 0: all examples of a batch in one vmap
+    seed: int = 0
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], source: str = "config") -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise UserError(f"{source}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return cls(**values)
+
+    def validate(self, num_examples: int) -> None:
+        """Refuse bad settings before any training (one line naming the problem)."""
+        if num_examples < 1:
+            raise UserError("the private training set is empty")
+        checks = [
+            (self.arm in ARMS, f"arm must be one of {', '.join(ARMS)}, got {self.arm!r}"),
+            (self.sigma > 0, f"sigma must be > 0, got {self.sigma}"),
+            (self.clip_norm > 0, f"clip norm C must be > 0, got {self.clip_norm}"),
+            (self.xi_up > 0 or self.target_epsilon is not None, f"xi_up must be > 0, got {self.xi_up}"),
+            (self.xi_low >= 0, f"xi_low must be >= 0, got {self.xi_low}"),
+            (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
+            (self.batch_size >= 1, f"batch size must be >= 1, got {self.batch_size}"),
+            (self.learning_rate > 0, f"learning rate must be > 0, got {self.learning_rate}"),
+            (self.momentum >= 0, f"momentum must be >= 0, got {self.momentum}"),
+            (self.optimizer in OPTIMIZERS, f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}"),
+            (self.denoiser in DENOISERS, f"denoiser must be one of {', '.join(DENOISERS)}, got {self.denoiser!r}"),
+            (self.activation in ACTIVATIONS,
+             f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}"),
+            (self.calibration_accountant in ("rdp", "pld"),
+             f"calibration accountant must be rdp or pld, got {self.calibration_accountant!r}"),
+            (self.train_examples >= 0, f"train_examples must be >= 0, got {self.train_examples}"),
+            (self.eval_examples >= 0, f"eval_examples must be >= 0, got {self.eval_examples}"),
+            (self.max_smin_dim >= 1, f"max_smin_dim must be >= 1, got {self.max_smin_dim}"),
+            (self.smin_chunk_size >= 1, f"smin_chunk_size must be >= 1, got {self.smin_chunk_size}"),
+            (self.grad_chunk_size >= 0, f"grad_chunk_size must be >= 0, got {self.grad_chunk_size}"),
+            (isinstance(self.denoiser_kwargs, dict), "denoiser_kwargs must be a table"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise UserError(message)
+        for key in ("in_channels", "activation"):
+            if key in self.denoiser_kwargs:
+                raise UserError(f"denoiser_kwargs must not set {key!r} (it comes from the data / --activation)")
+        if self.arm == "nodp":
+            return
+        if self.target_epsilon is not None and not self.target_epsilon > 0:
+            raise UserError(f"target epsilon must be > 0, got {self.target_epsilon}")
+        q = self.batch_size / num_examples
+        if not 0 < q <= 1:
+            raise UserError(f"sample rate q = B/N = {self.batch_size}/{num_examples} = {q:.4g} lies outside (0, 1]; "
+                            f"use a batch size of at most {num_examples}")
+        if not 0 < self.delta < 1 / num_examples:
+            raise UserError(f"delta must lie in (0, 1/N) = (0, {1 / num_examples:.3g}) for N = {num_examples} "
+                            f"private examples, got {self.delta}")
+        if self.target_epsilon is None and self.xi_low > self.xi_up:
+            raise UserError(f"xi_low ({self.xi_low}) must not exceed xi_up ({self.xi_up})")
+
+
+@dataclass
+class StepRecord:
+    batch_size: int
+    num_nonnegative: int = 0
+    smin: float = math.nan
+    smin_method: str = ""
+    input_multiplier: float = math.nan
+    sigma_bar: float = math.nan
+    explicit_multiplier: float = 0.0
+    mean_loss: float = math.nan
+
+
+def line16_sigma_bar(input_multiplier: float, xi_low: float, xi_up: float) -> float:
+    """Algorithm 1, line 16, in noise-multiplier units."""
+    if input_multiplier < xi_low:
+        return xi_up
+    if input_multiplier < xi_up:
+        return math.sqrt(xi_up ** 2 - input_multiplier ** 2)
+    return 0.0
+
+
+# ------------------------------------------------------------------------------------------------ arms
+
+class Arm:
+    """One training arm: turns a batch of clean images into the gradient the optimiser sees."""
+
+    name = "base"
+
+    def __init__(self, model: nn.Module, config: TrainConfig, xi_up: float, expected_batch: float, total_steps: int):
+        self.model = model
+        self.config = config
+        self.xi_up = xi_up
+        self.expected_batch = expected_batch
+        self.total_steps = total_steps
+
+    def gradient(self, x: torch.Tensor, generator: torch.Generator) -> tuple[dict[str, torch.Tensor], StepRecord]:
+        raise NotImplementedError
+
+    def noisy(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """Line 7: z = x + N(0, sigma^2 I), drawn on the CPU generator."""
+        noise = torch.randn(x.shape, generator=generator, dtype=torch.float32).to(x.device)
+        return x + self.config.sigma * noise
+
+
+class NoDPArm(Arm):
+    """Input perturbation only: the mean over the minibatch of eq. (1), ordinary backpropagation."""
+
+    name = "nodp"
+
+    def gradient(self, x, generator):
+        z = self.noisy(x, generator)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        loss = (self.model(z) - x).pow(2).flatten(1).sum(1).mean()
+        grads = torch.autograd.grad(loss, params)
+        names = [k for k, p in self.model.named_parameters() if p.requires_grad]
+        return dict(zip(names, grads, strict=True)), StepRecord(len(x), mean_loss=float(loss.detach()))
+
+
+class DPArm(Arm):
+    """Shared DP-SGD machinery: per-example gradients, clipping, noise, division by the expected batch size."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        chunk = self.config.grad_chunk_size or None
+        self.per_example = PerExampleGradients(self.model, chunk_size=chunk)
+        self.clipper = PerExampleClipper(self.config.clip_norm)
+        self.noise = GaussianNoise(self.config.clip_norm)
+
+    def zeros(self) -> dict[str, torch.Tensor]:
+        return {k: torch.zeros_like(p) for k, p in self.model.named_parameters() if p.requires_grad}
+
+    def clipped(self, x, generator):
+        z = self.noisy(x, generator)
+        grads, losses = self.per_example(z, x)
+        factors = self.clipper.factors(per_example_norms(grads).detach())
+        return z, grads, losses, factors
+
+    def finish(self, summed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v / self.expected_batch for k, v in summed.items()}
+
+
+class SepDPArm(DPArm):
+    """DP-SGD: noise N(0, (xi_up C)^2) on the summed clipped gradient every step (empty batch included)."""
+
+    name = "sepdp"
+
+    def gradient(self, x, generator):
+        if len(x) == 0:
+            return self.finish(self.noise.add(self.zeros(), self.xi_up, generator)), StepRecord(
+                0, explicit_multiplier=self.xi_up)
+        _, grads, losses, factors = self.clipped(x, generator)
+        summed = self.clipper.weighted_sum(grads, factors)
+        noisy = self.noise.add(summed, self.xi_up, generator)
+        return self.finish(noisy), StepRecord(len(x), explicit_multiplier=self.xi_up, mean_loss=float(losses.mean()))
+
+
+class TransDenoiserArm(DPArm):
+    """Algorithm 1: the Taylor remainder (line 8) splits the batch; S_min of the non-negative group's
+    mixed-derivative matrix lowers that group's explicit noise by line 16; the negative group gets xi_up."""
+
+    name = "transdenoiser"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.at_clean = input_gradient_fn(self.model)
+        self.losses = losses_fn(self.model)
+
+    def remainders(self, z: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Line 8 in float64: (o_i, tolerance_i) with o_i = l(z_i) - l(x_i) - (z_i - x_i)^T grad_x l(x_i)."""
+        params, buffers = model_params(self.model, torch.float64)
+        z64, x64 = z.to(torch.float64), x.to(torch.float64)
+        grad_x, loss_x = self.at_clean(params, buffers, x64)
+        loss_z = self.losses(params, buffers, z64, x64)
+        linear = ((z64 - x64) * grad_x).flatten(1)
+        remainder = loss_z - loss_x - linear.sum(1)
+        scale = loss_z.abs() + loss_x.abs() + linear.abs().sum(1)
+        return remainder, REMAINDER_TOLERANCE_ULPS * x[0].numel() * EPS64 * scale
+
+    def gradient(self, x, generator):
+        if len(x) == 0:  # an empty Poisson batch: full noise, still a step
+            return self.finish(self.noise.add(self.zeros(), self.xi_up, generator)), StepRecord(
+                0, explicit_multiplier=self.xi_up)
+        z, grads, losses, factors = self.clipped(x, generator)
+        remainder, tolerance = self.remainders(z, x)
+        nonneg = (remainder >= tolerance).to(factors.device)  # lines 10-11
+        num_nonneg = int(nonneg.sum())
+        record = StepRecord(len(x), num_nonnegative=num_nonneg, mean_loss=float(losses.mean()))
+        total = self.zeros()
+        explicit_variance = 0.0
+        if num_nonneg > 0:  # lines 12-18
+            idx = nonneg.nonzero().flatten()
+            result = smin_lower_bound(self.model, x[idx], factors[idx], max_dim=self.config.max_smin_dim,
+                                      chunk_size=self.config.smin_chunk_size)
+            record.smin, record.smin_method = result.value, result.method
+            record.input_multiplier = (self.config.sigma * math.sqrt(self.total_steps * result.value)
+                                       / self.config.clip_norm)
+            record.sigma_bar = line16_sigma_bar(record.input_multiplier, self.config.xi_low, self.xi_up)
+            group = self.clipper.weighted_sum(grads, factors * nonneg.to(factors.dtype))
+            group = self.noise.add(group, record.sigma_bar, generator)  # line 17
+            total = {k: total[k] + group[k] for k in total}
+            explicit_variance += record.sigma_bar ** 2
+        if num_nonneg < len(x):  # lines 19-23
+            negative = (~nonneg.bool()).to(factors.dtype)
+            group = self.clipper.weighted_sum(grads, factors * negative)
+            group = self.noise.add(group, self.xi_up, generator)  # line 22
+            total = {k: total[k] + group[k] for k in total}  # line 24
+            explicit_variance += self.xi_up ** 2
+        record.explicit_multiplier = math.sqrt(explicit_variance)
+        return self.finish(total), record
+
+
+ARM_CLASSES: dict[str, type[Arm]] = {"nodp": NoDPArm, "sepdp": SepDPArm, "transdenoiser": TransDenoiserArm}
+
+
+# ------------------------------------------------------------------------------------------------ evaluation
+
+@torch.no_grad()
+def evaluate(denoiser: nn.Module, classifier: nn.Module, x: torch.Tensor, y: torch.Tensor, sigma: float,
+             noise_seed: int) -> dict[str, float]:
+    """Reconstruction MSE (per pixel) and PSNR on x + N(0, sigma^2) with a fixed noise seed, and the frozen
+    classifier's accuracy on g(x + noise)."""
+    was_training = denoiser.training
+    denoiser.eval()
+    generator = torch.Generator().manual_seed(noise_seed)
+    squared, correct = 0.0, 0
+    for start in range(0, len(x), EVAL_BATCH):
+        xb = x[start:start + EVAL_BATCH]
+        zb = xb + sigma * torch.randn(xb.shape, generator=generator).to(xb.device)
+        out = denoiser(zb)
+        squared += float((out - xb).pow(2).sum())
+        correct += int((classifier(out).argmax(1) == y[start:start + EVAL_BATCH]).sum())
+    denoiser.train(was_training)
+    mse = squared / max(1, x.numel())
+    return {"mse": mse, "psnr": 10 * math.log10(1 / mse) if mse > 0 else math.inf,
+            "accuracy_denoised": correct / max(1, len(x))}
+
+
+@torch.no_grad()
+def classifier_baselines(classifier: nn.Module, x: torch.Tensor, y: torch.Tensor, sigma: float,
+                         noise_seed: int) -> dict[str, float]:
+    """The classifier alone on clean and on noisy test images (same noise as :func:`evaluate`)."""
+    generator = torch.Generator().manual_seed(noise_seed)
+    clean = noisy = 0
+    for start in range(0, len(x), EVAL_BATCH):
+        xb, yb = x[start:start + EVAL_BATCH], y[start:start + EVAL_BATCH]
+        zb = xb + sigma * torch.randn(xb.shape, generator=generator).to(xb.device)
+        clean += int((classifier(xb).argmax(1) == yb).sum())
+        noisy += int((classifier(zb).argmax(1) == yb).sum())
+    return {"accuracy_clean": clean / max(1, len(x)), "accuracy_noisy_no_denoiser": noisy / max(1, len(x))}
+
+
+# ------------------------------------------------------------------------------------------------ state
+
+def _optimizer(config: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=config.learning_rate, momentum=config.momentum)
+    return torch.optim.Adam(params, lr=config.learning_rate)
+
+
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list]:
+    state = optimizer.state_dict()
+    tensors, layout = {}, []
+    for index, entries in state["state"].items():
+        for key, value in entries.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"optimizer.{index}.{key}"] = value
+                layout.append([index, key, "tensor"])
+            else:
+                layout.append([index, key, value])
+    return tensors, layout
+
+
+def _restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], layout: list,
+                       param_groups: list, device: torch.device) -> None:
+    state: dict[int, dict[str, Any]] = {}
+    for index, key, value in layout:
+        state.setdefault(int(index), {})[key] = tensors[f"optimizer.{index}.{key}"] if value == "tensor" else value
+    for entries in state.values():
+        for key, value in entries.items():
+            if isinstance(value, torch.Tensor) and key != "step":
+                entries[key] = value.to(device)
+    optimizer.load_state_dict({"state": state, "param_groups": param_groups})
+
+
+def _history_tensors(records: list[StepRecord]) -> dict[str, torch.Tensor]:
+    out = {}
+    for name in HISTORY_FIELDS:
+        if name == "smin_method":
+            values = [METHODS.index(r.smin_method) if r.smin_method else -1 for r in records]
+            out[f"history.{name}"] = torch.tensor(values, dtype=torch.int64)
+        else:
+            dtype = torch.int64 if name in ("batch_size", "num_nonnegative") else torch.float64
+            out[f"history.{name}"] = torch.tensor([getattr(r, name) for r in records], dtype=dtype)
+    return out
+
+
+def _records_from_tensors(tensors: dict[str, torch.Tensor]) -> list[StepRecord]:
+    columns = {name: tensors[f"history.{name}"].tolist() for name in HISTORY_FIELDS}
+    records = []
+    for i in range(len(columns["batch_size"])):
+        values = {name: columns[name][i] for name in HISTORY_FIELDS}
+        values["smin_method"] = METHODS[values["smin_method"]] if values["smin_method"] >= 0 else ""
+        records.append(StepRecord(**values))
+    return records
+
+
+def _history_arrays(records: list[StepRecord]) -> dict[str, np.ndarray]:
+    return {name: np.array([getattr(r, name) for r in records]) for name in HISTORY_FIELDS if name != "smin_method"}
+
+
+# ------------------------------------------------------------------------------------------------ training
+
+def _subset(split, size: int):
+    """The whole split (size 0) or a fixed random subset of ``size`` examples (seed 0, order kept)."""
+    if not size or size >= len(split):
+        return split
+    return split.subset(np.sort(np.random.default_rng(SUBSET_SEED).permutation(len(split))[:size]))
+
+
+def plan(config: TrainConfig, num_examples: int) -> dict[str, Any]:
+    """Sample rate, steps and the noise multiplier xi_up (calibrated if a target epsilon is set)."""
+    if config.arm == "nodp":
+        steps_per_epoch = math.ceil(num_examples / config.batch_size)
+        return {"sample_rate": None, "steps_per_epoch": steps_per_epoch, "total_steps": steps_per_epoch * config.epochs,
+                "xi_up": None, "xi_low": None}
+    q = config.batch_size / num_examples
+    steps_per_epoch = max(1, round(1 / q))
+    total = steps_per_epoch * config.epochs
+    xi_up = config.xi_up
+    if config.target_epsilon is not None:
+        from training.accounting import noise_multiplier_for_epsilon
+
+        xi_up = noise_multiplier_for_epsilon(config.target_epsilon, q, total, config.delta,
+                                             accountant=config.calibration_accountant)
+        if config.xi_low > xi_up:
+            raise UserError(f"xi_low ({config.xi_low}) exceeds the calibrated xi_up ({xi_up:.4g}) for target epsilon "
+                            f"{config.target_epsilon}")
+    return {"sample_rate": q, "steps_per_epoch": steps_per_epoch, "total_steps": total, "xi_up": xi_up,
+            "xi_low": config.xi_low}
+
+
+def _classifier_summary(classifier: Checkpoint) -> dict[str, Any]:
+    meta = classifier.metadata
+    return {"num_classes": meta.get("num_classes"), "architecture": meta.get("architecture"),
+            "input_shape": meta.get("input_shape"), "test_accuracy": meta.get("test_accuracy"),
+            "path": str(classifier.path), "weights_sha256": meta.get("files", {}).get("weights.safetensors"),
+            "dataset": meta.get("dataset")}
+
+
+def check_classifier_fits(classifier: Checkpoint, dataset: Dataset) -> None:
+    meta = classifier.metadata
+    if meta.get("kind") != "classifier":
+        raise UserError(f"{classifier.path} holds a {meta.get('kind')}, expected a classifier")
+    if list(meta.get("input_shape", [])) != list(dataset.image_shape):
+        raise UserError(f"classifier {classifier.path} takes images of shape {meta.get('input_shape')}, "
+                        f"{dataset.name} has {list(dataset.image_shape)}")
+    if meta.get("num_classes") != dataset.num_classes:
+        raise UserError(f"classifier {classifier.path} has {meta.get('num_classes')} classes, "
+                        f"{dataset.name} has {dataset.num_classes}")
+
+
+def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint, device: torch.device,
+                   track: Track = silent, *, checkpoint_dir: str | Path | None = None, resume: bool = False,
+                   on_epoch: Callable[[dict], None] | None = None,
+                   stop_after_epochs: int | None = None) -> tuple[nn.Module, dict[str, Any]]:
+    """Train a denoiser on ``dataset.private`` in front of the frozen ``classifier``; return (model, metadata).
+
+    ``checkpoint_dir``: written after every epoch (weights, optimiser, RNG, per-step privacy history,
+    metadata with the privacy report, and ``privacy_report.txt``). ``resume``: continue the run saved there
+    (its config must equal ``config``). ``on_epoch(metrics)``: called after each epoch. ``stop_after_epochs``:
+    stop (with a checkpoint) after that many epochs in total, as if interrupted.
+    """
+    train_split = _subset(dataset.private, config.train_examples)
+    config.validate(len(train_split))
+    check_classifier_fits(classifier, dataset)
+    if len(dataset.test) == 0:
+        raise UserError(f"{dataset.name}: the test split is empty")
+    num_examples = len(train_split)
+    schedule = plan(config, num_examples)
+    checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+    if checkpoint_dir is not None and not resume and (checkpoint_dir / "metadata.json").exists():
+        raise UserError(f"{checkpoint_dir} already holds a checkpoint; pass --resume to continue it or choose "
+                        "another --out (nothing is overwritten silently)")
+    if resume and checkpoint_dir is None:
+        raise UserError("resume needs a checkpoint directory")
+
+    torch.manual_seed(config.seed)
+    kwargs = denoiser_kwargs(config.denoiser, dataset.image_shape[0], config.activation, config.denoiser_kwargs)
+    model = build_model(config.denoiser, **kwargs).to(device)
+    check_denoiser_fits(model, dataset.image_shape)
+    optimizer = _optimizer(config, model)
+    generator = torch.Generator().manual_seed(config.seed)
+    records: list[StepRecord] = []
+    metrics: list[dict[str, Any]] = []
+    epochs_done, seconds_before = 0, 0.0
+    if resume:
+        epochs_done, records, metrics, seconds_before = _resume(checkpoint_dir, config, dataset, classifier, model,
+                                                                optimizer, generator, device)
+
+    classifier_model = classifier.model.to(device).eval()
+    for p in classifier_model.parameters():
+        p.requires_grad_(False)
+    x_train, _ = train_split.tensors(device)
+    test = _subset(dataset.test, config.eval_examples)
+    x_test, y_test = test.tensors(device)
+    baselines = classifier_baselines(classifier_model, x_test, y_test, config.sigma, config.eval_noise_seed)
+
+    expected_batch = config.batch_size if config.arm != "nodp" else float(config.batch_size)
+    arm = ARM_CLASSES[config.arm](model, config, schedule["xi_up"] or 0.0, expected_batch, schedule["total_steps"])
+    sampler = PoissonSampler(num_examples, schedule["sample_rate"]) if config.arm != "nodp" else None
+    last_epoch = config.epochs if stop_after_epochs is None else min(config.epochs, stop_after_epochs)
+    started = time.perf_counter()
+    model.train()
+    for epoch in range(epochs_done, last_epoch):
+        epoch_started = time.perf_counter()
+        if sampler is None:
+            order = torch.randperm(num_examples, generator=generator)
+            batches = [order[i:i + config.batch_size] for i in range(0, num_examples, config.batch_size)]
+        else:
+            batches = None
+        for step in track(range(schedule["steps_per_epoch"]), desc=f"{config.arm} epoch {epoch + 1}/{config.epochs}",
+                          total=schedule["steps_per_epoch"]):
+            index = batches[step] if batches is not None else sampler.sample(generator)
+            grads, record = arm.gradient(x_train[index.to(device)], generator)
+            for name, p in model.named_parameters():
+                if p.requires_grad:
+                    p.grad = grads[name].detach()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            records.append(record)
+        losses = [r.mean_loss for r in records[-schedule["steps_per_epoch"]:] if not math.isnan(r.mean_loss)]
+        row = {"epoch": epoch + 1, "train_loss": float(np.mean(losses)) if losses else math.nan,
+               **evaluate(model, classifier_model, x_test, y_test, config.sigma, config.eval_noise_seed),
+               "seconds": time.perf_counter() - epoch_started}
+        metrics.append(row)
+        epochs_done = epoch + 1
+        metadata = _metadata(config, dataset, classifier, model, schedule, records, metrics, baselines, kwargs,
+                             epochs_done, seconds_before + time.perf_counter() - started, device)
+        if checkpoint_dir is not None:
+            _save(checkpoint_dir, model, optimizer, generator, records, metadata)
+        if on_epoch is not None:
+            on_epoch(row)
+    if not metrics:
+        raise UserError("no epoch was trained")
+    metadata = _metadata(config, dataset, classifier, model, schedule, records, metrics, baselines, kwargs,
+                         epochs_done, seconds_before + time.perf_counter() - started, device)
+    model.eval()
+    return model, metadata
+
+
+def _metadata(config, dataset, classifier, model, schedule, records, metrics, baselines, kwargs, epochs_done,
+              seconds, device) -> dict[str, Any]:
+    num_examples = len(dataset.private) if not config.train_examples else min(config.train_examples,
+                                                                               len(dataset.private))
+    report = build_privacy_report(
+        arm=config.arm, sigma=config.sigma, clip_norm=config.clip_norm, xi_low=config.xi_low,
+        xi_up=schedule["xi_up"] if schedule["xi_up"] is not None else config.xi_up,
+        sample_rate=schedule["sample_rate"] or config.batch_size / num_examples, num_examples=num_examples,
+        expected_batch_size=float(config.batch_size), delta=config.delta, steps_planned=schedule["total_steps"],
+        history=_history_arrays(records), smin_methods=[r.smin_method for r in records],
+        max_smin_dim=config.max_smin_dim, num_parameters=sum(p.numel() for p in model.parameters()),
+        target_epsilon=config.target_epsilon, calibration_accountant=config.calibration_accountant
+        if config.target_epsilon is not None else None)
+    return json_safe({
+        "kind": "denoiser", "architecture": config.denoiser, "arch_kwargs": kwargs,
+        "input_shape": list(dataset.image_shape),
+        "classifier": _classifier_summary(classifier),
+        "dataset": {"name": dataset.name, "split_seed": dataset.split_seed, "trained_on": "private",
+                    "train_examples": num_examples, "fingerprints": dataset.fingerprints(), "source": dataset.source},
+        "sigma": config.sigma,
+        "config": asdict(config), "schedule": schedule, "epochs_done": epochs_done, "steps_done": len(records),
+        "complete": epochs_done == config.epochs, "metrics": metrics, "baselines": baselines,
+        "privacy": report, "seconds": seconds, "device": str(device),
+        "hardware": hardware_description(torch.device(device)),
+    })
+
+
+def _save(directory: Path, model, optimizer, generator, records, metadata) -> None:
+    opt_tensors, layout = _optimizer_tensors(optimizer)
+    state = {"rng.cpu": generator.get_state(), **opt_tensors, **_history_tensors(records)}
+    meta = dict(metadata)
+    meta["resume_state"] = {"optimizer_layout": layout,
+                            "optimizer_param_groups": optimizer.state_dict()["param_groups"]}
+    save_checkpoint(directory, model, meta, extra_tensors={STATE_FILE: state})
+    (directory / REPORT_FILE).write_text(format_privacy_report(metadata["privacy"]) + "\n")
+
+
+def _resume(directory: Path, config, dataset, classifier, model, optimizer, generator, device):
+    meta = read_metadata(directory)
+    if meta.get("kind") != "denoiser":
+        raise UserError(f"{directory} holds a {meta.get('kind')}, not a denoiser training run")
+    stored = TrainConfig.from_dict(meta["config"], source=f"{directory}/metadata.json")
+    if asdict(stored) != asdict(config):
+        diff = [f"{k}: saved {v!r}, now {asdict(config)[k]!r}" for k, v in asdict(stored).items()
+                if asdict(config)[k] != v]
+        raise UserError(f"--resume needs the saved configuration unchanged; differs in {'; '.join(diff)}")
+    if meta["dataset"]["fingerprints"] != dataset.fingerprints():
+        raise UserError(f"--resume: the data differs from the run saved in {directory} (split fingerprints)")
+    saved_sha = meta["classifier"].get("weights_sha256")
+    if saved_sha != classifier.metadata.get("files", {}).get("weights.safetensors"):
+        raise UserError(f"--resume: classifier {classifier.path} is not the one the saved run used "
+                        f"({meta['classifier'].get('path')})")
+    saved = load_checkpoint(directory, kind="denoiser", map_location=device)
+    model.load_state_dict(saved.model.state_dict())
+    tensors = load_extra_tensors(directory, STATE_FILE)
+    _restore_optimizer(optimizer, tensors, meta["resume_state"]["optimizer_layout"],
+                       meta["resume_state"]["optimizer_param_groups"], device)
+    generator.set_state(tensors["rng.cpu"])
+    records = _records_from_tensors(tensors)
+    return int(meta["epochs_done"]), records, list(meta["metrics"]), float(meta.get("seconds", 0.0))
