@@ -1,1 +1,4 @@
-"""Benchmarks (python -m benchmarks.NAME). A regular package: a site-packages "benchmarks" would shadow a namespace one."""
+"""Benchmarks, run as python -m benchmarks.NAME.
+
+A regular package: a "benchmarks" package in site-packages would shadow a namespace package.
+"""

@@ -94,8 +94,10 @@ def plot_attack_run(record: dict[str, Any], path: Path) -> Path:
         xs, ys = curve_points(record, key)
         ax.plot(xs, ys, style, marker="o", label=name)
     settings = record.get("settings") or {}
+    eot = "no noise in the attack" if settings.get("threat") == "classifier" else f"EOT m={settings.get('eot')}"
+    steps = "one step" if settings.get("attack") == "fgsm" else f"steps={settings.get('steps')}"
     title = (f"{run_label(record)}\nsigma={settings.get('sigma')}, {record.get('num_images')} images, "
-             f"steps={settings.get('steps')}, EOT m={settings.get('eot')}, predict n={settings.get('n')}")
+             f"{steps}, {eot}, predict n={settings.get('n')}")
     return _finish(plt, fig, ax, title, str(settings.get("norm", "?")), path)
 
 

@@ -118,10 +118,11 @@ class Attack:
 
     def ascent_gradient(self, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         """Gradient of the attack's objective with respect to the pixels only (loss up, or target loss down)."""
-        x = x.detach().requires_grad_(True)
-        loss = self.threat(x, y, generator)
-        objective = -loss.sum() if self.targeted else loss.sum()
-        (grad,) = torch.autograd.grad(objective, x)
+        with torch.enable_grad():  # also inside a caller's no_grad block
+            x = x.detach().requires_grad_(True)
+            loss = self.threat(x, y, generator)
+            objective = -loss.sum() if self.targeted else loss.sum()
+            (grad,) = torch.autograd.grad(objective, x)
         return grad.detach()
 
     def steepest_direction(self, grad: torch.Tensor) -> torch.Tensor:

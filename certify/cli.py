@@ -9,6 +9,11 @@ from pathlib import Path
 from transdenoiser.argtypes import open_unit_interval, positive_float, positive_int
 from transdenoiser.errors import UserError
 
+DEFAULT_BATCH = {"cpu": 256, "cuda": 4096}  # noisy samples per forward pass when --batch is not given
+# Spelled out so that registering the subcommands imports no torch (tests check them against the library's).
+MEMORY_FORMATS = ("auto", "channels_last", "contiguous")  # certify.core.MEMORY_FORMATS
+SPLITS = ("public", "private", "test")  # training.datasets.SPLITS
+
 CERTIFY_DESCRIPTION = """\
 Certify images of a dataset split with randomized smoothing (Cohen et al., 2019): for each image,
 select a class with n0 noisy samples, estimate with n fresh samples a one-sided (1 - alpha)
@@ -65,9 +70,7 @@ def _shard(text: str):
 
 
 def _add_run_args(p: argparse.ArgumentParser, task: str) -> None:
-    from certify.core import MEMORY_FORMATS
     from training.cli import add_dataset_args
-    from training.datasets import SPLITS
 
     models = p.add_argument_group("models")
     models.add_argument("--classifier", type=Path, required=True, metavar="CKPT",
@@ -85,12 +88,14 @@ def _add_run_args(p: argparse.ArgumentParser, task: str) -> None:
     smoothing.add_argument("--alpha", type=open_unit_interval, default=0.001,
                            help="failure probability of each " + ("certificate" if task == "certify" else "prediction")
                                 + " (default: 0.001)")
-    smoothing.add_argument("--batch", type=positive_int, default=1000,
-                           help="noisy samples per forward pass; several images share a pass (default: 1000)")
+    smoothing.add_argument("--batch", type=positive_int, default=None,
+                           help="noisy samples per forward pass; several images share a pass (default: "
+                                f"{DEFAULT_BATCH['cpu']} on CPU, where cache-sized passes are fastest; "
+                                f"{DEFAULT_BATCH['cuda']} on GPU)")
     smoothing.add_argument("--memory-format", choices=MEMORY_FORMATS, default="auto",
                            help="auto: channels-last for convolutional models on CPU (faster), as given elsewhere")
     add_dataset_args(p)
-    data = [g for g in p._action_groups if g.title == "data"][0]
+    data = p.add_argument_group("images")
     data.add_argument("--split", choices=SPLITS, default="test", help="which split to use (default: test)")
     data.add_argument("--skip", type=positive_int, default=1, help="use every K-th image (default: 1)")
     data.add_argument("--max", type=positive_int, default=None, metavar="M",
@@ -172,17 +177,22 @@ def _run(args, task: str) -> int:
 
         torch.set_num_threads(args.threads)
     shard = args.shard if args.shard is not None else Shard.from_environment()
+    if shard is not None and shard.count == 1:
+        shard = None  # --shard 0/1 is the whole run
     device = rank_device(resolve_device(args.device))
     pipeline = load_pipeline(args.classifier, args.denoiser, device)
     dataset = load_dataset_from_args(args)
     split = dataset.split(args.split)
     what = f"{dataset.name}'s {args.split} split"
     check_dataset_fits(pipeline, dataset.image_shape, dataset.num_classes, what)
+    if args.indices is not None and (args.skip != 1 or args.max is not None):
+        raise UserError("--indices names the images itself: leave out --skip and --max")
     indices = select_indices(len(split), args.skip, args.max, args.indices, what=what)
     n0 = args.n0 if task == "certify" else None
-    smooth = Smooth(pipeline.classifier, pipeline.num_classes, args.sigma, pipeline.denoiser, args.batch, device,
+    batch = args.batch or DEFAULT_BATCH.get(device.type, DEFAULT_BATCH["cpu"])
+    smooth = Smooth(pipeline.classifier, pipeline.num_classes, args.sigma, pipeline.denoiser, batch, device,
                     args.memory_format)
-    pack = pack_size((n0 or 0) + args.n, args.batch)
+    pack = pack_size((n0 or 0) + args.n, batch)
     fingerprint = split.fingerprint()
     trained = pipeline.classifier_metadata.get("dataset", {})
     if trained.get("fingerprints", {}).get(trained.get("trained_on")) == fingerprint:
@@ -195,7 +205,7 @@ def _run(args, task: str) -> int:
         denoiser_sha256=(pipeline.denoiser_metadata or {}).get("files", {}).get("weights.safetensors"),
         dataset=dataset.name, data_root=str(args.data_root.resolve()) if args.data_root else None,
         split_seed=args.split_seed, split=args.split, split_fingerprint=fingerprint, split_size=len(split),
-        sigma=args.sigma, n0=n0, n=args.n, alpha=args.alpha, batch=args.batch, skip=args.skip, max=args.max,
+        sigma=args.sigma, n0=n0, n=args.n, alpha=args.alpha, batch=batch, skip=args.skip, max=args.max,
         indices=args.indices, seed=args.seed, shards=shard.count if shard else 1, pack=pack,
         noise_device=device.type, memory_format=smooth.memory_format)
     run = RunDirectory(args.out, settings, shard)

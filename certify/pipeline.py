@@ -8,8 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from transdenoiser.errors import UserError
 from training.checkpoint import load_checkpoint
+from transdenoiser.errors import UserError
 
 
 @dataclass

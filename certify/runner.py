@@ -436,7 +436,7 @@ def expected_indices(units: list[list[int]], shard: Shard | None) -> list[int]:
 
 
 def collect_rows(run_dirs: Sequence[Path], task: str | None = None) -> tuple[dict[str, Any], list[Record], list[dict]]:
-    """Settings, all rows (in work-list order) and statuses of a whole run, from one folder or several shards' folders.
+    """Settings, all rows and statuses of a whole run, from one folder or several shards' folders (any order).
 
     Refuses folders whose settings differ, duplicated rows, and missing shards or images.
     """

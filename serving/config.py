@@ -19,9 +19,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import tomllib
-
 from transdenoiser.errors import UserError
+from transdenoiser.toml import tomllib
 
 MODEL_DIR_ENV = "TRANSDENOISER_MODEL_DIR"
 DEVICE_ENV = "TRANSDENOISER_DEVICE"

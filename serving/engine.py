@@ -5,8 +5,8 @@ jobs (``n0`` samples in total) and estimation jobs (``n`` samples), never sharin
 carries its own seed, derived from the request seed, the image index, the phase and the chunk index,
 so a request's certificates depend on its seed only, never on which other requests shared its forward
 passes. ``VoteCounter`` evaluates any list of jobs in shared forward passes; a job that fails yields its
-own exception and never another job's. The certificate is computed with ``certify.core``'s
-Clopper-Pearson bound and radius: pA < 1/2 abstains.
+own exception and never another job's. The certificate is ``certify.core.certificate_from_counts``
+(Clopper-Pearson lower bound pA, radius sigma * Phi^-1(pA), abstain when pA < 1/2).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import anyio
 import numpy as np
 import torch
 
-from certify.core import ABSTAIN, Certificate, Smooth, clopper_pearson_lower, radius_from_p_lower
+from certify.core import Certificate, Smooth, certificate_from_counts
 
 SELECTION, ESTIMATION = 0, 1
 MAX_SEED = 2**63 - 1  # torch generators take seeds in [0, 2^64); JSON clients handle 63 bits safely
@@ -91,17 +91,6 @@ class VoteCounter:
         return results  # type: ignore[return-value]
 
 
-def certificate_from_counts(selection: np.ndarray, estimation: np.ndarray, n0: int, n: int, alpha: float,
-                            sigma: float) -> Certificate:
-    """Cohen's CERTIFY from separate selection and estimation counts (same rule as ``Smooth.certify``)."""
-    top = int(np.argmax(selection))
-    count = int(estimation[top])
-    p_lower = clopper_pearson_lower(count, n, alpha)
-    if p_lower < 0.5:
-        return Certificate(ABSTAIN, 0.0, p_lower, count, n0, n)
-    return Certificate(top, radius_from_p_lower(p_lower, sigma), p_lower, count, n0, n)
-
-
 def plan_jobs(images: torch.Tensor, n0: int, n: int, chunk_samples: int, request_seed: int,
               ) -> list[tuple[int, int, NoiseJob]]:
     """(image index, phase, job) for every chunk of every image's selection and estimation samples."""
@@ -148,5 +137,5 @@ class ServingCertifier:
         totals = np.zeros((len(images), 2, self.smooth.num_classes), dtype=np.int64)
         for (index, phase, _), job_counts in zip(plan, counts, strict=True):
             totals[index, phase] += job_counts
-        return [certificate_from_counts(totals[i, SELECTION], totals[i, ESTIMATION], self.n0, n, self.alpha,
-                                        self.smooth.sigma) for i in range(len(images))]
+        return [certificate_from_counts(totals[i, SELECTION], totals[i, ESTIMATION], self.alpha, self.smooth.sigma)
+                for i in range(len(images))]

@@ -13,6 +13,7 @@ from certify.runner import Shard, certify_dataset, pack_size, plan_units, rank_d
 from transdenoiser.cli import main
 from transdenoiser.errors import UserError
 
+
 @pytest.fixture(autouse=True)
 def one_thread():
     """One torch thread: these tests are dominated by small forward passes, which extra threads only slow down."""
@@ -104,6 +105,15 @@ def test_work_list_units_and_shards():
     assert rank_device(torch.device("cuda"), {"LOCAL_RANK": "3"}) == torch.device("cuda", 3)
     assert rank_device(torch.device("cpu"), {"LOCAL_RANK": "3"}) == torch.device("cpu")
     assert radius_grid(0.8) == [0.0, 0.25, 0.5, 0.75]
+
+
+def test_cli_choices_match_the_library():
+    import certify.cli
+    import certify.core
+    import training.datasets
+
+    assert certify.cli.MEMORY_FORMATS == certify.core.MEMORY_FORMATS
+    assert certify.cli.SPLITS == training.datasets.SPLITS
 
 
 # ----------------------------------------------------------------------------------------------- CLI

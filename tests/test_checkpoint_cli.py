@@ -9,10 +9,10 @@ import sys
 import pytest
 import torch
 
-from transdenoiser.cli import main
-from transdenoiser.errors import UserError
 from training.checkpoint import load_checkpoint, save_checkpoint
 from training.models import build_model
+from transdenoiser.cli import main
+from transdenoiser.errors import UserError
 
 
 def _copy(src, tmp_path):
@@ -119,8 +119,8 @@ def test_cuda_requested_without_gpu_is_an_error():
 
 def test_import_classifier_round_trip(tmp_path, capsys):
     """A user's own torchvision state dict (.pt, loaded with weights_only=True) becomes a checkpoint."""
-    from training.datasets import load_dataset
     from tests.test_datasets import make_cifar_layout
+    from training.datasets import load_dataset
 
     make_cifar_layout(tmp_path / "data", n_per_batch=4)
     import torchvision

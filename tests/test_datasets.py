@@ -9,8 +9,8 @@ import struct
 import numpy as np
 import pytest
 
-from transdenoiser.errors import UserError
 from training.datasets import load_dataset, read_idx
+from transdenoiser.errors import UserError
 
 
 def write_idx(path, array: np.ndarray, compress: bool) -> None:
@@ -62,7 +62,7 @@ def test_mnist10k_splits_are_disjoint_balanced_and_add_up(mnist10k):
     assert sizes == [4998, 2998, 2004]
     assert mnist10k.image_shape == (1, 28, 28)
     # disjoint: no image row appears in two splits (pixels + label as the key)
-    keys = [{(img.tobytes(), int(lbl)) for img, lbl in zip(s.images, s.labels)}
+    keys = [{(img.tobytes(), int(lbl)) for img, lbl in zip(s.images, s.labels, strict=True)}
             for s in (mnist10k.public, mnist10k.private, mnist10k.test)]
     assert not (keys[0] & keys[1]) and not (keys[0] & keys[2]) and not (keys[1] & keys[2])
     for split in (mnist10k.public, mnist10k.private, mnist10k.test):

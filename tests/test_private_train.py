@@ -17,7 +17,7 @@ from training.private_train import (ARM_CLASSES, SepDPArm, TrainConfig, TransDen
                                     train_denoiser)
 
 FAST = dict(denoiser="tiny", denoiser_kwargs={"width": 2}, activation="silu", epochs=1, batch_size=16,
-            train_examples=64, eval_examples=100, max_smin_dim=10, learning_rate=0.05, optimizer="sgd",
+            train_examples=64, eval_examples=50, max_smin_dim=10, learning_rate=0.05, optimizer="sgd",
             momentum=0.9, delta=1e-3)
 
 
@@ -42,7 +42,7 @@ def test_per_example_gradients_match_autograd():
         model.zero_grad()
         loss = (model(z[i:i + 1]) - x[i:i + 1]).pow(2).sum()
         loss.backward()
-        assert math.isclose(float(losses[i]), float(loss), rel_tol=1e-5)
+        assert math.isclose(float(losses[i]), loss.item(), rel_tol=1e-5)
         for name, p in model.named_parameters():
             assert torch.allclose(grads[name][i], p.grad, atol=1e-5, rtol=1e-4)
 
@@ -137,7 +137,7 @@ def test_each_arm_trains_and_writes_checkpoint_with_report(arm, mnist10k, clf, t
 
 
 def test_transdenoiser_computes_smin_and_follows_line16(mnist10k, clf, tmp_path):
-    config = cfg(arm="transdenoiser", max_smin_dim=4096, train_examples=32, batch_size=8, sigma=0.5,
+    config = cfg(arm="transdenoiser", max_smin_dim=4096, train_examples=16, batch_size=8, sigma=0.5,
                  xi_up=1.0, xi_low=0.0, delta=1e-2)
     _, meta = train_denoiser(config, mnist10k, clf, torch.device("cpu"), checkpoint_dir=tmp_path / "td")
     td = meta["privacy"]["transdenoiser"]
@@ -182,7 +182,7 @@ def test_bad_input_rejected_before_training(overrides, message, mnist10k, clf, t
     for arm_class in ARM_CLASSES.values():
         monkeypatch.setattr(arm_class, "gradient", lambda *a, **k: pytest.fail("trained despite bad input"))
     with pytest.raises(UserError, match=message):
-        train_denoiser(cfg(arm="sepdp", **overrides), mnist10k, clf, torch.device("cpu"),
+        train_denoiser(cfg(**{"arm": "sepdp", **overrides}), mnist10k, clf, torch.device("cpu"),
                        checkpoint_dir=tmp_path / "x")
     assert not (tmp_path / "x").exists()
 

@@ -21,8 +21,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 import transdenoiser
-from transdenoiser.errors import UserError
 from training.models import build_model
+from transdenoiser.errors import UserError
 
 FORMAT = "transdenoiser-checkpoint"
 FORMAT_VERSION = 1

@@ -47,8 +47,10 @@ def register(subparsers, common) -> None:
     p.add_argument("--arch", default=None, help="cnn28, resnet20 or torchvision:NAME (default: by image size)")
     p.add_argument("--epochs", type=positive_int, default=8, help="training epochs (default: 8)")
     p.add_argument("--batch-size", type=positive_int, default=128, help="batch size (default: 128)")
-    p.add_argument("--lr", type=positive_float, default=2e-3, help="peak learning rate, one-cycle AdamW (default: 2e-3)")
-    p.add_argument("--out", type=Path, default=Path("runs/classifier"), help="checkpoint directory (default: runs/classifier)")
+    p.add_argument("--lr", type=positive_float, default=2e-3,
+                   help="peak learning rate, one-cycle AdamW (default: 2e-3)")
+    p.add_argument("--out", type=Path, default=Path("runs/classifier"),
+                   help="checkpoint directory (default: runs/classifier)")
     p.set_defaults(handler=cmd_pretrain)
 
     p = subparsers.add_parser("import-classifier", parents=[common],
@@ -59,8 +61,10 @@ def register(subparsers, common) -> None:
     add_dataset_args(p)
     p.add_argument("--arch", required=True, help="torchvision architecture name, e.g. resnet18")
     p.add_argument("--weights", type=Path, required=True, help="state dict file (.safetensors, .pt, .pth)")
-    p.add_argument("--mean", type=float, nargs="+", default=None, help="per-channel normalisation mean the weights expect")
-    p.add_argument("--std", type=float, nargs="+", default=None, help="per-channel normalisation std the weights expect")
+    p.add_argument("--mean", type=float, nargs="+", default=None,
+                   help="per-channel normalisation mean the weights expect (default: ImageNet's)")
+    p.add_argument("--std", type=float, nargs="+", default=None,
+                   help="per-channel normalisation std the weights expect (default: ImageNet's)")
     p.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
     p.set_defaults(handler=cmd_import_classifier)
 

@@ -20,11 +20,14 @@ import subprocess
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from transdenoiser.errors import UserError
+
+if TYPE_CHECKING:  # imported lazily: `transdenoiser --help` must not pay for torch
+    import torch
 
 DATASETS = ("mnist10k", "mnist", "fashion-mnist", "cifar10", "imagefolder")
 SPLITS = ("public", "private", "test")
@@ -61,11 +64,13 @@ class Split:
 
     def tensors(self, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
         """Images as float32 in [0, 1] and labels as int64, on ``device``."""
+        import torch
+
         x = torch.from_numpy(self.images).to(device=device, dtype=torch.float32).div_(255.0)
         y = torch.from_numpy(self.labels).to(device=device, dtype=torch.int64)
         return x, y
 
-    def subset(self, indices: np.ndarray) -> "Split":
+    def subset(self, indices: np.ndarray) -> Split:
         return Split(self.images[indices], self.labels[indices])
 
 
@@ -108,7 +113,7 @@ def _stratified_split(labels: np.ndarray, fractions: tuple[float, ...], seed: in
         bounds = np.floor(np.cumsum(fractions) * len(idx) + 1e-9).astype(int)
         bounds[-1] = len(idx)
         start = 0
-        for part, stop in zip(parts, bounds):
+        for part, stop in zip(parts, bounds, strict=True):
             part.append(idx[start:stop])
             start = stop
     return [np.sort(np.concatenate(p)) for p in parts]
@@ -285,7 +290,7 @@ def _read_imagefolder(data_root: Path | None) -> tuple[np.ndarray, np.ndarray, t
             raise UserError(f"imagefolder: cannot decode {path} ({exc})") from None
     mode = "L" if modes == {"L"} else "RGB"
     pixels = []
-    for (path, _), img in zip(files, arrays):
+    for img in arrays:
         arr = np.asarray(img.convert(mode), dtype=np.uint8)
         pixels.append(arr[None] if mode == "L" else arr.transpose(2, 0, 1))
     shapes = {a.shape for a in pixels}

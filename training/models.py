@@ -6,7 +6,7 @@ smoothing can add its noise in pixel space. Denoisers (training/denoisers.py) re
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn

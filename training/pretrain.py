@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transdenoiser.errors import UserError
-from transdenoiser.progress import Track, silent
 from training.datasets import Dataset
 from training.models import build_model, default_classifier_for
+from transdenoiser.errors import UserError
+from transdenoiser.progress import Track, silent
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ import logging
 import math
 import sys
 
-from training import accounting
 from transdenoiser.argtypes import nonnegative_float, open_unit_interval, positive_float, positive_int
 from transdenoiser.errors import UserError
 
@@ -83,6 +82,8 @@ def register(subparsers, common) -> None:
 # ---------------------------------------------------------------------------------------------- handler
 
 def run_privacy(args) -> int:
+    from training import accounting  # lazy: dp-accounting takes ~1.5 s to import
+
     # dp-accounting logs (absl) when it drops an RDP order whose series did not converge; dropping an order
     # can only raise epsilon, so the warning is noise on a calculator's stdout/stderr.
     logging.getLogger("absl").setLevel(logging.ERROR)
@@ -123,6 +124,8 @@ def _steps(args) -> tuple[float, int, str]:
 
 
 def _calibration(target_epsilon: float, q: float, steps: int, delta: float) -> dict:
+    from training import accounting  # lazy: dp-accounting takes ~1.5 s to import
+
     multipliers = {name: accounting.noise_multiplier_for_epsilon(target_epsilon, q, steps, delta, name)
                    for name in accounting.ACCOUNTANTS}
     analyses = accounting.ANALYSES
@@ -132,6 +135,8 @@ def _calibration(target_epsilon: float, q: float, steps: int, delta: float) -> d
 
 
 def _single_release(args) -> dict:
+    from training import accounting  # lazy: dp-accounting takes ~1.5 s to import
+
     extra = [flag for flag, value in (("--sample-rate", args.sample_rate), ("--steps", args.steps),
                                       ("--epochs", args.epochs)) if value is not None]
     if extra:
@@ -190,6 +195,8 @@ def _epsilon_lines(report: dict) -> list[str]:
 
 
 def _calibration_lines(result: dict) -> list[str]:
+    from training import accounting  # lazy: dp-accounting takes ~1.5 s to import
+
     analyses = result["analyses"]
     return [f"Noise multiplier for ({result['target_epsilon']:g}, {result['delta']:g})-DP: q = "
             f"{result['sample_rate']:g}, {_steps_text(result['steps'], result['steps_from'])}",

@@ -6,7 +6,8 @@ The default, :func:`silent`, returns the iterable untouched; the CLI passes :fun
 from __future__ import annotations
 
 import sys
-from typing import Callable, Iterable, TypeVar
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 T = TypeVar("T")
 Track = Callable[..., Iterable]

@@ -3,17 +3,20 @@ from __future__ import annotations
 
 import platform
 import random
-
-import numpy as np
-import torch
+from typing import TYPE_CHECKING
 
 from transdenoiser.errors import UserError
+
+if TYPE_CHECKING:  # torch is imported lazily so that `transdenoiser --help` starts fast
+    import torch
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 
 
 def resolve_device(name: str = "auto") -> torch.device:
     """Map ``auto|cpu|cuda|cuda:N`` to a torch device; ``cuda`` without a GPU is an error, not a fallback."""
+    import torch
+
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cpu":
@@ -27,6 +30,9 @@ def resolve_device(name: str = "auto") -> torch.device:
 
 def seed_everything(seed: int) -> torch.Generator:
     """Seed Python, NumPy and torch; return a CPU generator for code that takes one explicitly."""
+    import numpy as np
+    import torch
+
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
@@ -35,6 +41,8 @@ def seed_everything(seed: int) -> torch.Generator:
 
 def hardware_description(device: torch.device) -> str:
     """A short human-readable description of where a figure was measured."""
+    import torch
+
     cpu = platform.processor() or platform.machine()
     threads = torch.get_num_threads()
     if device.type == "cuda":
