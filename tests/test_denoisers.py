@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from transdenoiser.errors import UserError
 from training.denoisers import check_denoiser_fits, denoiser_kwargs
 from training.models import architectures, build_model, count_parameters
+from transdenoiser.errors import UserError
 
 
 @pytest.mark.parametrize("arch,channels,expected", [

@@ -9,12 +9,19 @@ import numpy as np
 import pytest
 import torch
 
-from transdenoiser.errors import UserError
 from training.checkpoint import load_checkpoint, read_metadata
 from training.dp import GaussianNoise, PerExampleClipper, PerExampleGradients, PoissonSampler, per_example_norms
 from training.models import build_model
-from training.private_train import (ARM_CLASSES, SepDPArm, TrainConfig, TransDenoiserArm, line16_sigma_bar, plan,
-                                    train_denoiser)
+from training.private_train import (
+    ARM_CLASSES,
+    SepDPArm,
+    TrainConfig,
+    TransDenoiserArm,
+    line16_sigma_bar,
+    plan,
+    train_denoiser,
+)
+from transdenoiser.errors import UserError
 
 FAST = dict(denoiser="tiny", denoiser_kwargs={"width": 2}, activation="silu", epochs=1, batch_size=16,
             train_examples=64, eval_examples=50, max_smin_dim=10, learning_rate=0.05, optimizer="sgd",

@@ -139,7 +139,7 @@ def format_privacy_report(report: dict[str, Any]) -> str:
              + ("" if report.get("complete", True) else f"  (INCOMPLETE: {report['steps_done']} of "
                                                          f"{report['steps_planned']} steps)"),
              f"  input noise sigma {report['sigma']} (pixels in [0,1]); clip norm C {report['clip_norm']}; "
-             f"xi_low {report['xi_low']}, xi_up {report['xi_up']} (noise multipliers: std / C on the summed "
+             f"xi_low {report['xi_low']:.4g}, xi_up {report['xi_up']:.4g} (noise multipliers: std / C on the summed "
              "clipped gradient)",
              f"  Poisson sample rate q {report['sample_rate']:.5g} (expected batch {report['expected_batch_size']:g} "
              f"of N {report['num_examples']}), steps {report['steps_done']} of {report['steps_planned']}, "

@@ -73,9 +73,9 @@ class TrainConfig:
     delta: float = 1e-5
     batch_size: int = 64  # expected batch size B; Poisson rate q = B / N
     epochs: int = 10
-    optimizer: str = "adam"
-    learning_rate: float = 1e-3
-    momentum: float = 0.0  # sgd only
+    optimizer: str = "sgd"
+    learning_rate: float = 0.1
+    momentum: float = 0.9  # sgd only
     denoiser: str = "autoencoder"
     activation: str = "relu"
     denoiser_kwargs: dict = field(default_factory=dict)  # e.g. {"widths": [32, 64]}, {"width": 8}, {"depth": 17}
@@ -141,6 +141,21 @@ class TrainConfig:
                             f"private examples, got {self.delta}")
         if self.target_epsilon is None and self.xi_low > self.xi_up:
             raise UserError(f"xi_low ({self.xi_low}) must not exceed xi_up ({self.xi_up})")
+
+
+def load_config_file(path: str | Path, **overrides) -> TrainConfig:
+    """A TrainConfig from a TOML file (keys: TrainConfig's field names), with ``overrides`` applied."""
+    import tomllib
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"config {path}: no such file")
+    try:
+        with path.open("rb") as handle:
+            values = tomllib.load(handle)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"config {path}: not valid TOML ({exc})") from None
+    return TrainConfig.from_dict({**values, **overrides}, source=str(path))
 
 
 @dataclass

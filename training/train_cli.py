@@ -69,9 +69,9 @@ def register(subparsers, common) -> None:
                    help="expected batch size B; Poisson rate q = B/N for the DP arms (default: 64)")
     g.add_argument("--epochs", type=positive_int, default=None, help="epochs; T = epochs * round(N/B) (default: 10)")
     g.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
-                   help="sgd or adam (DP-Adam: Adam on the privatised gradient) (default: adam)")
-    g.add_argument("--lr", type=positive_float, default=None, help="learning rate (default: 1e-3)")
-    g.add_argument("--momentum", type=nonnegative_float, default=None, help="SGD momentum (default: 0)")
+                   help="sgd or adam (DP-Adam: Adam on the privatised gradient) (default: sgd)")
+    g.add_argument("--lr", type=positive_float, default=None, help="learning rate (default: 0.1)")
+    g.add_argument("--momentum", type=nonnegative_float, default=None, help="SGD momentum (default: 0.9)")
     g.add_argument("--train-examples", type=nonnegative_int, default=None,
                    help="train on a fixed random subset of this many private examples (default: 0 = all)")
     g.add_argument("--eval-examples", type=nonnegative_int, default=None,
