@@ -93,6 +93,33 @@ def bench_smin(widths: list[int], examples: int, device) -> list[dict]:
     return rows
 
 
+def activation_study(classifier_dir: Path, activations: list[str], device) -> dict:
+    """S_min, input-noise multiplier and sigma_bar of the transdenoiser arm with the tiny denoiser (w = 225)."""
+    import tempfile
+
+    from training.checkpoint import load_checkpoint
+    from training.datasets import load_dataset
+    from training.private_train import TrainConfig, train_denoiser
+
+    dataset = load_dataset("mnist10k")
+    classifier = load_checkpoint(classifier_dir, kind="classifier", map_location=device)
+    rows = {}
+    for activation in activations:
+        config = TrainConfig(arm="transdenoiser", denoiser="tiny", denoiser_kwargs={"width": 4},
+                             activation=activation, epochs=1, batch_size=16, train_examples=96, eval_examples=500,
+                             sigma=0.25, xi_up=2.0, xi_low=0.5, delta=1e-3, seed=0)
+        started = time.perf_counter()
+        with tempfile.TemporaryDirectory() as tmp:
+            model, meta = train_denoiser(config, dataset, classifier, device, checkpoint_dir=Path(tmp) / "d")
+        td = meta["privacy"]["transdenoiser"]
+        rows[activation] = {"seconds": time.perf_counter() - started, "w": count_parameters(model),
+                            "steps": meta["privacy"]["steps_done"], "nonnegative_share": td["nonnegative_share"],
+                            "smin": td["smin"], "smin_methods": td["smin_methods"],
+                            "input_multiplier": td["input_noise_multiplier"], "sigma_bar": td["sigma_bar"],
+                            "share_steps_reduced": td["share_steps_input_noise_reduced_explicit_noise"]}
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", help="cpu, cuda or auto (default: cpu)")
@@ -102,11 +129,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smin-widths", default="1,2,4,8", help="tiny widths for the S_min rows")
     parser.add_argument("--smin-examples", type=int, default=4, help="examples in K for the S_min rows")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    parser.add_argument("--activation-study", type=Path, default=None, metavar="CLASSIFIER_DIR",
+                        help="instead: the ReLU-vs-smooth S_min study with the tiny denoiser (about 5 min CPU)")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
+    if args.activation_study is not None:
+        study = {"hardware": hardware_description(device),
+                 "activation_study": activation_study(args.activation_study, ["relu", "silu", "tanh", "softplus"],
+                                                      device)}
+        text = json.dumps(study, indent=2)
+        if args.out:
+            args.out.write_text(text + "\n")
+        print(text)
+        return 0
     x = _images(args.batch_size, device)
     kwargs = {"in_channels": 1}
     result = {"hardware": hardware_description(device), "device": str(device), "batch_size": args.batch_size,

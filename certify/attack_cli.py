@@ -35,8 +35,8 @@ def margin_fraction(text: str) -> float:
 
 
 def register(subparsers, common) -> None:
-    from certify.attacks import ATTACKS, DEFAULT_MOMENTUM_DECAY, NORMS
-    from certify.threats import THREATS
+    from certify.attack_names import ATTACK_NAMES as ATTACKS
+    from certify.attack_names import DEFAULT_MOMENTUM_DECAY, NORMS, THREATS
     from training.cli import add_dataset_args
 
     p = subparsers.add_parser(

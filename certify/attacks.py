@@ -19,11 +19,9 @@ from collections.abc import Callable
 
 import torch
 
+from certify.attack_names import ATTACK_NAMES, DEFAULT_MOMENTUM_DECAY, MADRY_STEP_FACTOR, NORMS  # noqa: E402,F401
 from transdenoiser.errors import UserError
 
-NORMS = ("l2", "linf")
-DEFAULT_MOMENTUM_DECAY = 1.0  # MIM's mu (Dong et al., 2018)
-MADRY_STEP_FACTOR = 2.5  # default step size = 2.5 * eps / steps (Madry et al., 2018)
 TINY = 1e-12  # guards divisions by a zero gradient norm
 SHRINK_FACTOR = 1.0 - 1e-5  # per retry, when float32 rounding left a perturbation a few ulps past eps
 MAX_SHRINK_RETRIES = 20
@@ -257,6 +255,7 @@ class MIM(_Iterative):
 
 
 ATTACKS: dict[str, type[Attack]] = {cls.name: cls for cls in (FGSM, IFGSM, MIM, PGD)}
+assert tuple(ATTACKS) == ATTACK_NAMES, "certify/attack_names.py must list every attack"
 
 
 def build_attack(name: str, threat: Threat, norm: str, eps: float | torch.Tensor, steps: int = 10,

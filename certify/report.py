@@ -315,6 +315,9 @@ def overlay_runs(run_dirs: Sequence[Path], out_dir: Path) -> list[Path]:
     run_dirs = [Path(d) for d in run_dirs]
     if any(out_dir.resolve() == d.resolve() for d in run_dirs):
         raise UserError(f"--out {out_dir} is one of the runs: the overlay would overwrite its report; choose another")
+    resolved = [d.resolve() for d in run_dirs]
+    if len(set(resolved)) != len(resolved):
+        raise UserError("a run folder is listed twice")
     certify_dirs, attack_dirs = [], []
     for run_dir in run_dirs:
         if (run_dir / "certify.tsv").is_file() or (run_dir / SUMMARY_FILE).is_file():
@@ -338,10 +341,9 @@ def overlay_runs(run_dirs: Sequence[Path], out_dir: Path) -> list[Path]:
 
 def _overlay_certify_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
     runs = [read_certify_run(d) for d in run_dirs]
-    labels = [run_label(summary) for summary, _ in runs]
-    for i, label in enumerate(labels):  # same label twice: tell them apart by folder
-        if labels.count(label) > 1:
-            labels[i] = f"{label} ({run_dirs[i].name})"
+    plain = [run_label(summary) for summary, _ in runs]
+    labels = [f"{label} ({run_dir.name})" if plain.count(label) > 1 else label  # same label twice: add the folder
+              for label, run_dir in zip(plain, run_dirs, strict=True)]
     largest = max(summary["max_certifiable_radius"] for summary, _ in runs)
     radii = radius_grid(largest)
     table = []

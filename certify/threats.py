@@ -25,9 +25,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from certify.attack_names import THREATS  # noqa: E402
 from transdenoiser.errors import UserError
-
-THREATS = ("classifier", "pipeline", "smoothed")
 
 
 def _frozen(module: nn.Module) -> nn.Module:

@@ -146,6 +146,13 @@ def test_cli_writes_all_four_files_and_report_overlays(tiny_classifier_dir, tmp_
     table = (tmp_path / "overlay" / "report.md").read_text()
     assert "no denoiser, sigma 0.25" in table and "no denoiser, sigma 0.5" in table
     assert (tmp_path / "overlay" / "certified_accuracy.png").is_file()
+    code, _, _ = run_cli(["report", out, other, out, "--out", tmp_path / "overlay_same"], capsys)
+    assert code == 2  # a run listed twice
+    from certify.report import denoiser_arm, run_label
+
+    assert run_label({"settings": {"sigma": 0.1, "denoiser": "d"}, "denoiser_metadata": {"privacy": {"arm": "sepdp"}}}
+                     ) == "sepdp, sigma 0.1"
+    assert denoiser_arm({"architecture": "x"}) is None and run_label({}) == "no denoiser, sigma ?"
     (tmp_path / "empty").mkdir()
     code, _, err = run_cli(["report", out, tmp_path / "empty", "--out", tmp_path / "overlay2"], capsys)
     assert code == 2 and "neither certify.tsv nor attack.json" in err

@@ -144,8 +144,8 @@ def test_each_arm_trains_and_writes_checkpoint_with_report(arm, mnist10k, clf, t
 
 
 def test_transdenoiser_computes_smin_and_follows_line16(mnist10k, clf, tmp_path):
-    config = cfg(arm="transdenoiser", max_smin_dim=4096, train_examples=16, batch_size=8, sigma=0.5,
-                 xi_up=1.0, xi_low=0.0, delta=1e-2)
+    config = cfg(arm="transdenoiser", max_smin_dim=4096, train_examples=20, batch_size=5, sigma=0.5,
+                 xi_up=2.0, xi_low=0.0, delta=1e-2)  # q = 0.25, 4 steps
     _, meta = train_denoiser(config, mnist10k, clf, torch.device("cpu"), checkpoint_dir=tmp_path / "td")
     td = meta["privacy"]["transdenoiser"]
     assert td["smin_methods"].get("eigvalsh", 0) >= 1
@@ -155,7 +155,7 @@ def test_transdenoiser_computes_smin_and_follows_line16(mnist10k, clf, tmp_path)
     hist = load_extra_tensors(tmp_path / "td", "training_state")
     m, sb = hist["history.input_multiplier"], hist["history.sigma_bar"]
     ok = ~torch.isnan(sb)
-    expected = torch.tensor([line16_sigma_bar(float(a), 0.0, 1.0) for a in m[ok]], dtype=torch.float64)
+    expected = torch.tensor([line16_sigma_bar(float(a), 0.0, 2.0) for a in m[ok]], dtype=torch.float64)
     assert torch.allclose(sb[ok], expected)
 
 

@@ -81,7 +81,7 @@ def build_privacy_report(*, arm: str, sigma: float, clip_norm: float, xi_low: fl
         report["privacy_claim"] = "no steps taken yet: nothing spent"
         return json_safe(report)
     if arm == "sepdp":
-        report["privacy_claim"] = SEPDP_LABEL
+        report["privacy_claim"] = "a data-independent (epsilon, delta)-DP guarantee for the released denoiser:"
         report["guarantees"].append({"name": "sepdp", "label": SEPDP_LABEL, "data_independent": True,
                                      "noise_multiplier": xi_up,
                                      "epsilon": epsilon_report(sample_rate, xi_up, steps_done, delta)})
@@ -144,6 +144,9 @@ def format_privacy_report(report: dict[str, Any]) -> str:
              f"  Poisson sample rate q {report['sample_rate']:.5g} (expected batch {report['expected_batch_size']:g} "
              f"of N {report['num_examples']}), steps {report['steps_done']} of {report['steps_planned']}, "
              f"delta {report['delta']:g}"]
+    if report["arm"] == "nodp":
+        return "\n".join([lines[0], f"  input noise sigma {report['sigma']} (pixels in [0,1]); "
+                           f"{report['steps_done']} steps", f"  {report['privacy_claim']}"])
     if report.get("target_epsilon") is not None:
         lines.append(f"  xi_up calibrated for target epsilon {report['target_epsilon']} with the "
                      f"{report['calibration_accountant']} accountant")

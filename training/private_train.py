@@ -560,8 +560,9 @@ def _metadata(config, dataset, classifier, model, schedule, records, metrics, ba
         expected_batch_size=float(config.batch_size), delta=config.delta, steps_planned=schedule["total_steps"],
         history=_history_arrays(records), smin_methods=[r.smin_method for r in records],
         max_smin_dim=config.max_smin_dim, num_parameters=sum(p.numel() for p in model.parameters()),
-        target_epsilon=config.target_epsilon, calibration_accountant=config.calibration_accountant
-        if config.target_epsilon is not None else None)
+        target_epsilon=config.target_epsilon if config.arm != "nodp" else None,
+        calibration_accountant=config.calibration_accountant
+        if config.target_epsilon is not None and config.arm != "nodp" else None)
     return json_safe({
         "kind": "denoiser", "architecture": config.denoiser, "arch_kwargs": kwargs,
         "input_shape": list(dataset.image_shape),

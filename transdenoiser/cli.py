@@ -15,7 +15,7 @@ from transdenoiser.errors import UserError
 from transdenoiser.runtime import DEVICE_CHOICES
 
 # Modules that add subcommands, in --help order.
-SUBCOMMAND_MODULES = ("training.cli", "training.privacy_cli", "certify.cli", "certify.attack_cli", "serving.cli",
+SUBCOMMAND_MODULES = ("training.cli", "training.train_cli", "training.privacy_cli", "certify.cli", "certify.attack_cli", "serving.cli",
                       "transdenoiser.demo")
 
 

@@ -39,12 +39,24 @@ def seed_everything(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def hardware_description(device: torch.device) -> str:
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def hardware_description(device: "torch.device") -> str:
     """A short human-readable description of where a figure was measured."""
+    import os
+
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    threads = torch.get_num_threads()
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda}), torch {torch.__version__}"
-    return f"CPU {cpu}, {threads} torch threads, torch {torch.__version__}"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"CPU {_cpu_model()}, {cores} cores, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
