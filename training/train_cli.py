@@ -11,12 +11,11 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-import tomllib
-
 from transdenoiser.argtypes import nonnegative_float, nonnegative_int, open_unit_interval, positive_float, positive_int
 from transdenoiser.errors import UserError
 from transdenoiser.progress import bar
 from transdenoiser.runtime import hardware_description, resolve_device, seed_everything
+from transdenoiser.toml import tomllib
 
 # flag destination -> TrainConfig field
 FLAG_FIELDS = {"arm": "arm", "sigma": "sigma", "clip_norm": "clip_norm", "xi_up": "xi_up", "xi_low": "xi_low",
