@@ -404,3 +404,12 @@ def classical_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 
         raise UserError(f"the classical Gaussian mechanism bound is only valid for epsilon <= 1, got {epsilon}; "
                         "use analytic_gaussian_sigma")
     return math.sqrt(2 * math.log(1.25 / delta)) * sensitivity / epsilon
+
+
+def steps_for_epochs(epochs: float, sample_rate: float) -> int:
+    """Steps T of ``epochs`` passes at Poisson rate q: round(1/q) steps per epoch (the training loop's rule)."""
+    if not (math.isfinite(epochs) and epochs > 0):
+        raise UserError(f"epochs must be > 0, got {epochs}")
+    if not (math.isfinite(sample_rate) and 0 < sample_rate <= 1):
+        raise UserError(f"sample rate q must lie in (0, 1], got {sample_rate}")
+    return max(1, math.ceil(epochs * max(1, round(1 / sample_rate)) - 1e-9))

@@ -66,7 +66,8 @@ def register(subparsers, common) -> None:
     length = steps.add_mutually_exclusive_group()
     length.add_argument("--steps", type=positive_int, metavar="T", help="number of noisy steps T")
     length.add_argument("--epochs", type=positive_float, metavar="E",
-                        help="training length in epochs instead of --steps: T = ceil(E / q)")
+                        help="training length in epochs instead of --steps: T = ceil(E * round(1/q)), as `train` "
+                             "counts")
 
     release = p.add_argument_group("single release")
     release.add_argument("--epsilon", type=positive_float, metavar="E", help="target epsilon of the one release")
@@ -119,8 +120,11 @@ def _steps(args) -> tuple[float, int, str]:
         raise UserError("give the training length as --steps T or --epochs E")
     if args.steps is not None:
         return args.sample_rate, args.steps, f"--steps {args.steps}"
-    steps = math.ceil(args.epochs / args.sample_rate - 1e-9)  # tolerate 1/q rounding: 1/0.02 is 50, not 51
-    return args.sample_rate, steps, f"--epochs {args.epochs:g} at q = {args.sample_rate:g}: T = ceil(E / q)"
+    from training.accounting import steps_for_epochs
+
+    steps = steps_for_epochs(args.epochs, args.sample_rate)
+    return (args.sample_rate, steps,
+            f"--epochs {args.epochs:g} at q = {args.sample_rate:g}: T = ceil(E * round(1/q)), as `train` counts")
 
 
 def _calibration(target_epsilon: float, q: float, steps: int, delta: float) -> dict:

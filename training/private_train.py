@@ -424,9 +424,11 @@ def plan(config: TrainConfig, num_examples: int) -> dict[str, Any]:
         steps_per_epoch = math.ceil(num_examples / config.batch_size)
         return {"sample_rate": None, "steps_per_epoch": steps_per_epoch, "total_steps": steps_per_epoch * config.epochs,
                 "xi_up": None, "xi_low": None}
+    from training.accounting import steps_for_epochs
+
     q = config.batch_size / num_examples
     steps_per_epoch = max(1, round(1 / q))
-    total = steps_per_epoch * config.epochs
+    total = steps_for_epochs(config.epochs, q)
     xi_up = config.xi_up
     if config.target_epsilon is not None:
         from training.accounting import noise_multiplier_for_epsilon

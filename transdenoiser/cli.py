@@ -15,8 +15,8 @@ from transdenoiser.errors import UserError
 from transdenoiser.runtime import DEVICE_CHOICES
 
 # Modules that add subcommands, in --help order.
-SUBCOMMAND_MODULES = ("training.cli", "training.train_cli", "training.privacy_cli", "certify.cli", "certify.attack_cli", "serving.cli",
-                      "transdenoiser.demo")
+SUBCOMMAND_MODULES = ("training.cli", "training.train_cli", "training.privacy_cli", "certify.cli", "certify.attack_cli",
+                      "serving.cli", "transdenoiser.demo")
 
 
 def _device(value: str) -> str:

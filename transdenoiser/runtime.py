@@ -50,7 +50,7 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def hardware_description(device: "torch.device") -> str:
+def hardware_description(device: torch.device) -> str:
     """A short human-readable description of where a figure was measured."""
     import os
 
