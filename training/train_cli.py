@@ -158,6 +158,10 @@ def cmd_train(args) -> int:
                     else min(config.train_examples, len(dataset.private)))
     print(f"train {config.arm}: {config.denoiser} ({config.activation}) on {dataset.name} private split, "
           f"sigma {config.sigma}, device {hardware_description(device)}", file=sys.stderr)
+    if config.target_epsilon is not None and config.arm != "nodp":
+        print(f"note: xi_up will be calibrated for target epsilon {config.target_epsilon} "
+              f"({config.calibration_accountant} accountant); the configured xi_up {config.xi_up:g} is not used",
+              file=sys.stderr)
 
     def on_epoch(row: dict) -> None:
         print(f"epoch {row['epoch']:>3}  loss {row['train_loss']:.3f}  test MSE {row['mse']:.5f}  "
