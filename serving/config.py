@@ -38,7 +38,9 @@ class ServingConfig:
     chunk_samples: int = 100  # noisy samples per batching unit; forward passes hold batch_size // chunk_samples units
     max_images: int = 16  # images per request
     max_payload_bytes: int = 2 * 1024 * 1024  # request body limit
-    batching: bool = True  # adaptive batching across requests; False: one request at a time
+    # adaptive batching across requests (true), one request at a time (false), or "auto": adaptive on a GPU only,
+    # because on CPU it measured slower than one at a time (docs/RESULTS.md, section 6)
+    batching: bool | str = "auto"
     max_latency_ms: int = 120_000  # adaptive batching: a queued unit waiting longer is refused with 503
     allow_client_seed: bool = False  # accept a client "seed" (reproducible noise); see docs/SERVING.md
     classifier: str = "classifier"  # checkpoint directory, relative to the model directory
@@ -47,9 +49,13 @@ class ServingConfig:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def batching_on(self, device_type: str) -> bool:
+        """Whether requests share forward passes on a device of this type ("cpu", "cuda")."""
+        return self.batching if isinstance(self.batching, bool) else device_type == "cuda"
+
 
 _INT_KEYS = ("n0", "n", "max_n", "batch_size", "chunk_samples", "max_images", "max_payload_bytes", "max_latency_ms")
-_BOOL_KEYS = ("batching", "allow_client_seed")
+_BOOL_KEYS = ("allow_client_seed",)
 
 
 def validate_config(raw: dict[str, Any], source: str) -> ServingConfig:
@@ -73,6 +79,8 @@ def validate_config(raw: dict[str, Any], source: str) -> ServingConfig:
     for key in _BOOL_KEYS:
         if key in raw and not isinstance(raw[key], bool):
             raise bad(key, "true or false")
+    if "batching" in raw and not (isinstance(raw["batching"], bool) or raw["batching"] == "auto"):
+        raise bad("batching", 'true, false or "auto"')
     if "alpha" in raw:
         alpha = raw["alpha"]
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:

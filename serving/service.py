@@ -95,12 +95,13 @@ class TransDenoiser:
         self.smooth = Smooth(pipeline.classifier, pipeline.num_classes, self.config.sigma, pipeline.denoiser,
                              batch_size=self.config.batch_size, device=self.device)
         counter = VoteCounter(self.smooth)
+        batching_on = self.config.batching_on(self.device.type)
         self.batcher = AdaptiveBatcher(counter, self.config.batch_size // self.config.chunk_samples,
-                                       self.config.max_latency_ms) if self.config.batching else None
+                                       self.config.max_latency_ms) if batching_on else None
         self.certifier = ServingCertifier(self.smooth, self.config.n0, self.config.alpha,
                                           self.config.chunk_samples, self.batcher)
         batching = (f"adaptive (BentoML CorkDispatcher, up to {self.config.batch_size} samples per pass)"
-                    if self.batcher else "off (one request at a time)")
+                    if self.batcher else f"off (one request at a time; setting batching = {self.config.batching!r})")
         self.card = model_card(self.bundle, str(self.device), batching)
         counter([NoiseJob(torch.zeros(self.input_shape), self.config.batch_size, 0)])  # full-size forward pass
         self._ready = False

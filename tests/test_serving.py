@@ -43,8 +43,8 @@ def digits(mnist10k):
 
 @pytest.fixture(scope="module")
 def model_dir(classifier_dir, tmp_path_factory):
-    return write_model_dir(tmp_path_factory.mktemp("serve") / "model", classifier_dir, sigma=0.25, n0=20, n=100,
-                           max_n=500, max_images=4, max_payload_bytes=200_000, allow_client_seed=True)
+    return write_model_dir(tmp_path_factory.mktemp("serve") / "model", classifier_dir, sigma=0.25, batching=True,
+                           n0=20, n=100, max_n=500, max_images=4, max_payload_bytes=200_000, allow_client_seed=True)
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def test_model_dir_round_trip_and_refusals(model_dir, classifier_dir, tmp_path):
     ({"sigma": 0.25, "alpha": 1.0}, "alpha must be a number strictly between 0 and 1"),
     ({"sigma": 0.25, "n0": 0}, "n0 must be an integer >= 1"),
     ({"sigma": 0.25, "batch_size": 2.5}, "batch_size must be an integer"),
-    ({"sigma": 0.25, "batching": "yes"}, "batching must be true or false"),
+    ({"sigma": 0.25, "batching": "yes"}, 'batching must be true, false or "auto"'),
     ({"sigma": 0.25, "chunk_samples": 2000}, "chunk_samples = 2000 exceeds batch_size"),
     ({"sigma": 0.25, "sigmaa": 1}, "unknown setting"),
 ])
@@ -353,3 +353,15 @@ def test_serve_cli_checks_before_starting(model_dir, tmp_path, capsys, monkeypat
     assert "no such directory" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli_main(["serve", "--port", "70000"])
+
+
+def test_batching_auto_is_adaptive_on_gpu_only():
+    from serving.config import validate_config
+
+    auto = validate_config({"sigma": 0.25}, "test")
+    assert auto.batching == "auto"
+    assert auto.batching_on("cuda") and not auto.batching_on("cpu")
+    forced = validate_config({"sigma": 0.25, "batching": True}, "test")
+    assert forced.batching_on("cpu") and forced.batching_on("cuda")
+    off = validate_config({"sigma": 0.25, "batching": False}, "test")
+    assert not off.batching_on("cuda")

@@ -34,8 +34,8 @@ def png(array: np.ndarray, mode: str = "L", fmt: str = "PNG") -> bytes:
 @pytest.fixture(scope="module")
 def servers(classifier_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("servers")
-    model_dir = write_model_dir(root / "model", classifier_dir, sigma=0.25, n0=20, n=100, max_n=500, max_images=4,
-                                max_payload_bytes=200_000, allow_client_seed=True)
+    model_dir = write_model_dir(root / "model", classifier_dir, sigma=0.25, batching=True, n0=20, n=100, max_n=500,
+                                max_images=4, max_payload_bytes=200_000, allow_client_seed=True)
     started = []
     try:
         started.append(ServerProcess(model_dir, root / "open.log", api_key=None))
