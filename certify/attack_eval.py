@@ -13,7 +13,6 @@ when everything is right; a one-sided binomial test at level alpha flags more th
 """
 from __future__ import annotations
 
-import csv
 import json
 import math
 import time
@@ -37,6 +36,7 @@ from certify.attacks import (
 )
 from certify.core import ABSTAIN, Smooth
 from certify.pipeline import Pipeline
+from certify.runner import read_rows
 from certify.threats import THREATS, SmoothedThreat, build_threat
 from transdenoiser.errors import UserError
 from transdenoiser.progress import Track, silent
@@ -44,7 +44,6 @@ from transdenoiser.progress import Track, silent
 RESULT_FORMAT = "transdenoiser-attack"
 AUDIT_FORMAT = "transdenoiser-audit"
 FORMAT_VERSION = 1
-CERTIFY_COLUMNS = ("idx", "label", "predict", "radius", "correct", "time")
 _SEED_PURPOSES = {"attack": 1, "smoothed": 2, "noisy": 3}
 
 
@@ -225,17 +224,8 @@ def read_certify_run(run_dir: str | Path) -> CertifyRun:
     missing = [key for key in needed if key not in settings]
     if missing:
         raise UserError(f"{summary_path}: settings lack {', '.join(missing)}")
-    rows = []
-    with tsv_path.open(newline="") as handle:
-        reader = csv.DictReader(handle, delimiter="\t")
-        if reader.fieldnames is None or not set(CERTIFY_COLUMNS[:4]) <= set(reader.fieldnames):
-            raise UserError(f"{tsv_path}: expected the columns {' '.join(CERTIFY_COLUMNS)}, got {reader.fieldnames}")
-        for line, record in enumerate(reader, start=2):
-            try:
-                rows.append({"idx": int(record["idx"]), "label": int(record["label"]),
-                             "predict": int(record["predict"]), "radius": float(record["radius"])})
-            except (TypeError, ValueError):
-                raise UserError(f"{tsv_path} line {line}: unreadable row {record}") from None
+    records = read_rows(tsv_path, "certify")
+    rows = [{"idx": r.idx, "label": r.label, "predict": r.prediction, "radius": r.radius} for r in records]
     return CertifyRun(run_dir, settings, rows)
 
 

@@ -68,6 +68,13 @@ def _timing(records: Sequence[Record], samples_per_image: int) -> dict[str, floa
             "noisy_samples_per_second": len(records) * samples_per_image / seconds if seconds > 0 else None}
 
 
+def _outcome_rates(records: Sequence[Record]) -> dict[str, float]:
+    """Shares of abstentions and of wrong (non-abstaining) predictions."""
+    count = len(records)
+    return {"abstention_rate": sum(r.prediction == ABSTAIN for r in records) / count,
+            "wrong_rate": sum(not r.correct and r.prediction != ABSTAIN for r in records) / count}
+
+
 def summarize(records: Sequence[CertifyRecord], sigma: float, n0: int, n: int, alpha: float,
               radius_step: float = RADIUS_STEP) -> dict[str, Any]:
     """Results of a certification: accuracies, abstention, certified accuracy per radius, ACR, timing."""
@@ -82,8 +89,7 @@ def summarize(records: Sequence[CertifyRecord], sigma: float, n0: int, n: int, a
         "task": "certify",
         "images": count,
         "smoothed_clean_accuracy": sum(r.correct for r in records) / count,
-        "abstention_rate": sum(r.prediction == ABSTAIN for r in records) / count,
-        "wrong_rate": sum(not r.correct and r.prediction != ABSTAIN for r in records) / count,
+        **_outcome_rates(records),
         "certified_accuracy": table,
         "average_certified_radius": sum(r.radius for r in records if r.correct) / count,
         "average_certified_radius_definition": ACR_DEFINITION,
@@ -106,8 +112,7 @@ def summarize_predictions(records: Sequence[PredictRecord], sigma: float, n: int
         "task": "predict",
         "images": count,
         "smoothed_accuracy": sum(r.correct for r in records) / count,
-        "abstention_rate": sum(r.prediction == ABSTAIN for r in records) / count,
-        "wrong_rate": sum(not r.correct and r.prediction != ABSTAIN for r in records) / count,
+        **_outcome_rates(records),
         "sigma": sigma, "n": n, "alpha": alpha,
         "guarantee": "a prediction that is not ABSTAIN differs from the smoothed classifier's with probability "
                      "<= alpha (two-sided binomial test between the two top counts)",

@@ -282,7 +282,8 @@ def read_rows(path: Path, task: str, repair: bool = False) -> list[Record]:
     if not lines:
         return []
     if tuple(lines[0].split("\t")) != columns:
-        raise UserError(f"{path}: header is {lines[0]!r}, expected {chr(9).join(columns)!r} (not a {task} run file)")
+        raise UserError(f"{path}: header is {lines[0]!r}, expected the columns {chr(9).join(columns)!r} "
+                        f"(not a {task} run file)")
     records = []
     for number, line in enumerate(lines[1:], start=2):
         fields = line.split("\t")

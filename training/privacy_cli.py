@@ -102,7 +102,9 @@ def run_privacy(args) -> int:
             result["steps_from"] = steps_from
             lines = _calibration_lines(result)
     if args.json:
-        print(json.dumps(_json_safe(result), indent=2, allow_nan=False))
+        from training.privacy_report import json_safe
+
+        print(json.dumps(json_safe(result), indent=2, allow_nan=False))
     else:
         print("\n".join(lines))
     sys.stdout.flush()
@@ -167,15 +169,6 @@ CLASSICAL_LABEL = "classical sqrt(2 ln(1.25/delta)) S / epsilon (Dwork & Roth): 
 
 def _number(value: float) -> str:
     return "inf" if math.isinf(value) else f"{value:.4g}" if value < 1e4 else f"{value:.3e}"
-
-
-def _json_safe(value):
-    """Infinity becomes the string "inf" (JSON has no infinity)."""
-    if isinstance(value, dict):
-        return {key: _json_safe(item) for key, item in value.items()}
-    if isinstance(value, float) and math.isinf(value):
-        return "inf"
-    return value
 
 
 def _steps_text(steps: int, steps_from: str) -> str:
