@@ -277,14 +277,14 @@ def epsilon_report(sample_rate: float, noise_multipliers: float | Sequence[float
     grouped, max_rounding = group_noise_multipliers(counts, max_groups)
     base["multiplier_grouping"] = {"distinct_multipliers": len(counts), "groups": len(grouped),
                                    "max_relative_rounding_down": max_rounding}
-    base["pld_value_discretization"] = pld_value_discretization(len(grouped), gdp_epsilon(gdp_mu(q, counts), delta))
+    mu = gdp_mu(q, counts)  # the CLT formula uses the exact multipliers; it is an approximation anyway
+    gdp = gdp_epsilon(mu, delta)
+    base["pld_value_discretization"] = pld_value_discretization(len(grouped), gdp)
     if max_rounding > 0:
         note = (f"; {len(counts)} distinct per-step multipliers rounded DOWN onto {len(grouped)} values "
                 f"(by at most {100 * max_rounding:.2g}%)")
         base["analyses"]["rdp"] += note
         base["analyses"]["pld"] += note
-    mu = gdp_mu(q, counts)  # the CLT formula uses the exact multipliers; it is an approximation anyway
-    gdp = gdp_epsilon(mu, delta)
     pld = _pld_epsilon(q, grouped, delta, base["pld_value_discretization"])
     return {"rdp": _rdp_epsilon(q, grouped, delta), "pld": pld, "gdp_mu": mu, "gdp_epsilon": gdp, **base}
 

@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load, save
 from torch import nn
 
 import transdenoiser
-from training.models import build_model
+from training.models import build_model, count_parameters
 from transdenoiser.errors import UserError
 
 FORMAT = "transdenoiser-checkpoint"
@@ -37,14 +37,6 @@ class Checkpoint:
     path: Path
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "wb") as handle:
@@ -53,23 +45,22 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> str:
-    """Write tensors atomically as safetensors; return the file's SHA-256."""
+    """Write tensors atomically as safetensors; return the file's SHA-256 (hashed from memory, not re-read)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, tmp)
-    os.replace(tmp, path)
-    return sha256_file(path)
+    data = save({k: v.detach().contiguous().cpu() for k, v in tensors.items()})
+    _atomic_write_bytes(path, data)
+    return hashlib.sha256(data).hexdigest()
 
 
 def load_tensors(path: Path, expected_sha256: str | None) -> dict[str, torch.Tensor]:
-    """Read a safetensors file, refusing it if its SHA-256 differs from the recorded one."""
+    """Read a safetensors file, refusing it if its SHA-256 differs from the recorded one (one read of the file)."""
     if not path.is_file():
         raise UserError(f"checkpoint file missing: {path}")
-    if expected_sha256 is not None and sha256_file(path) != expected_sha256:
+    data = path.read_bytes()
+    if expected_sha256 is not None and hashlib.sha256(data).hexdigest() != expected_sha256:
         raise UserError(f"{path}: SHA-256 does not match the checkpoint metadata (truncated or modified file)")
     try:
-        return load_file(str(path))
+        return load(data)
     except (SafetensorError, OSError, ValueError) as exc:
         raise UserError(f"{path}: not a readable safetensors file ({exc})") from None
 
@@ -92,7 +83,7 @@ def save_checkpoint(directory: str | Path, model: nn.Module, metadata: dict[str,
     meta["format_version"] = FORMAT_VERSION
     meta["package_version"] = transdenoiser.__version__
     meta["torch_version"] = torch.__version__
-    meta["num_parameters"] = sum(p.numel() for p in model.parameters())
+    meta["num_parameters"] = count_parameters(model)
     files = {WEIGHTS: save_tensors(directory / WEIGHTS, model.state_dict())}
     for stem, tensors in (extra_tensors or {}).items():
         files[f"{stem}.safetensors"] = save_tensors(directory / f"{stem}.safetensors", tensors)

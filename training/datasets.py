@@ -18,6 +18,7 @@ import io
 import pickle
 import subprocess
 from dataclasses import dataclass
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -98,6 +99,10 @@ class Dataset:
         return getattr(self, name)
 
     def fingerprints(self) -> dict[str, str]:
+        return dict(self._fingerprints)
+
+    @cached_property
+    def _fingerprints(self) -> dict[str, str]:  # hashing every pixel once per loaded dataset is enough
         return {name: self.split(name).fingerprint() for name in SPLITS}
 
 

@@ -38,7 +38,7 @@ from training.dp import (
     model_params,
     per_example_norms,
 )
-from training.models import build_model
+from training.models import build_model, count_parameters
 from training.privacy_report import build_privacy_report, format_privacy_report, json_safe
 from training.smin import DEFAULT_CHUNK_SIZE, DEFAULT_MAX_DIM, METHODS, smin_lower_bound
 from transdenoiser.errors import UserError
@@ -143,19 +143,12 @@ class TrainConfig:
             raise UserError(f"xi_low ({self.xi_low}) must not exceed xi_up ({self.xi_up})")
 
 
+
 def load_config_file(path: str | Path, **overrides) -> TrainConfig:
     """A TrainConfig from a TOML file (keys: TrainConfig's field names), with ``overrides`` applied."""
-    import tomllib
+    from transdenoiser.toml import read_toml
 
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"config {path}: no such file")
-    try:
-        with path.open("rb") as handle:
-            values = tomllib.load(handle)
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"config {path}: not valid TOML ({exc})") from None
-    return TrainConfig.from_dict({**values, **overrides}, source=str(path))
+    return TrainConfig.from_dict({**read_toml(path, "config"), **overrides}, source=str(path))
 
 
 @dataclass
@@ -508,11 +501,12 @@ def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint
     x_test, y_test = test.tensors(device)
     baselines = classifier_baselines(classifier_model, x_test, y_test, config.sigma, config.eval_noise_seed)
 
-    expected_batch = config.batch_size if config.arm != "nodp" else float(config.batch_size)
-    arm = ARM_CLASSES[config.arm](model, config, schedule["xi_up"] or 0.0, expected_batch, schedule["total_steps"])
+    arm = ARM_CLASSES[config.arm](model, config, schedule["xi_up"] or 0.0, float(config.batch_size),
+                                  schedule["total_steps"])
     sampler = PoissonSampler(num_examples, schedule["sample_rate"]) if config.arm != "nodp" else None
     last_epoch = config.epochs if stop_after_epochs is None else min(config.epochs, stop_after_epochs)
     started = time.perf_counter()
+    epochs_before_loop = epochs_done
     model.train()
     for epoch in range(epochs_done, last_epoch):
         epoch_started = time.perf_counter()
@@ -545,8 +539,9 @@ def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint
             on_epoch(row)
     if not metrics:
         raise UserError("no epoch was trained")
-    metadata = _metadata(config, dataset, classifier, model, schedule, records, metrics, baselines, kwargs,
-                         epochs_done, seconds_before + time.perf_counter() - started, device)
+    if epochs_done == epochs_before_loop:  # nothing trained now (resuming a finished run): describe it as it is
+        metadata = _metadata(config, dataset, classifier, model, schedule, records, metrics, baselines, kwargs,
+                             epochs_done, seconds_before, device)
     model.eval()
     return model, metadata
 
@@ -561,7 +556,7 @@ def _metadata(config, dataset, classifier, model, schedule, records, metrics, ba
         sample_rate=schedule["sample_rate"] or config.batch_size / num_examples, num_examples=num_examples,
         expected_batch_size=float(config.batch_size), delta=config.delta, steps_planned=schedule["total_steps"],
         history=_history_arrays(records), smin_methods=[r.smin_method for r in records],
-        max_smin_dim=config.max_smin_dim, num_parameters=sum(p.numel() for p in model.parameters()),
+        max_smin_dim=config.max_smin_dim, num_parameters=count_parameters(model),
         target_epsilon=config.target_epsilon if config.arm != "nodp" else None,
         calibration_accountant=config.calibration_accountant
         if config.target_epsilon is not None and config.arm != "nodp" else None)

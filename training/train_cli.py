@@ -15,7 +15,7 @@ from transdenoiser.argtypes import nonnegative_float, nonnegative_int, open_unit
 from transdenoiser.errors import UserError
 from transdenoiser.progress import bar
 from transdenoiser.runtime import hardware_description, resolve_device, seed_everything
-from transdenoiser.toml import tomllib
+from transdenoiser.toml import read_toml
 
 # flag destination -> TrainConfig field
 FLAG_FIELDS = {"arm": "arm", "sigma": "sigma", "clip_norm": "clip_norm", "xi_up": "xi_up", "xi_low": "xi_low",
@@ -91,16 +91,6 @@ def register(subparsers, common) -> None:
     p.set_defaults(handler=cmd_train)
 
 
-def _read_toml(path: Path) -> dict:
-    if not path.is_file():
-        raise UserError(f"--config {path}: no such file")
-    try:
-        with path.open("rb") as handle:
-            return tomllib.load(handle)
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"--config {path}: not valid TOML ({exc})") from None
-
-
 def config_from_args(args, base: dict | None = None):
     """TrainConfig from defaults (or ``base``), then ``--config``, then the flags given."""
     from training.private_train import TrainConfig
@@ -108,7 +98,7 @@ def config_from_args(args, base: dict | None = None):
     values = dict(base) if base is not None else {}
     given: dict = {}
     if args.config is not None:
-        given.update(_read_toml(args.config))
+        given.update(read_toml(args.config, "--config"))
         known = {f.name for f in fields(TrainConfig)}
         unknown = sorted(set(given) - known)
         if unknown:

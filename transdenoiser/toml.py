@@ -1,7 +1,26 @@
 """TOML reading on every supported Python: the standard library's tomllib (3.11+) or tomli (3.10)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
-__all__ = ["tomllib"]
+from transdenoiser.errors import UserError
+
+__all__ = ["tomllib", "read_toml"]
+
+
+def read_toml(path: str | Path, what: str) -> dict[str, Any]:
+    """The table in the TOML file ``path``; a missing or invalid file is a UserError naming ``what``."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{what} {path}: no such file")
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{what} {path}: not valid TOML ({exc})") from None
