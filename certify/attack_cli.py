@@ -103,7 +103,7 @@ def _checkpoint_path(path: Path | None, flag: str) -> Path | None:
 
 
 def cmd_attack(args) -> int:
-    from certify.attack_eval import AttackConfig, evenly_spaced, run_attack_eval
+    from certify.attack_eval import FORMAT_VERSION, RESULT_FORMAT, AttackConfig, evenly_spaced, run_attack_eval
     from certify.attack_report import write_attack_outputs
     from certify.pipeline import check_dataset_fits, load_pipeline
     from training.cli import load_dataset_from_args
@@ -124,7 +124,7 @@ def cmd_attack(args) -> int:
     images, labels = split.subset(indices).tensors(device)
     record = run_attack_eval(pipeline, images, labels, config, args.seed, track=bar)
     record = {
-        "format": "transdenoiser-attack", "format_version": 1,
+        "format": RESULT_FORMAT, "format_version": FORMAT_VERSION,
         "settings": {**record["settings"], "classifier": str(args.classifier),
                      "denoiser": str(args.denoiser) if args.denoiser else None, "dataset": dataset.name,
                      "data_root": str(args.data_root) if args.data_root else None, "split_seed": args.split_seed,

@@ -111,14 +111,25 @@ def _batches(total: int, size: int):
         yield slice(start, min(start + size, total))
 
 
+def smoothed_predictions(smooth: Smooth, images: torch.Tensor, n: int, alpha: float, generator: torch.Generator,
+                         track: Track = silent, desc: str | None = None) -> np.ndarray:
+    """``Smooth.predict`` for each image, images packed into shared forward passes. One generator serves all
+    images in order, so the noise is the same as predicting them one by one."""
+    per_pass = max(1, smooth.batch_size // n)
+    chunks = [images[start:start + per_pass] for start in range(0, len(images), per_pass)]
+    predictions: list[int] = []
+    for chunk in track(chunks, desc=desc, total=len(chunks)):
+        predictions.extend(smooth.predict_many(chunk, n, alpha, [generator] * len(chunk)))
+    return np.array(predictions)
+
+
 @torch.no_grad()
 def _evaluate(smooth: Smooth, images: torch.Tensor, labels: torch.Tensor, n: int, alpha: float, seed: int,
               eps: float, track: Track, desc: str) -> dict[str, Any]:
     """Accuracies on ``images``: smoothed prediction (abstain = wrong), one noisy pass, and the base model."""
     smoothed_gen = smooth.generator(derived_seed(seed, "smoothed", eps))
     noisy_gen = smooth.generator(derived_seed(seed, "noisy", eps))
-    predictions = np.array([smooth.predict(x, n, alpha, smoothed_gen) for x in track(images, desc=desc,
-                                                                                       total=len(images))])
+    predictions = smoothed_predictions(smooth, images, n, alpha, smoothed_gen, track, desc)
     truth = labels.cpu().numpy()
     noise = torch.randn(images.shape, generator=noisy_gen, device=images.device, dtype=images.dtype)
     noisy = smooth.base_logits(images + smooth.sigma * noise).argmax(dim=1).cpu().numpy()
@@ -270,8 +281,8 @@ def audit_certify_run(run: CertifyRun, pipeline: Pipeline, images: torch.Tensor,
         attack = PGD(threat, "l2", eps, config.steps, config.step_size, device=device)
         adversarial = attack(x, predicted, attack_gen)  # untargeted: away from the certified prediction
         norms = perturbation_norms(adversarial - x, "l2").cpu().numpy()
-        for row, x_adv, norm_value, eps_value in zip(rows, adversarial, norms, eps.cpu().numpy(), strict=True):
-            after = smooth.predict(x_adv, config.n, predict_alpha, predict_gen)
+        after_all = smoothed_predictions(smooth, adversarial, config.n, predict_alpha, predict_gen)
+        for row, after, norm_value, eps_value in zip(rows, after_all, norms, eps.cpu().numpy(), strict=True):
             outcome = "kept" if after == row["predict"] else ("abstained" if after == ABSTAIN else "changed")
             records.append({"idx": row["idx"], "label": row["label"], "certified": row["predict"],
                             "radius": row["radius"], "eps": float(eps_value), "norm": float(norm_value),

@@ -32,13 +32,6 @@ class Pipeline:
     def class_names(self) -> list[str]:
         return list(self.classifier_metadata.get("class_names") or map(str, range(self.num_classes)))
 
-    @property
-    def dataset_name(self) -> str | None:
-        return self.classifier_metadata.get("dataset", {}).get("name")
-
-    def base(self) -> nn.Module:
-        """The undefended-or-defended base model x -> logits (denoiser then classifier), for attacks."""
-        return self.classifier if self.denoiser is None else nn.Sequential(self.denoiser, self.classifier).eval()
 
 
 def load_pipeline(classifier_dir: str | Path, denoiser_dir: str | Path | None = None,

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from certify.core import ABSTAIN, Certificate, Smooth, validate_sampling
+from certify.core import Certificate, Smooth, validate_sampling
 from transdenoiser.errors import UserError
 from transdenoiser.progress import Track, silent
 
@@ -353,9 +353,6 @@ class RunSettings:
         data.update(data.pop("extra"))
         return data
 
-    def compared(self) -> dict[str, Any]:
-        return {k: v for k, v in self.to_dict().items() if k not in PATH_SETTINGS}
-
 
 def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     keys = [k for k in new if k not in PATH_SETTINGS] + [k for k in old if k not in new and k not in PATH_SETTINGS]
@@ -507,7 +504,3 @@ def ordered(settings: dict[str, Any], rows: Sequence[Record]) -> list[Record]:
 def write_rows(path: Path, task: str, rows: Sequence[Record]) -> None:
     lines = ["\t".join(COLUMNS[task])] + ["\t".join(r.row()) for r in rows]
     write_text(path, "\n".join(lines) + "\n")
-
-
-def abstained(record: Record) -> bool:
-    return record.prediction == ABSTAIN

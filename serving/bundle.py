@@ -9,7 +9,7 @@ import torch
 
 from certify.pipeline import Pipeline, load_pipeline
 from serving.config import CONFIG_NAMES, ServingConfig, load_config, to_toml, validate_config
-from training.checkpoint import read_metadata
+from training.checkpoint import METADATA, WEIGHTS
 from transdenoiser.errors import UserError
 
 
@@ -27,17 +27,22 @@ def write_model_dir(out_dir: str | Path, classifier_dir: str | Path, denoiser_di
     raw = {"sigma": sigma, "n0": n0, "n": n, "max_n": max_n, "alpha": alpha, **settings,
            "classifier": "classifier", "denoiser": "denoiser" if denoiser_dir is not None else None}
     config = validate_config(raw, "write_model_dir")
-    read_metadata(classifier_dir)  # a checkpoint, or a clear error
-    if denoiser_dir is not None:
-        read_metadata(denoiser_dir)
+    load_pipeline(classifier_dir, denoiser_dir)  # hash-checked checkpoints of the right kinds that fit together
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise UserError(f"{out_dir} already exists and is not an empty directory")
     out_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(classifier_dir, out_dir / config.classifier)
+    _copy_servable(classifier_dir, out_dir / config.classifier)
     if denoiser_dir is not None:
-        shutil.copytree(denoiser_dir, out_dir / config.denoiser)
+        _copy_servable(denoiser_dir, out_dir / config.denoiser)
     (out_dir / CONFIG_NAMES[0]).write_text(to_toml(config))
     return out_dir
+
+
+def _copy_servable(checkpoint_dir: str | Path, destination: Path) -> None:
+    """The weights and metadata only: a training run's optimiser state and step history are not served."""
+    destination.mkdir(parents=True)
+    for name in (WEIGHTS, METADATA):
+        shutil.copy2(Path(checkpoint_dir) / name, destination / name)
 
 
 @dataclass
