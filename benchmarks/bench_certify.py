@@ -1,14 +1,18 @@
 """Noisy samples per second of ``certify`` against a straightforward per-image loop in Cohen et al.'s style.
 
-    python -m benchmarks.bench_certify                 # short: 6 images, n0 100, n 1000, batch 256
-    python -m benchmarks.bench_certify --n 10000 --images 3 --json runs/bench/certify.json
+    python -m benchmarks.bench_certify                 # short: 6 images, n0 100, n 1000
+    python -m benchmarks.bench_certify --n 10000 --images 3 --repeats 3 --json runs/bench/certify.json
 
-Both sides certify the same images with the same model, the same n0, n, alpha and batch size, on the
-same device, one after the other (interleaved, best of --repeats):
+Both sides certify the same images with the same model, the same n0, n and alpha, on the same device,
+one after the other (interleaved, best of --repeats):
 - baseline: Cohen's ``Smooth._sample_noise`` loop: per image, ``x.repeat`` a batch of copies,
-  ``randn_like`` noise, forward, argmax, count; NCHW models as loaded; ``torch.no_grad``;
+  ``randn_like`` noise, forward, argmax, count; NCHW models as loaded; ``torch.no_grad``; run at
+  the batch size of Cohen's certify.py (1000) and at ours, so the gain from batch sizing shows apart;
 - ours: :func:`certify.runner.certify_dataset` (images packed into shared forward passes,
-  ``inference_mode``, noise drawn on the device, channels-last on CPU; float32 on both sides).
+  ``inference_mode``, noise drawn on the device, channels-last and parallel forward workers on CPU;
+  float32 on both sides).
+Both run in one process, after the same allocator set-up (:func:`transdenoiser.runtime.keep_freed_memory`,
+as the CLI does).
 Each is run with the classifier alone and with a denoiser in front. Without ``--denoiser`` the
 denoiser is a small randomly initialised conv/transposed-conv autoencoder built here (the speed
 depends on the architecture, not on the weights). Without ``--classifier``, runs/classifier is
@@ -28,9 +32,10 @@ from torch import nn
 
 from certify.core import Smooth, certificate_from_counts
 from certify.runner import certify_dataset
-from transdenoiser.runtime import hardware_description, resolve_device
+from transdenoiser.runtime import hardware_description, keep_freed_memory, resolve_device
 
 DEFAULT_CLASSIFIER = Path("runs/classifier")
+COHEN_DEFAULT_BATCH = 1000  # the --batch default of Cohen et al.'s certify.py
 
 
 def inline_autoencoder(channels: int = 1) -> nn.Module:
@@ -96,33 +101,38 @@ def time_call(fn) -> float:
 
 
 def bench_pair(classifier, denoiser, images, labels, args, device) -> dict:
+    """Time Cohen's loop at each baseline batch size and ours, interleaved, ``args.repeats`` times each."""
     base = classifier if denoiser is None else nn.Sequential(denoiser, classifier).eval()
     baseline = CohenLoop(base, 10, args.sigma, device)
-    smooth = Smooth(classifier, 10, args.sigma, denoiser, batch_size=args.batch, device=device)
+    smooth = Smooth(classifier, 10, args.sigma, denoiser, batch_size=args.batch, device=device,
+                    workers=args.workers)
     indices = list(range(len(images)))
     samples = len(images) * (args.n0 + args.n)
 
-    def run_baseline():
+    def run_baseline(batch: int):
         torch.manual_seed(args.seed)
         for x in images:
-            baseline.certify(x.to(device), args.n0, args.n, args.alpha, args.batch)
+            baseline.certify(x.to(device), args.n0, args.n, args.alpha, batch)
 
     def run_ours():
         certify_dataset(smooth, images, labels, indices, args.n0, args.n, args.alpha, args.seed)
 
+    runs = {f"baseline_batch_{b}": (lambda b=b: run_baseline(b)) for b in args.baseline_batches}
+    runs["ours"] = run_ours
     with torch.inference_mode():  # warm-up: first calls pay for kernel selection and allocation
-        base(images[:2].to(device))
-        smooth.base_logits(images[:2].to(device))
-    times = {"baseline": [], "ours": []}
+        for b in args.baseline_batches:
+            base(images[:1].repeat(b, 1, 1, 1).to(device))
+    run_ours()
+    times: dict[str, list[float]] = {k: [] for k in runs}
     for _ in range(args.repeats):
-        times["baseline"].append(time_call(run_baseline))
-        times["ours"].append(time_call(run_ours))
+        for name, fn in runs.items():
+            times[name].append(time_call(fn))
+    smooth.close()
     best = {k: min(v) for k, v in times.items()}
     return {"noisy_samples": samples,
-            "baseline_samples_per_second": samples / best["baseline"],
-            "ours_samples_per_second": samples / best["ours"],
-            "speedup": best["baseline"] / best["ours"],
-            "seconds": times, "memory_format": smooth.memory_format}
+            "samples_per_second": {k: samples / v for k, v in best.items()},
+            "speedup": {k: best[k] / best["ours"] for k in runs if k != "ours"},
+            "seconds": times, "memory_format": smooth.memory_format, "workers": smooth.workers}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,8 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--images", type=int, default=6, help="test images certified per measurement (default: 6)")
     parser.add_argument("--n0", type=int, default=100, help="selection samples (default: 100)")
     parser.add_argument("--n", type=int, default=1000, help="estimation samples (default: 1000)")
-    parser.add_argument("--batch", type=int, default=256,
-                        help="samples per forward pass, both sides (default: 256, the CLI's default on CPU)")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="our samples per forward pass (default: the certify CLI's default for the device)")
+    parser.add_argument("--baseline-batch", type=int, action="append", default=None, dest="baseline_batches",
+                        help="the Cohen loop's batch; repeat the flag for several (default: 1000, the default of "
+                             "Cohen et al.'s certify.py, and ours)")
+    parser.add_argument("--workers", default="auto", help="our forward-pass worker threads (default: auto)")
     parser.add_argument("--sigma", type=float, default=0.25)
     parser.add_argument("--alpha", type=float, default=0.001)
     parser.add_argument("--repeats", type=int, default=1, help="measurements per side; the best counts (default: 1)")
@@ -143,26 +157,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
+    allocator = "glibc heap kept (runtime.keep_freed_memory), both sides" if keep_freed_memory() else "system default"
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
+    from certify.cli import DEFAULT_BATCH
     from training.datasets import load_dataset
+
+    args.batch = args.batch or DEFAULT_BATCH.get(device.type, DEFAULT_BATCH["cpu"])
+    args.baseline_batches = sorted(set(args.baseline_batches or [COHEN_DEFAULT_BATCH, args.batch]), reverse=True)
+    args.workers = args.workers if args.workers == "auto" else int(args.workers)
 
     images, labels = load_dataset("mnist10k").test.tensors("cpu")
     images, labels = images[:args.images], labels[:args.images]
     classifier, what, denoiser, den_what = load_models(args, device)
     hardware = hardware_description(device)
-    print(f"bench_certify: {args.images} mnist10k test images, n0 {args.n0}, n {args.n}, batch {args.batch}, "
-          f"sigma {args.sigma}, float32; {hardware}")
-    print(f"  classifier: {what}; denoiser: {den_what}")
+    print(f"bench_certify: {args.images} mnist10k test images, n0 {args.n0}, n {args.n}, sigma {args.sigma}, "
+          f"float32, best of {args.repeats}; {hardware}")
+    print(f"  classifier: {what}; denoiser: {den_what}; allocator: {allocator}")
     results = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-               "hardware": hardware, "classifier": what, "denoiser": den_what, "runs": {}}
-    print(f"  {'pipeline':<22} {'Cohen loop':>14} {'ours':>14} {'speedup':>8}")
+               "hardware": hardware, "allocator": allocator, "classifier": what, "denoiser": den_what, "runs": {}}
+    columns = [f"Cohen @{b}" for b in args.baseline_batches] + [f"ours @{args.batch}"]
+    print(f"  {'pipeline':<22} " + " ".join(f"{c:>14}" for c in columns) + "  speedup vs "
+          + ", ".join(f"@{b}" for b in args.baseline_batches))
     for name, den in (("classifier alone", None), ("denoiser + classifier", denoiser)):
         row = bench_pair(classifier, den, images, labels, args, device)
         results["runs"][name] = row
-        print(f"  {name:<22} {row['baseline_samples_per_second']:>10,.0f} /s "
-              f"{row['ours_samples_per_second']:>10,.0f} /s {row['speedup']:>7.2f}x")
+        rates = row["samples_per_second"]
+        print(f"  {name:<22} " + " ".join(f"{rates[k]:>12,.0f}/s" for k in rates) + "  "
+              + ", ".join(f"{v:.2f}x" for v in row["speedup"].values()))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2) + "\n")

@@ -9,7 +9,7 @@ from pathlib import Path
 from transdenoiser.argtypes import open_unit_interval, positive_float, positive_int
 from transdenoiser.errors import UserError
 
-DEFAULT_BATCH = {"cpu": 256, "cuda": 4096}  # noisy samples per forward pass when --batch is not given
+DEFAULT_BATCH = {"cpu": 64, "cuda": 4096}  # noisy samples per forward pass when --batch is not given (measured: RESULTS)
 # Spelled out so that registering the subcommands imports no torch (tests check them against the library's).
 MEMORY_FORMATS = ("auto", "channels_last", "contiguous")  # certify.core.MEMORY_FORMATS
 SPLITS = ("public", "private", "test")  # training.datasets.SPLITS

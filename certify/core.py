@@ -13,7 +13,10 @@ The selection and estimation samples are never shared.
 
 Speed without changing the statistics: noisy samples of several images are packed into one
 forward pass (``sample_counts_many``), noise is drawn on the device under ``torch.inference_mode``,
-and convolutional models run in channels-last memory format on CPU. Each image's noise comes
+convolutional models run in channels-last memory format on CPU, and on a CPU of several cores the
+forward passes run in parallel worker threads of one torch thread each (small convolutions use
+cores better side by side than split between them). Counts are sums, so they do not depend on the
+order in which passes finish. Each image's noise comes
 from its own generator, drawn in pieces whose size depends only on the image shape, so what an
 image gets does not depend on the batch size, on the images packed with it, or on sharding.
 Arithmetic is float32 throughout (no mixed precision).
@@ -22,7 +25,9 @@ from __future__ import annotations
 
 import copy
 import math
+from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +41,7 @@ from transdenoiser.errors import UserError
 ABSTAIN = -1
 NOISE_PIECE_ELEMENTS = 1 << 20  # noise is drawn per image in pieces of about this many numbers (4 MiB of float32)
 MEMORY_FORMATS = ("auto", "channels_last", "contiguous")
+MAX_AUTO_WORKERS = 8  # ``workers="auto"`` on CPU: one worker per torch thread, at most this many
 
 
 @dataclass(frozen=True)
@@ -125,10 +131,13 @@ class Smooth:
     ``batch_size``: noisy samples evaluated per forward pass (several images' samples share a pass).
     ``memory_format``: ``auto`` runs convolutional models in channels-last format on CPU (about 2x
     faster there) and as given elsewhere; the models are then copied, never changed in place.
+    ``workers``: forward passes run side by side in this many threads, the torch CPU threads shared
+    out among them; ``auto`` is one per torch thread (at most 8) on CPU and 1 on other devices.
     """
 
     def __init__(self, classifier: nn.Module, num_classes: int, sigma: float, denoiser: nn.Module | None = None,
-                 batch_size: int = 1000, device: torch.device | str | None = None, memory_format: str = "auto"):
+                 batch_size: int = 1000, device: torch.device | str | None = None, memory_format: str = "auto",
+                 workers: int | str = "auto"):
         if not (isinstance(sigma, (int, float)) and math.isfinite(sigma) and sigma > 0):
             raise UserError(f"sigma must be > 0, got {sigma}")
         if num_classes < 2:
@@ -137,6 +146,8 @@ class Smooth:
             raise UserError(f"batch size must be >= 1, got {batch_size}")
         if memory_format not in MEMORY_FORMATS:
             raise UserError(f"memory format must be one of {', '.join(MEMORY_FORMATS)}, got {memory_format!r}")
+        if workers != "auto" and not (isinstance(workers, int) and workers >= 1):
+            raise UserError(f"workers must be 'auto' or an integer >= 1, got {workers!r}")
         self.device = torch.device(device) if device is not None else next(classifier.parameters()).device
         classifier = classifier.to(self.device).eval()
         denoiser = denoiser.to(self.device).eval() if denoiser is not None else None
@@ -153,6 +164,26 @@ class Smooth:
         self.num_classes = num_classes
         self.sigma = float(sigma)
         self.batch_size = batch_size
+        if workers == "auto":
+            workers = min(torch.get_num_threads(), MAX_AUTO_WORKERS) if self.device.type == "cpu" else 1
+        self.workers = workers
+        self._pool: ThreadPoolExecutor | None = None
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            threads_each = max(1, torch.get_num_threads() // self.workers)
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="smooth-forward",
+                                            initializer=torch.set_num_threads, initargs=(threads_each,))
+        return self._pool
+
+    def close(self) -> None:
+        """Stop the worker threads (they are started again if needed)."""
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+    def _predict_classes(self, batch: torch.Tensor) -> torch.Tensor:
+        return self.base_logits(batch).argmax(dim=1)
 
     def generator(self, seed: int) -> torch.Generator:
         """A generator on this smoother's device: same seed, same noise, same result."""
@@ -197,10 +228,17 @@ class Smooth:
         piece = max(1, NOISE_PIECE_ELEMENTS // images[0].numel())
         pending: list[torch.Tensor] = []  # noisy samples waiting for a forward pass
         pending_slots: list[tuple[int, int]] = []  # (slot, number of samples), in the order of ``pending``
+        in_flight: deque[tuple[Future | torch.Tensor, torch.Tensor]] = deque()  # (predictions, slot of each)
+
+        def collect(limit: int) -> None:
+            while len(in_flight) > limit:
+                predictions, slot_ids = in_flight.popleft()
+                if isinstance(predictions, Future):
+                    predictions = predictions.result()
+                counts.add_(torch.bincount(slot_ids * self.num_classes + predictions, minlength=counts.numel()))
 
         def forward(take: int) -> None:
             batch = pending[0] if len(pending) == 1 else torch.cat(pending)
-            predictions = self.base_logits(batch[:take]).argmax(dim=1)
             slots, sizes, left = [], [], take
             while left > 0:
                 slot, size = pending_slots[0]
@@ -214,7 +252,12 @@ class Smooth:
                     pending_slots[0] = (slot, size - used)
             slot_ids = torch.repeat_interleave(torch.tensor(slots, device=self.device),
                                                torch.tensor(sizes, device=self.device))
-            counts.add_(torch.bincount(slot_ids * self.num_classes + predictions, minlength=counts.numel()))
+            if self.workers > 1:
+                collect(self.workers)  # at most workers + 1 passes in flight: bounded memory
+                in_flight.append((self._executor().submit(self._predict_classes, batch[:take]), slot_ids))
+            else:
+                in_flight.append((self._predict_classes(batch[:take]), slot_ids))
+                collect(0)
             pending.clear()
             if take < batch.shape[0]:
                 pending.append(batch[take:])
@@ -236,6 +279,7 @@ class Smooth:
                         queued -= self.batch_size
         if queued > 0:
             forward(queued)
+        collect(0)
         return counts.view(images.shape[0], len(phases), self.num_classes).cpu().numpy()
 
     def predict(self, x: torch.Tensor, n: int, alpha: float, generator: torch.Generator | None = None) -> int:

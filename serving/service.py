@@ -33,7 +33,7 @@ from serving.config import DEVICE_ENV, model_dir_from_env
 from serving.engine import NoiseJob, ServingCertifier, VoteCounter, fresh_seed
 from serving.limits import PayloadLimitMiddleware
 from serving.validation import PredictRequest, RequestError, parse_payload, parse_predict_request
-from transdenoiser.runtime import resolve_device
+from transdenoiser.runtime import keep_freed_memory, resolve_device
 
 REQUEST_TIMEOUT_S = 600  # BentoML traffic timeout; the batcher's max_latency_ms refuses overload earlier
 
@@ -86,6 +86,7 @@ def error_response(status: int, message: str) -> JSONResponse:
 @bentoml.service(name="transdenoiser", traffic={"timeout": REQUEST_TIMEOUT_S}, workers=1)
 class TransDenoiser:
     def __init__(self) -> None:
+        keep_freed_memory()  # this process serves for a long time: reuse freed CPU memory (runtime.py)
         self.device = resolve_device(os.environ.get(DEVICE_ENV, "auto"))
         self.bundle = load_model_dir(model_dir_from_env(), device=self.device)
         self.config = self.bundle.config

@@ -170,7 +170,8 @@ def test_selection_samples_are_not_reused_for_estimation():
 
 def test_estimation_ignores_the_selection_votes():
     """The first n0 samples vote 0, all later ones vote 1: selection picks 0, estimation must find no 0 votes."""
-    smooth = Smooth(FirstSeenVotes(first=50), num_classes=2, sigma=0.3, batch_size=32, device="cpu")
+    smooth = Smooth(FirstSeenVotes(first=50), num_classes=2, sigma=0.3, batch_size=32, device="cpu",
+                    workers=1)  # the model's votes depend on the order it sees passes in
     cert = smooth.certify(torch.zeros(SHAPE), 50, 300, 0.01, smooth.generator(0))
     assert cert.count == 0 and cert.prediction == ABSTAIN
 
@@ -211,7 +212,23 @@ def test_channels_last_copy_leaves_the_callers_model_alone():
         assert torch.allclose(smooth.base_logits(x), model(x), atol=1e-5)
 
 
+def test_parallel_forward_workers_give_the_same_counts():
+    """Worker threads change only where passes run: counts equal the single-threaded ones, for a conv model."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 28 * 28, 10)).eval()
+    images = torch.rand(3, 1, 28, 28)
+    serial = Smooth(model, num_classes=10, sigma=0.5, batch_size=50, device="cpu", workers=1)
+    parallel = Smooth(model, num_classes=10, sigma=0.5, batch_size=50, device="cpu", workers=3)
+    gens = lambda smooth: [smooth.image_generator(0, i) for i in range(3)]  # noqa: E731
+    expected = serial.sample_counts_many(images, [40, 430], gens(serial))
+    assert parallel.workers == 3
+    assert np.array_equal(parallel.sample_counts_many(images, [40, 430], gens(parallel)), expected)
+    assert expected.sum() == 3 * 470 and len(np.unique(expected[:, 1].argmax(1))) >= 1
+    parallel.close()
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
+    ({"workers": 0}, "workers must be"), ({"workers": "many"}, "workers must be"),
     ({"sigma": 0.0}, "sigma must be > 0"), ({"sigma": -1.0}, "sigma must be > 0"),
     ({"sigma": float("nan")}, "sigma must be > 0"), ({"batch_size": 0}, "batch size"),
     ({"memory_format": "weird"}, "memory format")])

@@ -136,3 +136,20 @@ def test_import_classifier_round_trip(tmp_path, capsys):
         net.eval()
         expected = net((x - loaded.normalize.mean) / loaded.normalize.std)
         assert torch.allclose(loaded(x), expected, atol=1e-5)
+
+
+def test_keep_freed_memory_yields_to_the_users_settings(monkeypatch):
+    import platform
+
+    from transdenoiser.runtime import MALLOC_ENV_VARIABLES, keep_freed_memory
+
+    for name in MALLOC_ENV_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TRANSDENOISER_MALLOC", "system")
+    assert keep_freed_memory() is False
+    monkeypatch.delenv("TRANSDENOISER_MALLOC")
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "0")
+    assert keep_freed_memory() is False
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_")
+    on_glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+    assert keep_freed_memory() is on_glibc

@@ -54,6 +54,21 @@ def test_per_example_gradients_match_autograd():
             assert torch.allclose(grads[name][i], p.grad, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("chunk_size", [2, 3, 7])
+def test_chunked_per_example_gradients_equal_one_vmap(chunk_size):
+    """Near-equal chunks (7 examples in chunks of at most 2 or 3) give the whole batch's gradients, in order."""
+    torch.manual_seed(0)
+    model = build_model("tiny", width=2)
+    x = torch.rand(7, 1, 8, 8)
+    z = x + 0.25 * torch.randn_like(x)
+    whole, whole_losses = PerExampleGradients(model)(z, x)
+    chunked, chunked_losses = PerExampleGradients(model, chunk_size=chunk_size)(z, x)
+    assert torch.allclose(chunked_losses, whole_losses, rtol=1e-6)
+    for name, g in whole.items():
+        assert chunked[name].shape == g.shape
+        assert torch.allclose(chunked[name], g, atol=1e-6, rtol=1e-5)
+
+
 def test_clipping_bounds_per_example_norms():
     torch.manual_seed(0)
     grads = {"a": torch.randn(50, 7) * 10, "b": torch.randn(50, 3, 2) * 0.01}

@@ -84,7 +84,7 @@ class TrainConfig:
     eval_noise_seed: int = 12345  # fixed noise for the per-epoch evaluation
     max_smin_dim: int = DEFAULT_MAX_DIM
     smin_chunk_size: int = DEFAULT_CHUNK_SIZE
-    grad_chunk_size: int = 0  # 0: all examples of a batch in one vmap
+    grad_chunk_size: int = 32  # per-example gradients in near-equal chunks of at most this many; 0: one vmap
     seed: int = 0
 
     @classmethod

@@ -12,7 +12,7 @@ import sys
 
 import transdenoiser
 from transdenoiser.errors import UserError
-from transdenoiser.runtime import DEVICE_CHOICES
+from transdenoiser.runtime import DEVICE_CHOICES, keep_freed_memory
 
 # Modules that add subcommands, in --help order.
 SUBCOMMAND_MODULES = ("training.cli", "training.train_cli", "training.privacy_cli", "certify.cli", "certify.attack_cli",
@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    keep_freed_memory()
     try:
         return int(args.handler(args) or 0)
     except UserError as exc:

@@ -1,4 +1,4 @@
-"""Device choice and seeding, shared by every subcommand."""
+"""Device choice, seeding and process set-up, shared by every subcommand."""
 from __future__ import annotations
 
 import platform
@@ -11,6 +11,9 @@ if TYPE_CHECKING:  # torch is imported lazily so that `transdenoiser --help` sta
     import torch
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
+MALLOC_HEAP_BLOCK_BYTES = 32 << 20  # glibc's largest mmap threshold on 64-bit systems
+MALLOC_TRIM_BYTES = 1 << 30
+MALLOC_ENV_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES", "LD_PRELOAD")
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -60,3 +63,31 @@ def hardware_description(device: torch.device) -> str:
         return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda}), torch {torch.__version__}"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return f"CPU {_cpu_model()}, {cores} cores, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
+
+
+def keep_freed_memory() -> bool:
+    """Ask glibc's malloc to keep freed CPU memory for reuse instead of handing it back to the OS.
+
+    By default glibc serves each large block (the activations and per-example gradients of a step)
+    with a fresh mmap and unmaps it when torch frees it, so every step page-faults its memory in
+    again: measured on 2 CPU cores, a third of per-example-gradient time went to the kernel and
+    throughput rose 1.3-1.5x with this set (docs/results/training.md). Blocks up to 32 MiB then
+    come from the heap and up to 1 GiB of free heap is kept. Only the process's memory reuse
+    changes, never a computed value. Nothing is done (returns False) off glibc, when the user set
+    ``MALLOC_*``/``GLIBC_TUNABLES``/``LD_PRELOAD`` (their choice wins), or with
+    ``TRANSDENOISER_MALLOC=system``.
+    """
+    import ctypes
+    import os
+
+    if os.environ.get("TRANSDENOISER_MALLOC", "") == "system" or any(v in os.environ for v in MALLOC_ENV_VARIABLES):
+        return False
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+    return bool(libc.mallopt(m_mmap_threshold, MALLOC_HEAP_BLOCK_BYTES)
+                and libc.mallopt(m_trim_threshold, MALLOC_TRIM_BYTES))
