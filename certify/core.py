@@ -185,6 +185,14 @@ class Smooth:
     def _predict_classes(self, batch: torch.Tensor) -> torch.Tensor:
         return self.base_logits(batch).argmax(dim=1)
 
+    def classify(self, samples: torch.Tensor) -> torch.Tensor:
+        """The base pipeline's class for each of ``samples`` (N, C, H, W), in forward passes of at most
+        ``batch_size`` samples spread over the workers; returned in the order of ``samples``."""
+        parts = samples.split(self.batch_size)
+        if self.workers > 1 and len(parts) > 1:
+            return torch.cat(list(self._executor().map(self._predict_classes, parts)))
+        return torch.cat([self._predict_classes(part) for part in parts])
+
     def generator(self, seed: int) -> torch.Generator:
         """A generator on this smoother's device: same seed, same noise, same result."""
         return torch.Generator(device=self.device).manual_seed(seed)

@@ -72,5 +72,6 @@ def model_card(bundle: ModelBundle, device: str, batching: str) -> dict[str, Any
         "limits": {"max_images": config.max_images, "max_payload_bytes": config.max_payload_bytes,
                    "max_n": config.max_n},
         "runtime": {"device": device, "batching": batching, "batch_size": config.batch_size,
-                    "chunk_samples": config.chunk_samples},
+                    "chunk_samples": config.chunk_samples,
+                    "forward_batch": config.forward_batch_on(device.split(":")[0])},
     }

@@ -25,6 +25,7 @@ from transdenoiser.toml import tomllib
 MODEL_DIR_ENV = "TRANSDENOISER_MODEL_DIR"
 DEVICE_ENV = "TRANSDENOISER_DEVICE"
 CONFIG_NAMES = ("serving.toml", "serving.json")
+CPU_FORWARD_BATCH = 64  # measured fastest for the 28x28 models on CPU (docs/RESULTS.md, section 4)
 
 
 @dataclass(frozen=True)
@@ -34,8 +35,11 @@ class ServingConfig:
     n: int = 1000  # default estimation samples per image
     max_n: int = 10_000  # largest n a request may ask for
     alpha: float = 0.001  # each certificate holds with probability >= 1 - alpha
-    batch_size: int = 1000  # noisy samples per forward pass
-    chunk_samples: int = 100  # noisy samples per batching unit; forward passes hold batch_size // chunk_samples units
+    batch_size: int = 1000  # noisy samples evaluated together (one batcher pass, or one slice of a lone request)
+    chunk_samples: int = 100  # noisy samples per batching unit; a pass holds batch_size // chunk_samples units
+    # noisy samples per forward pass of the models: "auto" is 64 on CPU (cache-sized passes, run side by side
+    # in worker threads) and batch_size elsewhere
+    forward_batch: int | str = "auto"
     max_images: int = 16  # images per request
     max_payload_bytes: int = 2 * 1024 * 1024  # request body limit
     # adaptive batching across requests (true), one request at a time (false), or "auto": adaptive on a GPU only,
@@ -48,6 +52,12 @@ class ServingConfig:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def forward_batch_on(self, device_type: str) -> int:
+        """Noisy samples per forward pass on a device of this type."""
+        if self.forward_batch != "auto":
+            return int(self.forward_batch)
+        return min(CPU_FORWARD_BATCH, self.batch_size) if device_type == "cpu" else self.batch_size
 
     def batching_on(self, device_type: str) -> bool:
         """Whether requests share forward passes on a device of this type ("cpu", "cuda")."""
@@ -81,6 +91,10 @@ def validate_config(raw: dict[str, Any], source: str) -> ServingConfig:
             raise bad(key, "true or false")
     if "batching" in raw and not (isinstance(raw["batching"], bool) or raw["batching"] == "auto"):
         raise bad("batching", 'true, false or "auto"')
+    if "forward_batch" in raw and raw["forward_batch"] != "auto" and (
+            isinstance(raw["forward_batch"], bool) or not isinstance(raw["forward_batch"], int)
+            or raw["forward_batch"] < 1):
+        raise bad("forward_batch", 'an integer >= 1 or "auto"')
     if "alpha" in raw:
         alpha = raw["alpha"]
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:

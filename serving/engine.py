@@ -46,7 +46,7 @@ def fresh_seed() -> int:
 
 
 class VoteCounter:
-    """Class counts for a list of noise jobs, evaluated together in forward passes of ``smooth.batch_size``."""
+    """Class counts for a list of noise jobs, evaluated together (forward passes of ``smooth.batch_size``)."""
 
     def __init__(self, smooth: Smooth):
         self.smooth = smooth
@@ -60,10 +60,8 @@ class VoteCounter:
         noise = torch.randn(batch.shape, generator=generator, device=device, dtype=image.dtype)
         return batch + noise * self.smooth.sigma
 
-    @torch.inference_mode()
     def predictions(self, samples: torch.Tensor) -> torch.Tensor:
-        chunks = [self.smooth.base_logits(part).argmax(dim=1) for part in samples.split(self.smooth.batch_size)]
-        return torch.cat(chunks)
+        return self.smooth.classify(samples)
 
     def counts(self, predictions: torch.Tensor) -> np.ndarray:
         return torch.bincount(predictions, minlength=self.smooth.num_classes).cpu().numpy()
@@ -110,8 +108,9 @@ class ServingCertifier:
     """Certifies the images of one request, with jobs run by an adaptive batcher or one request at a time."""
 
     def __init__(self, smooth: Smooth, n0: int, alpha: float, chunk_samples: int,
-                 job_runner: JobRunner | None = None):
+                 job_runner: JobRunner | None = None, pass_samples: int | None = None):
         self.smooth = smooth
+        self.pass_samples = pass_samples or smooth.batch_size  # samples counted together, one request at a time
         self.n0 = n0
         self.alpha = alpha
         self.chunk_samples = chunk_samples
@@ -122,7 +121,7 @@ class ServingCertifier:
     def _count_pass_by_pass(self, jobs: list[NoiseJob]) -> list[np.ndarray | Exception]:
         """Jobs counted one forward pass's worth at a time: a large request never holds all its noisy samples
         in memory at once (16 images at n = 10,000 would be 161,600 samples). Same jobs, same seeds, same counts."""
-        per_pass = max(1, self.smooth.batch_size // self.chunk_samples)
+        per_pass = max(1, self.pass_samples // self.chunk_samples)
         results: list[np.ndarray | Exception] = []
         for start in range(0, len(jobs), per_pass):
             results.extend(self.counter(jobs[start:start + per_pass]))

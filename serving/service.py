@@ -94,13 +94,13 @@ class TransDenoiser:
         self.input_shape: tuple[int, int, int] = tuple(pipeline.input_shape)  # type: ignore[assignment]
         self.class_names = pipeline.class_names
         self.smooth = Smooth(pipeline.classifier, pipeline.num_classes, self.config.sigma, pipeline.denoiser,
-                             batch_size=self.config.batch_size, device=self.device)
+                             batch_size=self.config.forward_batch_on(self.device.type), device=self.device)
         counter = VoteCounter(self.smooth)
         batching_on = self.config.batching_on(self.device.type)
         self.batcher = AdaptiveBatcher(counter, self.config.batch_size // self.config.chunk_samples,
                                        self.config.max_latency_ms) if batching_on else None
         self.certifier = ServingCertifier(self.smooth, self.config.n0, self.config.alpha,
-                                          self.config.chunk_samples, self.batcher)
+                                          self.config.chunk_samples, self.batcher, self.config.batch_size)
         batching = (f"adaptive (BentoML CorkDispatcher, up to {self.config.batch_size} samples per pass)"
                     if self.batcher else f"off (one request at a time; setting batching = {self.config.batching!r})")
         self.card = model_card(self.bundle, str(self.device), batching)

@@ -74,6 +74,8 @@ def test_model_dir_round_trip_and_refusals(model_dir, classifier_dir, tmp_path):
     ({"sigma": 0.25, "n0": 0}, "n0 must be an integer >= 1"),
     ({"sigma": 0.25, "batch_size": 2.5}, "batch_size must be an integer"),
     ({"sigma": 0.25, "batching": "yes"}, 'batching must be true, false or "auto"'),
+    ({"sigma": 0.25, "forward_batch": 0}, 'forward_batch must be an integer >= 1 or "auto"'),
+    ({"sigma": 0.25, "forward_batch": "big"}, 'forward_batch must be an integer >= 1 or "auto"'),
     ({"sigma": 0.25, "chunk_samples": 2000}, "chunk_samples = 2000 exceeds batch_size"),
     ({"sigma": 0.25, "sigmaa": 1}, "unknown setting"),
 ])
@@ -365,3 +367,24 @@ def test_batching_auto_is_adaptive_on_gpu_only():
     assert forced.batching_on("cpu") and forced.batching_on("cuda")
     off = validate_config({"sigma": 0.25, "batching": False}, "test")
     assert not off.batching_on("cuda")
+
+
+def test_forward_batch_auto_is_cache_sized_on_cpu_only():
+    from serving.config import CPU_FORWARD_BATCH, validate_config
+
+    auto = validate_config({"sigma": 0.25, "batch_size": 500}, "test")
+    assert auto.forward_batch_on("cpu") == CPU_FORWARD_BATCH and auto.forward_batch_on("cuda") == 500
+    assert validate_config({"sigma": 0.25, "batch_size": 50, "chunk_samples": 50}, "t").forward_batch_on("cpu") == 50
+    assert validate_config({"sigma": 0.25, "forward_batch": 300}, "test").forward_batch_on("cpu") == 300
+
+
+def test_lone_requests_count_pass_samples_at_a_time_with_small_forward_passes(smooth, digits):
+    """One request at a time: pass_samples (not the forward batch) sets how much is counted together; the
+    certificates equal those of a certifier whose forward passes are as large as its passes."""
+    small = Smooth(smooth.classifier, smooth.num_classes, smooth.sigma, batch_size=16, workers=2)
+    images = digits[0][:2]
+    wide = _certify(ServingCertifier(smooth, 20, 0.001, 50, None), images, 200, seed=7)
+    narrow = ServingCertifier(small, 20, 0.001, 50, None, pass_samples=100)
+    assert narrow.pass_samples == 100
+    assert _certify(narrow, images, 200, seed=7) == wide
+    small.close()
