@@ -185,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     x = _images(args.batch_size, device)
     kwargs = {"in_channels": 1}
-    result = {"hardware": hardware_description(device), "allocator": allocator, "device": str(device), "batch_size": args.batch_size,
+    result = {"hardware": hardware_description(device), "allocator": allocator, "device": str(device),
+              "batch_size": args.batch_size,
               "denoiser": args.denoiser, "command": "python -m benchmarks.bench_training " + " ".join(
                   argv if argv is not None else sys.argv[1:]),
               "note": "provisional unless run on a quiet machine"}

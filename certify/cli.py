@@ -9,10 +9,16 @@ from pathlib import Path
 from transdenoiser.argtypes import open_unit_interval, positive_float, positive_int
 from transdenoiser.errors import UserError
 
-DEFAULT_BATCH = {"cpu": 64, "cuda": 4096}  # noisy samples per forward pass when --batch is not given (measured: RESULTS)
+DEFAULT_BATCH = {"cpu": 64, "cuda": 4096}  # noisy samples per forward pass without --batch (measured: RESULTS)
 # Spelled out so that registering the subcommands imports no torch (tests check them against the library's).
 MEMORY_FORMATS = ("auto", "channels_last", "contiguous")  # certify.core.MEMORY_FORMATS
 SPLITS = ("public", "private", "test")  # training.datasets.SPLITS
+
+
+def workers_arg(text: str) -> int | str:
+    """``--workers``: ``auto`` or an integer >= 1."""
+    return text if text == "auto" else positive_int(text)
+
 
 CERTIFY_DESCRIPTION = """\
 Certify images of a dataset split with randomized smoothing (Cohen et al., 2019): for each image,
@@ -92,6 +98,10 @@ def _add_run_args(p: argparse.ArgumentParser, task: str) -> None:
                            help="noisy samples per forward pass; several images share a pass (default: "
                                 f"{DEFAULT_BATCH['cpu']} on CPU, where cache-sized passes are fastest; "
                                 f"{DEFAULT_BATCH['cuda']} on GPU)")
+    smoothing.add_argument("--workers", type=workers_arg, default="auto",
+                           help="threads running forward passes side by side, torch's CPU threads shared out among "
+                                "them; counts do not depend on it (default: auto = one per torch thread, at most "
+                                "8, on CPU; 1 on GPU)")
     smoothing.add_argument("--memory-format", choices=MEMORY_FORMATS, default="auto",
                            help="auto: channels-last for convolutional models on CPU (faster), as given elsewhere")
     add_dataset_args(p)
@@ -191,7 +201,7 @@ def _run(args, task: str) -> int:
     n0 = args.n0 if task == "certify" else None
     batch = args.batch or DEFAULT_BATCH.get(device.type, DEFAULT_BATCH["cpu"])
     smooth = Smooth(pipeline.classifier, pipeline.num_classes, args.sigma, pipeline.denoiser, batch, device,
-                    args.memory_format)
+                    args.memory_format, args.workers)
     pack = pack_size((n0 or 0) + args.n, batch)
     fingerprint = split.fingerprint()
     trained = pipeline.classifier_metadata.get("dataset", {})
