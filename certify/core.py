@@ -185,10 +185,17 @@ class Smooth:
     def _predict_classes(self, batch: torch.Tensor) -> torch.Tensor:
         return self.base_logits(batch).argmax(dim=1)
 
+    def _pass_size(self, total: int) -> int:
+        """Samples per forward pass for ``total`` samples: ``batch_size``, or less so that every worker gets
+        a pass when there are fewer than ``workers`` passes' worth (one pass would leave the others idle)."""
+        if self.workers == 1:
+            return self.batch_size
+        return max(1, min(self.batch_size, math.ceil(total / self.workers)))
+
     def classify(self, samples: torch.Tensor) -> torch.Tensor:
         """The base pipeline's class for each of ``samples`` (N, C, H, W), in forward passes of at most
         ``batch_size`` samples spread over the workers; returned in the order of ``samples``."""
-        parts = samples.split(self.batch_size)
+        parts = samples.split(self._pass_size(len(samples)))
         if self.workers > 1 and len(parts) > 1:
             return torch.cat(list(self._executor().map(self._predict_classes, parts)))
         return torch.cat([self._predict_classes(part) for part in parts])
@@ -234,6 +241,7 @@ class Smooth:
         num_slots = images.shape[0] * len(phases)
         counts = torch.zeros(num_slots * self.num_classes, dtype=torch.long, device=self.device)
         piece = max(1, NOISE_PIECE_ELEMENTS // images[0].numel())
+        pass_size = self._pass_size(images.shape[0] * sum(int(num) for num in phases))
         pending: list[torch.Tensor] = []  # noisy samples waiting for a forward pass
         pending_slots: list[tuple[int, int]] = []  # (slot, number of samples), in the order of ``pending``
         in_flight: deque[tuple[Future | torch.Tensor, torch.Tensor]] = deque()  # (predictions, slot of each)
@@ -282,9 +290,9 @@ class Smooth:
                     pending_slots.append((j * len(phases) + p, size))
                     queued += size
                     remaining -= size
-                    while queued >= self.batch_size:
-                        forward(self.batch_size)
-                        queued -= self.batch_size
+                    while queued >= pass_size:
+                        forward(pass_size)
+                        queued -= pass_size
         if queued > 0:
             forward(queued)
         collect(0)

@@ -227,6 +227,17 @@ def test_parallel_forward_workers_give_the_same_counts():
     parallel.close()
 
 
+def test_small_calls_are_split_so_every_worker_gets_a_pass():
+    model = nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 10)).eval()
+    two = Smooth(model, num_classes=10, sigma=0.5, batch_size=1000, device="cpu", workers=2)
+    one = Smooth(model, num_classes=10, sigma=0.5, batch_size=1000, device="cpu", workers=1)
+    assert (two._pass_size(1000), two._pass_size(5000), two._pass_size(1)) == (500, 1000, 1)
+    assert one._pass_size(1000) == 1000
+    samples = torch.rand(7, 1, 28, 28)
+    assert torch.equal(two.classify(samples), one.classify(samples))
+    two.close()
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"workers": 0}, "workers must be"), ({"workers": "many"}, "workers must be"),
     ({"sigma": 0.0}, "sigma must be > 0"), ({"sigma": -1.0}, "sigma must be > 0"),
