@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from certify.cli import DEFAULT_BATCH, workers_arg
 from certify.core import Smooth, certificate_from_counts
 from certify.runner import certify_dataset
 from transdenoiser.runtime import hardware_description, keep_freed_memory, resolve_device
@@ -146,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline-batch", type=int, action="append", default=None, dest="baseline_batches",
                         help="the Cohen loop's batch; repeat the flag for several (default: 1000, the default of "
                              "Cohen et al.'s certify.py, and ours)")
-    parser.add_argument("--workers", default="auto", help="our forward-pass worker threads (default: auto)")
+    parser.add_argument("--workers", type=workers_arg, default="auto",
+                        help="our forward-pass worker threads (default: auto)")
     parser.add_argument("--sigma", type=float, default=0.25)
     parser.add_argument("--alpha", type=float, default=0.001)
     parser.add_argument("--repeats", type=int, default=1, help="measurements per side; the best counts (default: 1)")
@@ -161,12 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
-    from certify.cli import DEFAULT_BATCH
     from training.datasets import load_dataset
 
     args.batch = args.batch or DEFAULT_BATCH.get(device.type, DEFAULT_BATCH["cpu"])
     args.baseline_batches = sorted(set(args.baseline_batches or [COHEN_DEFAULT_BATCH, args.batch]), reverse=True)
-    args.workers = args.workers if args.workers == "auto" else int(args.workers)
 
     images, labels = load_dataset("mnist10k").test.tensors("cpu")
     images, labels = images[:args.images], labels[:args.images]

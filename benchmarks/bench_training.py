@@ -6,7 +6,7 @@ Prints one JSON object (also written to --out). Examples per second count exampl
 (fixed-size batches of --batch-size, so both DP implementations do identical work). Each implementation is
 built once and warmed up (--warmup steps: the first few dozen steps of either pay for kernel selection and
 allocation, and steady state is what a training run of thousands of steps sees); then --repeats blocks of
---steps timed steps alternate between sepdp and Opacus (order swapped every repeat), and the ratio is the
+--steps timed steps alternate between sepdp, Opacus and the others (order rotated every repeat); the ratio is the
 median of the per-repeat ratios, so a noisy neighbour slows both sides alike. Default run: ~1 min on 2 CPU
 cores.
 """
