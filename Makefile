@@ -25,7 +25,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-# Speed and load measurements of the demo's models (docs/RESULTS.md); about 10 minutes on 2 CPU cores.
+# Speed and load measurements of the demo's models (docs/RESULTS.md); about 2 minutes on 2 CPU cores.
 bench: $(STAMP)
 	@test -f runs/demo/denoiser/metadata.json || { echo "make bench measures the demo's models: run 'make demo' first"; exit 2; }
 	$(BIN)/python -m benchmarks.bench_certify --repeats 3 --classifier runs/demo/classifier --denoiser runs/demo/denoiser
