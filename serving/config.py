@@ -43,7 +43,7 @@ class ServingConfig:
     max_images: int = 16  # images per request
     max_payload_bytes: int = 2 * 1024 * 1024  # request body limit
     # adaptive batching across requests (true), one request at a time (false), or "auto": adaptive on a GPU only,
-    # because on CPU it measured slower than one at a time (docs/RESULTS.md, section 6)
+    # because on CPU it measured no faster than one at a time (0.91x-1.34x, docs/RESULTS.md, section 6)
     batching: bool | str = "auto"
     max_latency_ms: int = 120_000  # adaptive batching: a queued unit waiting longer is refused with 503
     allow_client_seed: bool = False  # accept a client "seed" (reproducible noise); see docs/SERVING.md
