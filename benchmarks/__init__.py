@@ -2,3 +2,16 @@
 
 A regular package: a "benchmarks" package in site-packages would shadow a namespace package.
 """
+
+
+def prepare_process(threads: int | None, device_name: str):
+    """The process set-up every benchmark shares: the CLI's allocator setting (applied to every side measured),
+    torch's CPU threads (None or 0: torch's choice) and the device. Returns (allocator note, device)."""
+    import torch
+
+    from transdenoiser.runtime import keep_freed_memory, resolve_device
+
+    allocator = "glibc heap kept (runtime.keep_freed_memory), both sides" if keep_freed_memory() else "system default"
+    if threads:
+        torch.set_num_threads(threads)
+    return allocator, resolve_device(device_name)

@@ -30,10 +30,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from benchmarks import prepare_process
 from certify.cli import DEFAULT_BATCH, workers_arg
 from certify.core import Smooth, certificate_from_counts
 from certify.runner import certify_dataset
-from transdenoiser.runtime import hardware_description, keep_freed_memory, resolve_device
+from transdenoiser.runtime import hardware_description
 
 DEFAULT_CLASSIFIER = Path("runs/classifier")
 COHEN_DEFAULT_BATCH = 1000  # the --batch default of Cohen et al.'s certify.py
@@ -159,10 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
-    allocator = "glibc heap kept (runtime.keep_freed_memory), both sides" if keep_freed_memory() else "system default"
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = resolve_device(args.device)
+    allocator, device = prepare_process(args.threads, args.device)
     from training.datasets import load_dataset
 
     args.batch = args.batch or DEFAULT_BATCH.get(device.type, DEFAULT_BATCH["cpu"])

@@ -21,9 +21,10 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import prepare_process
 from training.models import build_model, count_parameters
 from training.private_train import SepDPArm, TrainConfig, TransDenoiserArm
-from transdenoiser.runtime import hardware_description, keep_freed_memory, resolve_device
+from transdenoiser.runtime import hardware_description
 
 
 def _images(n: int, device, seed: int = 0) -> torch.Tensor:
@@ -170,10 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="instead: the ReLU-vs-smooth S_min study with the tiny denoiser (about 5 min CPU)")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
-    allocator = "glibc heap kept (runtime.keep_freed_memory), both sides" if keep_freed_memory() else "system default"
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = resolve_device(args.device)
+    allocator, device = prepare_process(args.threads, args.device)
     if args.activation_study is not None:
         study = {"hardware": hardware_description(device),
                  "activation_study": activation_study(args.activation_study, ["relu", "silu", "tanh", "softplus"],

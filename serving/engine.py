@@ -60,9 +60,6 @@ class VoteCounter:
         noise = torch.randn(batch.shape, generator=generator, device=device, dtype=image.dtype)
         return batch + noise * self.smooth.sigma
 
-    def predictions(self, samples: torch.Tensor) -> torch.Tensor:
-        return self.smooth.classify(samples)
-
     def counts(self, predictions: torch.Tensor) -> np.ndarray:
         return torch.bincount(predictions, minlength=self.smooth.num_classes).cpu().numpy()
 
@@ -77,13 +74,13 @@ class VoteCounter:
         if samples:
             order = list(samples)
             try:
-                predicted = self.predictions(torch.cat([samples[i] for i in order]))
+                predicted = self.smooth.classify(torch.cat([samples[i] for i in order]))
                 for i, part in zip(order, predicted.split([jobs[i].num_samples for i in order]), strict=True):
                     results[i] = self.counts(part)
             except Exception:  # noqa: BLE001 - isolate: evaluate job by job, so a failure stays with its job
                 for i in order:
                     try:
-                        results[i] = self.counts(self.predictions(samples[i]))
+                        results[i] = self.counts(self.smooth.classify(samples[i]))
                     except Exception as exc:  # noqa: BLE001
                         results[i] = exc
         return results  # type: ignore[return-value]

@@ -223,7 +223,7 @@ def test_parallel_forward_workers_give_the_same_counts():
     expected = serial.sample_counts_many(images, [40, 430], gens(serial))
     assert parallel.workers == 3
     assert np.array_equal(parallel.sample_counts_many(images, [40, 430], gens(parallel)), expected)
-    assert expected.sum() == 3 * 470 and len(np.unique(expected[:, 1].argmax(1))) >= 1
+    assert expected.sum() == 3 * 470
     parallel.close()
 
 

@@ -214,8 +214,7 @@ class DPArm(Arm):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        chunk = self.config.grad_chunk_size or None
-        self.per_example = PerExampleGradients(self.model, chunk_size=chunk)
+        self.per_example = PerExampleGradients(self.model, chunk_size=self.config.grad_chunk_size)
         self.clipper = PerExampleClipper(self.config.clip_norm)
         self.noise = GaussianNoise(self.config.clip_norm)
 
