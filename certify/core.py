@@ -323,3 +323,122 @@ class Smooth:
         validate_sampling(n0, n, alpha)
         counts = self.sample_counts_many(images, [n0, n], generators)
         return [certificate_from_counts(c[0], c[1], alpha, self.sigma) for c in counts]
+
+    def decide(self, x: torch.Tensor, radius: float, n0: int, n_max: int, alpha: float,
+               generator: torch.Generator | None = None, method: str | None = None) -> AdaptiveCertificate:
+        """Is the smoothed prediction at ``x`` certified at L2 ``radius``? Select a class with n0 samples, then draw
+        fresh estimation samples in rounds until an anytime-valid lower bound on pA reaches Phi(radius / sigma)
+        (certified), an anytime-valid upper bound falls below it (not certified), or ``n_max`` are spent.
+        The answer is wrong with probability at most ``alpha`` (docs/CERTIFY.md, "Adaptive certification")."""
+        return self.decide_many(x.unsqueeze(0), radius, n0, n_max, alpha, [generator], method)[0]
+
+    def decide_many(self, images: torch.Tensor, radius: float, n0: int, n_max: int, alpha: float,
+                    generators: Sequence[torch.Generator | None], method: str | None = None
+                    ) -> list[AdaptiveCertificate]:
+        """:meth:`decide` for a batch of images (B, C, H, W); the images' rounds share forward passes."""
+        rule = sequential_rule("decide", self.sigma, n_max, alpha, radius=radius, method=method)
+        return adaptive_many(self, images, n0, rule, generators)
+
+    def certify_adaptive(self, x: torch.Tensor, n0: int, n_max: int, alpha: float,
+                         generator: torch.Generator | None = None, tolerance: float | None = None,
+                         method: str | None = None) -> AdaptiveCertificate:
+        """Cohen's CERTIFY with at most ``n_max`` estimation samples, drawn in rounds: stop once more samples
+        cannot raise the certified radius by more than ``tolerance`` (default
+        :data:`certify.sequential.DEFAULT_TOLERANCE`). The radius comes from an anytime-valid lower bound on
+        pA and holds with probability >= 1 - alpha wherever the procedure stopped."""
+        return self.certify_adaptive_many(x.unsqueeze(0), n0, n_max, alpha, [generator], tolerance, method)[0]
+
+    def certify_adaptive_many(self, images: torch.Tensor, n0: int, n_max: int, alpha: float,
+                              generators: Sequence[torch.Generator | None], tolerance: float | None = None,
+                              method: str | None = None) -> list[AdaptiveCertificate]:
+        """:meth:`certify_adaptive` for a batch of images (B, C, H, W)."""
+        rule = sequential_rule("estimate", self.sigma, n_max, alpha, tolerance=tolerance, method=method)
+        return adaptive_many(self, images, n0, rule, generators)
+
+
+# ----------------------------------------------------------------------------------------------- adaptive
+
+@dataclass(frozen=True)
+class AdaptiveCertificate:
+    """Result of :meth:`Smooth.decide` or :meth:`Smooth.certify_adaptive` for one image.
+
+    ``mode``: ``decide`` (certified at ``radius``?) or ``estimate`` (largest radius under the budget).
+    ``outcome``: certified / not_certified / budget_spent (decide), estimated (estimate).
+    ``n``: estimation samples used (at most ``n_max``); ``samples`` = n0 + n, all noisy samples drawn.
+    ``p_lower``: the anytime-valid lower bound on pA at the stop (decide: Phi(R / sigma) when certified).
+    """
+
+    prediction: int  # class index, or ABSTAIN (decide: not certified at the radius)
+    radius: float  # certified L2 radius ([0,1]-pixel units); 0.0 when abstaining
+    p_lower: float
+    count: int  # estimation samples that voted for the selected class
+    n0: int
+    n: int
+    n_max: int
+    mode: str
+    outcome: str
+
+    @property
+    def abstained(self) -> bool:
+        return self.prediction == ABSTAIN
+
+    @property
+    def samples(self) -> int:
+        return self.n0 + self.n
+
+
+def sequential_rule(mode: str, sigma: float, n_max: int, alpha: float, radius: float | None = None,
+                    tolerance: float | None = None, method: str | None = None):
+    """The stopping rule of :meth:`Smooth.decide` (``mode="decide"``, needs ``radius``) or
+    :meth:`Smooth.certify_adaptive` (``mode="estimate"``): feed it to :class:`certify.sequential.SequentialTest`
+    to drive it from counts computed elsewhere."""
+    from certify.sequential import DEFAULT_METHOD, DEFAULT_TOLERANCE, DecideRule, EstimateRule, confidence_sequence
+
+    validate_sampling(None, n_max, alpha)
+    cs = confidence_sequence(method or DEFAULT_METHOD, n_max, alpha)
+    if mode == "decide":
+        if radius is None:
+            raise UserError("deciding needs the radius to decide at")
+        return DecideRule(cs, float(radius), sigma)
+    if mode == "estimate":
+        return EstimateRule(cs, sigma, DEFAULT_TOLERANCE if tolerance is None else float(tolerance))
+    raise UserError(f"mode must be 'decide' or 'estimate', got {mode!r}")
+
+
+def adaptive_certificate(rule, mode: str, top: int, outcome: int, count: int, n: int, p_lower: float,
+                         n0: int, sigma: float) -> AdaptiveCertificate:
+    """The certificate of one finished sequential test on the class ``top`` chosen by n0 selection samples."""
+    from certify.sequential import CERTIFIED, OUTCOME_NAMES, radius_of
+
+    if mode == "decide":
+        certified = outcome == CERTIFIED
+        return AdaptiveCertificate(top if certified else ABSTAIN, float(rule.radius) if certified else 0.0,
+                                   p_lower, count, n0, n, rule.cs.n_max, mode, OUTCOME_NAMES[outcome])
+    radius = float(radius_of(p_lower, sigma))
+    return AdaptiveCertificate(top if p_lower >= 0.5 else ABSTAIN, radius, p_lower, count, n0, n, rule.cs.n_max,
+                               mode, OUTCOME_NAMES[outcome])
+
+
+def adaptive_many(smooth: Smooth, images: torch.Tensor, n0: int, rule,
+                  generators: Sequence[torch.Generator | None]) -> list[AdaptiveCertificate]:
+    """Select each image's class with n0 samples, then run ``rule`` on fresh estimation samples of that class,
+    the active images of each round packed into shared forward passes (:func:`certify.sequential.run_streams`).
+    Each image draws from its own generator, selection first: what an image gets depends on its generator
+    and its own votes only, never on the other images."""
+    from certify.sequential import DecideRule, run_streams
+
+    if n0 < 1:
+        raise UserError(f"n0 must be >= 1, got {n0}")
+    selection = smooth.sample_counts_many(images, [n0], generators)[:, 0]
+    top = selection.argmax(axis=1)
+
+    def draw(active: np.ndarray, samples: int) -> np.ndarray:
+        counts = smooth.sample_counts_many(images[torch.as_tensor(active)], [samples],
+                                           [generators[i] for i in active])[:, 0]
+        return counts[np.arange(len(active)), top[active]]
+
+    mode = "decide" if isinstance(rule, DecideRule) else "estimate"
+    results = run_streams(rule, draw, images.shape[0])
+    return [adaptive_certificate(rule, mode, int(top[j]), int(results.outcome[j]), int(results.successes[j]),
+                                 int(results.samples[j]), float(results.p_lower[j]), n0, smooth.sigma)
+            for j in range(images.shape[0])]

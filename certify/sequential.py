@@ -1,0 +1,377 @@
+"""Anytime-valid confidence bounds on pA and the sequential certification rules built on them.
+
+Randomized smoothing certifies class cA at x with radius sigma * Phi^-1(pA) whenever pA is a lower
+bound on P[f(D(x + e)) = cA]. Cohen et al. draw a fixed number n of estimation samples and use one
+Clopper-Pearson bound. Here the estimation samples come in rounds and the procedure may stop after
+any round, on what it has seen so far. A bound computed at a data-dependent stopping time is only
+valid if it holds at every look at once, so both constructions below are *confidence sequences*:
+
+    P[ for every look k:  lower_k <= pA <= upper_k ] >= 1 - alpha     (each side alone: >= 1 - alpha)
+
+whatever pA is, so a certificate read off at any stopping time, however the time was chosen from
+the data, is wrong with probability at most alpha.
+
+- :class:`UnionClopperPearson`: the looks are a schedule t_1 < t_2 < ... < t_K = n_max fixed in
+  advance; look k uses a one-sided Clopper-Pearson bound at level alpha_k with sum_k alpha_k = alpha.
+  Each bound fails with probability <= alpha_k, so some bound fails with probability <= alpha (the
+  union bound). Weights: ``uniform`` (alpha / K each) or ``quadratic`` (proportional to 1 / k^2).
+- :class:`BetaBinomialMixture`: Robbins' mixture martingale. For a candidate p, with S successes
+  and F failures after t samples, M_t(p) = B(a + S, b + F) / B(a, b) / (p^S (1 - p)^F) is the
+  likelihood ratio of a Beta(a, b) mixture of Bernoulli laws against Bernoulli(p); under pA = p it is
+  a nonnegative martingale with M_0 = 1, so by Ville's inequality P[exists t: M_t(pA) >= 1/alpha] <= alpha.
+  The set {p : M_t(p) < 1/alpha} is an interval (p -> S ln p + F ln(1-p) is concave) that contains pA
+  at every t simultaneously with probability >= 1 - alpha. It is valid at every t, not only at looks.
+
+Rules (pure functions of the count stream, shared by ``Smooth`` and the validity simulations):
+- :class:`DecideRule`: is the prediction certified at L2 radius R? Stop with CERTIFIED as soon as
+  lower >= Phi(R / sigma), with NOT_CERTIFIED as soon as upper < Phi(R / sigma), with BUDGET_SPENT at
+  the last look. "Certified" is wrong only when lower > pA; "not certified" only when upper < pA; for a
+  given image at most one of the two answers can be wrong (pA is on one side of the threshold), so the
+  answer is wrong with probability <= alpha.
+- :class:`EstimateRule`: the largest certifiable radius: the running maximum of the lower bounds
+  (valid: all lower bounds hold at once), stopping once the radius cannot grow by more than
+  ``tolerance`` up to n_max: neither with every remaining sample voting for cA, nor past the radius of
+  the current upper bound on pA. The stopping rule only spends samples; it never touches validity.
+
+:func:`run_streams` drives a rule over many streams in rounds, drawing each round's counts from a
+callback: the noisy forward passes in :class:`certify.core.Smooth`, binomial draws in the tests.
+:class:`SequentialTest` is the same rule for one image fed counts from outside (e.g. a server that
+evaluates samples in its own batches).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.special import betaln
+from scipy.stats import beta, norm
+
+from transdenoiser.errors import UserError
+
+# Outcomes of one stream.
+CONTINUE = 0
+CERTIFIED = 1  # decide: lower bound >= Phi(R / sigma)
+NOT_CERTIFIED = 2  # decide: upper bound < Phi(R / sigma)
+BUDGET_SPENT = 3  # decide: n_max spent without an answer (reported as not certified, no claim)
+ESTIMATED = 4  # estimate: stopped; the radius comes from the lower bound
+OUTCOME_NAMES = {CONTINUE: "continue", CERTIFIED: "certified", NOT_CERTIFIED: "not_certified",
+                 BUDGET_SPENT: "budget_spent", ESTIMATED: "estimated"}
+
+METHODS = ("union-cp", "beta-mixture")
+DEFAULT_METHOD = "union-cp"  # fewer samples than the mixture on the demo models (docs/results/certify.md)
+DEFAULT_FIRST_LOOK = 64  # estimation samples before the first look
+DEFAULT_LOOK_RATIO = 1.5  # each look at about this many times the samples of the one before
+DEFAULT_SPENDING = "uniform"
+DEFAULT_TOLERANCE = 0.05  # estimate mode: stop when the radius cannot grow by more than this (L2, [0,1] pixels)
+DEFAULT_PRIOR = (1.0, 0.1)  # Beta(a, b) of the mixture: mass near 1, where the votes of most images lie
+BISECTION_STEPS = 60
+
+
+def geometric_looks(n_max: int, first: int = DEFAULT_FIRST_LOOK, ratio: float = DEFAULT_LOOK_RATIO) -> np.ndarray:
+    """Sample counts t_1 < ... < t_K = n_max at which the bounds are evaluated: first, about first * ratio, ..."""
+    if n_max < 1:
+        raise UserError(f"the sample budget must be >= 1, got {n_max}")
+    if first < 1:
+        raise UserError(f"the first look must be >= 1 sample, got {first}")
+    if not ratio > 1:
+        raise UserError(f"the look ratio must be > 1, got {ratio}")
+    looks, t = [], first
+    while t < n_max:
+        looks.append(t)
+        t = max(t + 1, math.ceil(t * ratio))
+    looks.append(n_max)
+    return np.asarray(looks, dtype=np.int64)
+
+
+def radius_of(p_lower: np.ndarray | float, sigma: float) -> np.ndarray:
+    """sigma * Phi^-1(p) where p >= 1/2, else 0 (no certificate)."""
+    p = np.asarray(p_lower, dtype=float)
+    return np.where(p >= 0.5, sigma * norm.ppf(np.clip(p, 0.5, 1.0)), 0.0)
+
+
+class ConfidenceSequence:
+    """Bounds on a Bernoulli mean at the looks ``looks``; both sides hold at every look with prob >= 1 - alpha."""
+
+    name = "abstract"
+
+    def __init__(self, looks: np.ndarray, alpha: float):
+        if not 0 < alpha < 1:
+            raise UserError(f"alpha must lie strictly between 0 and 1, got {alpha}")
+        looks = np.asarray(looks, dtype=np.int64)
+        if looks.ndim != 1 or len(looks) == 0 or looks[0] < 1 or np.any(np.diff(looks) <= 0):
+            raise ValueError("looks must be increasing sample counts >= 1")
+        self.looks = looks
+        self.alpha = float(alpha)
+
+    @property
+    def n_max(self) -> int:
+        return int(self.looks[-1])
+
+    def lower(self, successes: np.ndarray, look: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def upper(self, successes: np.ndarray, look: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def lower_at_least(self, successes: np.ndarray, look: int, p: float) -> np.ndarray:
+        """lower(successes, look) >= p, decided without rounding error where the construction allows."""
+        return self.lower(successes, look) >= p
+
+    def upper_below(self, successes: np.ndarray, look: int, p: float) -> np.ndarray:
+        return self.upper(successes, look) < p
+
+    def describe(self) -> dict:
+        return {"method": self.name, "alpha": self.alpha, "looks": [int(t) for t in self.looks]}
+
+
+class UnionClopperPearson(ConfidenceSequence):
+    """One-sided Clopper-Pearson bounds at level alpha_k at look k, with sum_k alpha_k = alpha (union bound)."""
+
+    name = "union-cp"
+    SPENDINGS = ("uniform", "quadratic")
+
+    def __init__(self, looks: np.ndarray, alpha: float, spending: str = DEFAULT_SPENDING):
+        super().__init__(looks, alpha)
+        if spending not in self.SPENDINGS:
+            raise UserError(f"spending must be one of {', '.join(self.SPENDINGS)}, got {spending!r}")
+        k = np.arange(1, len(self.looks) + 1, dtype=float)
+        weights = np.ones_like(k) if spending == "uniform" else 1.0 / k ** 2
+        self.spending = spending
+        self.alphas = self.alpha * weights / weights.sum()
+
+    def lower(self, successes: np.ndarray, look: int) -> np.ndarray:
+        s = np.asarray(successes, dtype=float)
+        t = float(self.looks[look])
+        bound = beta.ppf(self.alphas[look], np.maximum(s, 1.0), t - s + 1.0)
+        return np.where(s > 0, bound, 0.0)
+
+    def upper(self, successes: np.ndarray, look: int) -> np.ndarray:
+        s = np.asarray(successes, dtype=float)
+        t = float(self.looks[look])
+        bound = beta.ppf(1.0 - self.alphas[look], s + 1.0, np.maximum(t - s, 1.0))
+        return np.where(s < t, bound, 1.0)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "spending": self.spending, "alpha_per_look": [float(a) for a in self.alphas]}
+
+
+class BetaBinomialMixture(ConfidenceSequence):
+    """Robbins' Beta(a, b) mixture confidence sequence (Ville's inequality); valid at every sample count."""
+
+    name = "beta-mixture"
+
+    def __init__(self, looks: np.ndarray, alpha: float, prior: tuple[float, float] = DEFAULT_PRIOR):
+        super().__init__(looks, alpha)
+        a, b = prior
+        if not (a > 0 and b > 0):
+            raise UserError(f"the Beta prior's parameters must be > 0, got {prior}")
+        self.prior = (float(a), float(b))
+        self.log_threshold = math.log(1.0 / self.alpha)
+
+    def log_martingale(self, successes: np.ndarray, trials: np.ndarray | int, p: np.ndarray | float) -> np.ndarray:
+        """ln M_t(p) = ln B(a + S, b + F) - ln B(a, b) - S ln p - F ln(1 - p)."""
+        a, b = self.prior
+        s = np.asarray(successes, dtype=float)
+        f = np.asarray(trials, dtype=float) - s
+        p = np.asarray(p, dtype=float)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            log_likelihood = np.where(s > 0, s * np.log(p), 0.0) + np.where(f > 0, f * np.log1p(-p), 0.0)
+        return betaln(a + s, b + f) - betaln(a, b) - log_likelihood
+
+    def _bisect(self, s: np.ndarray, t: float, low: np.ndarray, high: np.ndarray, rising: bool) -> np.ndarray:
+        """The end of {p : ln M < ln 1/alpha} in [low, high], returned on the rejected (conservative) side."""
+        for _ in range(BISECTION_STEPS):
+            mid = (low + high) / 2
+            rejected = self.log_martingale(s, t, mid) >= self.log_threshold
+            if rising:  # rejected above the end: keep ``high`` rejected
+                high = np.where(rejected, mid, high)
+                low = np.where(rejected, low, mid)
+            else:  # rejected below the end: keep ``low`` rejected
+                low = np.where(rejected, mid, low)
+                high = np.where(rejected, high, mid)
+        return high if rising else low
+
+    def lower(self, successes: np.ndarray, look: int) -> np.ndarray:
+        s = np.asarray(successes, dtype=float)
+        t = float(self.looks[look])
+        mle = s / t
+        bound = self._bisect(s, t, np.zeros_like(s), mle, rising=False)
+        return np.where(s > 0, bound, 0.0)
+
+    def upper(self, successes: np.ndarray, look: int) -> np.ndarray:
+        s = np.asarray(successes, dtype=float)
+        t = float(self.looks[look])
+        mle = s / t
+        bound = self._bisect(s, t, mle, np.ones_like(s), rising=True)
+        return np.where(s < t, bound, 1.0)
+
+    def lower_at_least(self, successes: np.ndarray, look: int, p: float) -> np.ndarray:
+        # The confidence set is an interval around S/t: its lower end is >= p iff p <= S/t and p is rejected.
+        s = np.asarray(successes, dtype=float)
+        t = float(self.looks[look])
+        return (s >= p * t) & (self.log_martingale(s, t, p) >= self.log_threshold)
+
+    def upper_below(self, successes: np.ndarray, look: int, p: float) -> np.ndarray:
+        s = np.asarray(successes, dtype=float)
+        t = float(self.looks[look])
+        return (s < p * t) & (self.log_martingale(s, t, p) >= self.log_threshold)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "prior": list(self.prior)}
+
+
+def confidence_sequence(method: str, n_max: int, alpha: float, first_look: int = DEFAULT_FIRST_LOOK,
+                        look_ratio: float = DEFAULT_LOOK_RATIO) -> ConfidenceSequence:
+    """The named construction over the geometric looks up to ``n_max``."""
+    looks = geometric_looks(n_max, first_look, look_ratio)
+    if method == "union-cp":
+        return UnionClopperPearson(looks, alpha)
+    if method == "beta-mixture":
+        return BetaBinomialMixture(looks, alpha)
+    raise UserError(f"sequential method must be one of {', '.join(METHODS)}, got {method!r}")
+
+
+# ----------------------------------------------------------------------------------------------- rules
+
+class Rule:
+    """A stopping rule over the looks of ``cs``: ``step`` maps counts at look k to outcomes (CONTINUE or final)."""
+
+    cs: ConfidenceSequence
+
+    @property
+    def looks(self) -> np.ndarray:
+        return self.cs.looks
+
+    def step(self, look: int, successes: np.ndarray, best_lower: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class DecideRule(Rule):
+    """Certified at L2 radius ``radius``? (threshold Phi(radius / sigma) on pA)."""
+
+    cs: ConfidenceSequence
+    radius: float
+    sigma: float
+
+    def __post_init__(self):
+        if not (math.isfinite(self.radius) and self.radius > 0):
+            raise UserError(f"the radius to decide must be > 0, got {self.radius}")
+
+    @property
+    def threshold(self) -> float:
+        return float(norm.cdf(self.radius / self.sigma))
+
+    def step(self, look: int, successes: np.ndarray, best_lower: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        certified = self.cs.lower_at_least(successes, look, self.threshold)
+        rejected = self.cs.upper_below(successes, look, self.threshold) & ~certified
+        last = look == len(self.looks) - 1
+        outcome = np.where(certified, CERTIFIED, np.where(rejected, NOT_CERTIFIED,
+                                                          BUDGET_SPENT if last else CONTINUE))
+        return outcome.astype(np.int8), np.where(certified, np.maximum(best_lower, self.threshold), best_lower)
+
+
+@dataclass(frozen=True)
+class EstimateRule(Rule):
+    """The largest certifiable radius under the budget; stop when it cannot grow by more than ``tolerance``."""
+
+    cs: ConfidenceSequence
+    sigma: float
+    tolerance: float = DEFAULT_TOLERANCE
+
+    def __post_init__(self):
+        if not (math.isfinite(self.tolerance) and self.tolerance >= 0):
+            raise UserError(f"the radius tolerance must be >= 0, got {self.tolerance}")
+
+    def step(self, look: int, successes: np.ndarray, best_lower: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        lower = np.maximum(best_lower, self.cs.lower(successes, look))
+        last = len(self.looks) - 1
+        if look == last:
+            return np.full(len(lower), ESTIMATED, dtype=np.int8), lower
+        remaining = self.cs.n_max - int(self.looks[look])
+        all_remaining = self.cs.lower(np.asarray(successes) + remaining, last)  # every sample left votes for cA
+        ceiling = np.maximum(np.minimum(self.cs.upper(successes, look), all_remaining), lower)
+        done = radius_of(ceiling, self.sigma) - radius_of(lower, self.sigma) <= self.tolerance
+        return np.where(done, ESTIMATED, CONTINUE).astype(np.int8), lower
+
+
+# ----------------------------------------------------------------------------------------------- drivers
+
+@dataclass
+class StreamResults:
+    """Per stream: final outcome, votes for cA and estimation samples used at the stop, lower bound on pA."""
+
+    outcome: np.ndarray
+    successes: np.ndarray
+    samples: np.ndarray
+    p_lower: np.ndarray
+    stop_look: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+
+Draw = Callable[[np.ndarray, int], np.ndarray]
+
+
+def run_streams(rule: Rule, draw: Draw, count: int) -> StreamResults:
+    """Run ``rule`` over ``count`` streams: at each look, ``draw(active, m)`` returns the votes for cA among
+    m fresh samples of each active stream (indices ``active``); stopped streams draw nothing more."""
+    successes = np.zeros(count, dtype=np.int64)
+    samples = np.zeros(count, dtype=np.int64)
+    outcome = np.full(count, CONTINUE, dtype=np.int8)
+    p_lower = np.zeros(count)
+    stop_look = np.full(count, -1, dtype=np.int64)
+    previous = 0
+    for look, t in enumerate(rule.looks):
+        active = np.flatnonzero(outcome == CONTINUE)
+        if active.size == 0:
+            break
+        increment = int(t) - previous
+        votes = np.asarray(draw(active, increment), dtype=np.int64)
+        if votes.shape != active.shape or np.any(votes < 0) or np.any(votes > increment):
+            raise ValueError(f"draw returned {votes!r} for {active.size} streams of {increment} samples")
+        successes[active] += votes
+        samples[active] = t
+        result, p_lower[active] = rule.step(look, successes[active], p_lower[active])
+        outcome[active] = result
+        stop_look[active[result != CONTINUE]] = look
+        previous = int(t)
+    return StreamResults(outcome, successes, samples, p_lower, stop_look)
+
+
+class SequentialTest:
+    """One image's sequential test, fed counts from outside: ask ``samples_needed``, evaluate that many fresh
+    noisy samples, ``observe`` the votes for the selected class; repeat until ``done``.
+
+    The same rule and the same looks as :func:`run_streams` (and so as ``Smooth.decide`` /
+    ``Smooth.certify_adaptive``); a caller may evaluate the samples in any batches it likes."""
+
+    def __init__(self, rule: Rule):
+        self.rule = rule
+        self.look = 0
+        self.successes = 0
+        self.samples = 0
+        self.outcome = CONTINUE
+        self.p_lower = 0.0
+
+    @property
+    def done(self) -> bool:
+        return self.outcome != CONTINUE
+
+    @property
+    def samples_needed(self) -> int:
+        """Fresh estimation samples to evaluate before the next look (0 once done)."""
+        return 0 if self.done else int(self.rule.looks[self.look]) - self.samples
+
+    def observe(self, votes: int, samples: int) -> int:
+        """Record ``votes`` for the selected class among ``samples`` (= ``samples_needed``) fresh samples."""
+        if self.done:
+            raise ValueError("the test has already stopped")
+        if samples != self.samples_needed or not 0 <= votes <= samples:
+            raise ValueError(f"expected the votes among {self.samples_needed} samples, got {votes} of {samples}")
+        self.successes += int(votes)
+        self.samples += int(samples)
+        result, lower = self.rule.step(self.look, np.array([self.successes]), np.array([self.p_lower]))
+        self.outcome, self.p_lower = int(result[0]), float(lower[0])
+        self.look += 1
+        return self.outcome
