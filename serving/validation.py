@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import io
 import json
-import warnings
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,8 @@ from serving.engine import MAX_SEED
 IMAGE_FORMATS = ("PNG", "JPEG")
 MODE_CHANNELS = {"L": 1, "RGB": 3}  # the PIL modes accepted, and their channel counts
 JSON_KEYS = ("images", "n", "seed")
+MAX_INTEGER_DIGITS = 40  # longest integer literal read from a body: n and seed need at most 19 digits
+PLAIN_DECIMAL = re.compile(rf"[0-9]{{1,{MAX_INTEGER_DIGITS}}}", re.ASCII)  # form fields: digits only
 
 
 class RequestError(Exception):
@@ -74,6 +76,26 @@ def check_count(count: int, config: ServingConfig) -> None:
         raise _bad(f"{count} images in one request; this server takes at most {config.max_images} (max_images)")
 
 
+def json_image_array(image: list, index: int, shape: tuple[int, int, int]) -> np.ndarray:
+    """A decoded JSON image (nested lists) as a float64 array, refusing anything but JSON numbers: ``true`` and
+    ``false`` are never pixels (NumPy would read them as 1.0 and 0.0 among floats), nor are strings or nulls."""
+    ragged = _bad(f"image {index}: expected a rectangular array of numbers of shape {list(shape)} (C, H, W), "
+                  f"got ragged or non-numeric data")
+    try:
+        cells = np.asarray(image, dtype=object)
+    except (ValueError, TypeError):
+        raise ragged from None
+    kinds = {type(value) for value in cells.flat}
+    if bool in kinds:
+        raise _bad(f"image {index}: contains true/false; pixels must be numbers in [0, 1]")
+    if not kinds <= {int, float}:  # strings, nulls, objects, or lists left inside a ragged array
+        raise ragged
+    try:
+        return cells.astype(np.float64)
+    except OverflowError:  # an integer beyond float64's range
+        raise _bad(f"image {index}: contains a number too large for a pixel value") from None
+
+
 def check_pixels(array: np.ndarray, index: int, shape: tuple[int, int, int]) -> torch.Tensor:
     """A (C, H, W) array of finite values in [0, 1] as float32, or a RequestError; never reshaped."""
     if array.dtype == object or array.dtype.kind not in "iuf":
@@ -90,10 +112,20 @@ def check_pixels(array: np.ndarray, index: int, shape: tuple[int, int, int]) -> 
     return torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
 
 
+def _json_int(literal: str) -> int:
+    """JSON integer literals, refusing over-long ones before Python's int-string limit (4300 digits) raises."""
+    if len(literal.lstrip("-")) > MAX_INTEGER_DIGITS:
+        raise _bad(f"a JSON integer of {len(literal.lstrip('-'))} digits; integers here (n, seed, pixel values) "
+                   f"have at most {MAX_INTEGER_DIGITS} digits")
+    return int(literal)
+
+
 def parse_json(body: bytes, config: ServingConfig, shape: tuple[int, int, int]) -> PredictRequest:
     try:
-        payload = json.loads(body)  # NaN/Infinity literals parse, then are refused by check_pixels
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        payload = json.loads(body, parse_int=_json_int)  # NaN/Infinity parse, then are refused by check_pixels
+    except RequestError:
+        raise
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # JSONDecodeError is a ValueError
         raise _bad(f"body is not valid JSON ({exc})") from None
     if not isinstance(payload, dict):
         raise _bad('expected a JSON object {"images": [...], "n": N, "seed": S}')
@@ -116,13 +148,7 @@ def parse_payload(payload: dict[str, Any], config: ServingConfig, shape: tuple[i
     seed = check_seed(payload.get("seed"), config)
     tensors = []
     for index, image in enumerate(images):
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                array = np.asarray(image)
-        except (ValueError, TypeError, OverflowError):
-            array = np.asarray([], dtype=object)
-        tensors.append(check_pixels(array, index, shape))
+        tensors.append(check_pixels(json_image_array(image, index, shape), index, shape))
     return PredictRequest(torch.stack(tensors), n, seed)
 
 
@@ -151,15 +177,17 @@ def decode_image(data: bytes, index: int, name: str, shape: tuple[int, int, int]
     return torch.from_numpy(np.ascontiguousarray(pixels)).float().div_(255.0)
 
 
-def _form_int(value: Any, key: str) -> int | None:
+def form_int(value: Any, key: str) -> int | None:
+    """A form field holding a plain decimal integer: ASCII digits only (no sign, no spaces, no '1_000', no
+    non-ASCII digits, which Python's ``int`` would all accept), at most ``MAX_INTEGER_DIGITS`` of them."""
     if value is None:
         return None
     if not isinstance(value, str):
         raise _bad(f"'{key}' must be a plain form field, not a file")
-    try:
-        return int(value.strip())
-    except ValueError:
-        raise _bad(f"'{key}' must be an integer, got {value!r}") from None
+    if not PLAIN_DECIMAL.fullmatch(value):
+        shown = value if len(value) <= 40 else value[:40] + "..."
+        raise _bad(f"'{key}' must be a plain decimal integer (ASCII digits only), got {shown!r}")
+    return int(value)
 
 
 async def parse_multipart(request, config: ServingConfig, shape: tuple[int, int, int]) -> PredictRequest:
@@ -183,8 +211,8 @@ async def parse_multipart(request, config: ServingConfig, shape: tuple[int, int,
             raise _bad(f"unknown form field(s) {', '.join(map(repr, unknown))}; known: {', '.join(JSON_KEYS)}")
         files = form.getlist("images")
         check_count(len(files), config)
-        n = check_n(_form_int(form.get("n"), "n"), config)
-        seed = check_seed(_form_int(form.get("seed"), "seed"), config)
+        n = check_n(form_int(form.get("n"), "n"), config)
+        seed = check_seed(form_int(form.get("seed"), "seed"), config)
         tensors = []
         for index, upload in enumerate(files):
             if not isinstance(upload, UploadFile):
