@@ -28,6 +28,7 @@ def register(name: str):
 
 def build_model(architecture: str, **kwargs) -> nn.Module:
     """Build a registered architecture, or ``torchvision:NAME`` for any torchvision classification model."""
+    import training.convex.head  # noqa: F401  (registers the private linear head, linear-probe)
     import training.denoisers  # noqa: F401  (registers the denoiser architectures)
 
     if architecture.startswith("torchvision:"):
@@ -42,6 +43,7 @@ def build_model(architecture: str, **kwargs) -> nn.Module:
 
 
 def architectures() -> list[str]:
+    import training.convex.head  # noqa: F401
     import training.denoisers  # noqa: F401
 
     return sorted(_REGISTRY)
