@@ -10,7 +10,9 @@ increases that loss at the true labels; a targeted attack decreases it at the ta
 Only the pixels get gradients (``torch.autograd.grad`` with respect to the input alone), so the
 models' parameters are never touched. Perturbation norms are guaranteed: the realised
 ``x_adv - x`` is checked in float64 after clipping and any example a rounding pushed past its
-eps is shrunk until it fits.
+eps is shrunk until it fits. Setting ``Attack.strict_budget = True`` (the tests do) raises
+:class:`BudgetViolation` whenever the projection left more than float rounding to repair, so a broken
+projection cannot hide behind that final safety net.
 """
 from __future__ import annotations
 
@@ -42,6 +44,17 @@ def check_eps(eps: float | torch.Tensor) -> None:
         raise UserError(f"eps must be a finite number >= 0 (pixels in [0,1]), got {eps}")
 
 
+class BudgetViolation(AssertionError):
+    """Strict mode only: projection left a perturbation past its budget by more than float rounding."""
+
+
+def rounding_slack(x: torch.Tensor, norm: str) -> float:
+    """How far past eps float rounding alone can leave a projected perturbation of ``x`` (N, ...): a few ulps
+    of a pixel per coordinate (summed in quadrature for L2)."""
+    per_coordinate = 4 * torch.finfo(x.dtype).eps
+    return per_coordinate * (math.sqrt(x[0].numel()) if norm == "l2" and len(x) else 1.0)
+
+
 def perturbation_norms(delta: torch.Tensor, norm: str) -> torch.Tensor:
     """Per-example L2 or Linf norm of ``delta`` (N, ...), in float64."""
     flat = delta.detach().reshape(len(delta), -1).double()
@@ -61,6 +74,7 @@ class Attack:
     """
 
     name = "attack"
+    strict_budget = False  # True: raise BudgetViolation instead of silently repairing a broken projection
 
     def __init__(self, threat: Threat, norm: str, eps: float | torch.Tensor, targeted: bool = False,
                  device: torch.device | str | None = None):
@@ -160,6 +174,12 @@ class Attack:
         """Guarantee ||adv - x|| <= exact_eps (measured in float64) and adv in [0, 1]."""
         adv = self.project(adv.detach(), x, eps)
         limit = exact_eps
+        if self.strict_budget:
+            excess = float((perturbation_norms(adv - x, self.norm) - limit).max()) if len(x) else 0.0
+            outside = bool(len(x)) and (float(adv.min()) < 0 or float(adv.max()) > 1)
+            if excess > rounding_slack(x, self.norm) or outside:
+                raise BudgetViolation(f"{self.name}/{self.norm}: projection left a perturbation {excess:.3g} past "
+                                      f"its budget (pixels outside [0, 1]: {outside})")
         for _ in range(MAX_SHRINK_RETRIES):
             over = perturbation_norms(adv - x, self.norm) > limit
             if not bool(over.any()):
@@ -167,7 +187,8 @@ class Attack:
             delta = (adv - x) * SHRINK_FACTOR
             adv = torch.where(_per_example(over, adv), (x + delta).clamp(0.0, 1.0), adv)
         over = perturbation_norms(adv - x, self.norm) > limit
-        return torch.where(_per_example(over, adv), x, adv)  # never reached in practice: fall back to no change
+        # reached only when the pixels' float spacing is coarse against eps itself (budgets near 1e-6): no change
+        return torch.where(_per_example(over, adv), x, adv)
 
 
 class FGSM(Attack):
