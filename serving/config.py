@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,12 @@ class ServingConfig:
     # adaptive batching across requests (true), one request at a time (false), or "auto": adaptive on a GPU only,
     # because on CPU it measured no faster than one at a time (0.91x-1.34x, docs/RESULTS.md, section 6)
     batching: bool | str = "auto"
-    max_latency_ms: int = 120_000  # adaptive batching: a queued unit waiting longer is refused with 503
+    round_samples: int = 200  # noisy samples one request computes per scheduling round (fair share of a pass)
+    max_latency_ms: int = 120_000  # deadline: a request not answered this long after it arrived stops, 504
+    max_request_samples: int = 200_000  # compute budget per request: images x (n0 + n) noisy samples
+    max_queued_requests: int = 64  # requests in flight at once; one more is refused with 503 and Retry-After
+    # secret of the keyed noise (>= 32 characters); unset: random at start-up. Never shown (repr=False).
+    noise_key: str | None = field(default=None, repr=False)
     allow_client_seed: bool = False  # accept a client "seed" (reproducible noise); see docs/SERVING.md
     classifier: str = "classifier"  # checkpoint directory, relative to the model directory
     denoiser: str | None = None  # optional denoiser checkpoint directory, relative to the model directory
@@ -64,7 +69,9 @@ class ServingConfig:
         return self.batching if isinstance(self.batching, bool) else device_type == "cuda"
 
 
-_INT_KEYS = ("n0", "n", "max_n", "batch_size", "chunk_samples", "max_images", "max_payload_bytes", "max_latency_ms")
+_INT_KEYS = ("n0", "n", "max_n", "batch_size", "chunk_samples", "max_images", "max_payload_bytes", "max_latency_ms",
+             "round_samples", "max_request_samples", "max_queued_requests")
+MIN_NOISE_KEY_CHARS = 32
 _BOOL_KEYS = ("allow_client_seed",)
 
 
@@ -102,6 +109,10 @@ def validate_config(raw: dict[str, Any], source: str) -> ServingConfig:
     for key in ("classifier", "denoiser"):
         if key in raw and raw[key] is not None and (not isinstance(raw[key], str) or not raw[key]):
             raise bad(key, "a directory name (string)")
+    if raw.get("noise_key") is not None and (not isinstance(raw["noise_key"], str)
+                                             or len(raw["noise_key"]) < MIN_NOISE_KEY_CHARS):
+        raise UserError(f"{source}: noise_key must be a secret string of at least {MIN_NOISE_KEY_CHARS} characters "
+                        f"(e.g. python -c 'import secrets; print(secrets.token_hex(32))'), or left out")
     config = ServingConfig(**{**raw, "sigma": float(sigma), "alpha": float(raw.get("alpha", ServingConfig.alpha))})
     if config.n > config.max_n:
         raise UserError(f"{source}: default n = {config.n} exceeds max_n = {config.max_n}")

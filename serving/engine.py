@@ -1,28 +1,28 @@
-"""Certification for the server: Cohen's CERTIFY split into noise jobs that concurrent requests can share.
+"""Certification for the server: Cohen's CERTIFY split into noise jobs that a scheduler computes pass by pass.
 
 Each image of a request becomes *noise jobs* of at most ``chunk_samples`` noisy samples: selection
 jobs (``n0`` samples in total) and estimation jobs (``n`` samples), never sharing a draw. Every job
-carries its own seed, derived from the request seed, the image index, the phase and the chunk index,
-so a request's certificates depend on its seed only, never on which other requests shared its forward
-passes. ``VoteCounter`` evaluates any list of jobs in shared forward passes; a job that fails yields its
-own exception and never another job's. The certificate is ``certify.core.certificate_from_counts``
-(Clopper-Pearson lower bound pA, radius sigma * Phi^-1(pA), abstain when pA < 1/2).
+carries its own seed, derived from the image's noise seed (``serving.noise``), the phase and the chunk
+index, so a certificate depends on the image's seed only, never on how the jobs were grouped into forward
+passes or which other requests shared them. ``VoteCounter`` evaluates any list of jobs in shared forward
+passes; a job that fails yields its own exception and never another job's. ``CertifyWork`` is the work of
+one certify request for ``serving.scheduler.FairScheduler``; its certificate is
+``certify.core.certificate_from_counts`` (Clopper-Pearson lower bound pA, radius sigma * Phi^-1(pA),
+abstain when pA < 1/2), the same rule as ``certify.core.Smooth.certify``.
 """
 from __future__ import annotations
 
-import asyncio
-import secrets
-from collections.abc import Awaitable, Callable, Sequence
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-import anyio
 import numpy as np
 import torch
 
 from certify.core import Certificate, Smooth, certificate_from_counts
+from serving.noise import MAX_SEED
 
 SELECTION, ESTIMATION = 0, 1
-MAX_SEED = 2**63 - 1  # torch generators take seeds in [0, 2^64); JSON clients handle 63 bits safely
 
 
 @dataclass(frozen=True)
@@ -34,15 +34,10 @@ class NoiseJob:
     seed: int
 
 
-def job_seed(request_seed: int, image_index: int, phase: int, chunk_index: int) -> int:
-    """A seed for one job, independent across (image, phase, chunk) (NumPy's SeedSequence hashing)."""
-    state = np.random.SeedSequence([request_seed, image_index, phase, chunk_index]).generate_state(2, np.uint32)
+def job_seed(image_seed: int, phase: int, chunk_index: int) -> int:
+    """A seed for one job, independent across (phase, chunk) for one image seed (NumPy's SeedSequence hashing)."""
+    state = np.random.SeedSequence([image_seed, phase, chunk_index]).generate_state(2, np.uint32)
     return (int(state[0]) << 32 | int(state[1])) & MAX_SEED
-
-
-def fresh_seed() -> int:
-    """A request seed from the operating system's CSPRNG: noise no client can predict or choose."""
-    return secrets.randbelow(MAX_SEED + 1)
 
 
 class VoteCounter:
@@ -86,61 +81,55 @@ class VoteCounter:
         return results  # type: ignore[return-value]
 
 
-def plan_jobs(images: torch.Tensor, n0: int, n: int, chunk_samples: int, request_seed: int,
+def plan_jobs(images: torch.Tensor, image_seeds: Sequence[int], n0: int, n: int, chunk_samples: int,
               ) -> list[tuple[int, int, NoiseJob]]:
     """(image index, phase, job) for every chunk of every image's selection and estimation samples."""
     plan = []
-    for index, image in enumerate(images):
+    for index, (image, seed) in enumerate(zip(images, image_seeds, strict=True)):
         for phase, total in ((SELECTION, n0), (ESTIMATION, n)):
             for chunk, start in enumerate(range(0, total, chunk_samples)):
                 size = min(chunk_samples, total - start)
-                plan.append((index, phase, NoiseJob(image, size, job_seed(request_seed, index, phase, chunk))))
+                plan.append((index, phase, NoiseJob(image, size, job_seed(seed, phase, chunk))))
     return plan
 
 
-JobRunner = Callable[[NoiseJob], Awaitable[np.ndarray]]
+class CertifyWork:
+    """The work of one certify request for the scheduler: every image's selection and estimation jobs, in
+    image order; ``result()`` gives one certificate per image once every job's counts are in."""
 
+    kind = "certify"
 
-class ServingCertifier:
-    """Certifies the images of one request, with jobs run by an adaptive batcher or one request at a time."""
+    def __init__(self, images: torch.Tensor, image_seeds: Sequence[int], n0: int, n: int, alpha: float,
+                 sigma: float, num_classes: int, chunk_samples: int):
+        self.alpha, self.sigma = alpha, sigma
+        self.image_seeds = list(image_seeds)
+        self._pending: deque[tuple[tuple[int, int], NoiseJob]] = deque(
+            ((index, phase), job) for index, phase, job in plan_jobs(images, image_seeds, n0, n, chunk_samples))
+        self._totals = np.zeros((len(images), 2, num_classes), dtype=np.int64)
+        self._outstanding = 0  # jobs handed out whose counts are not in yet
+        self.planned_samples = len(images) * (n0 + n)
+        self.samples_left = self.planned_samples  # not yet handed out
 
-    def __init__(self, smooth: Smooth, n0: int, alpha: float, chunk_samples: int,
-                 job_runner: JobRunner | None = None, pass_samples: int | None = None):
-        self.smooth = smooth
-        self.pass_samples = pass_samples or smooth.batch_size  # samples counted together, one request at a time
-        self.n0 = n0
-        self.alpha = alpha
-        self.chunk_samples = chunk_samples
-        self.counter = VoteCounter(smooth)
-        self.job_runner = job_runner  # None: the request's jobs run together, one request at a time
-        self._one_at_a_time: anyio.CapacityLimiter | None = None  # made on the server's event loop
+    def take(self, max_samples: int) -> list[tuple[tuple[int, int], NoiseJob]]:
+        """The next jobs, at most ``max_samples`` samples in all (always at least one job while any is left)."""
+        taken, total = [], 0
+        while self._pending and (not taken or total + self._pending[0][1].num_samples <= max_samples):
+            key, job = self._pending.popleft()
+            taken.append((key, job))
+            total += job.num_samples
+        self._outstanding += len(taken)
+        self.samples_left -= total
+        return taken
 
-    def _count_pass_by_pass(self, jobs: list[NoiseJob]) -> list[np.ndarray | Exception]:
-        """Jobs counted one forward pass's worth at a time: a large request never holds all its noisy samples
-        in memory at once (16 images at n = 10,000 would be 161,600 samples). Same jobs, same seeds, same counts."""
-        per_pass = max(1, self.pass_samples // self.chunk_samples)
-        results: list[np.ndarray | Exception] = []
-        for start in range(0, len(jobs), per_pass):
-            results.extend(self.counter(jobs[start:start + per_pass]))
-        return results
+    def add(self, key: tuple[int, int], counts: np.ndarray) -> None:
+        index, phase = key
+        self._totals[index, phase] += counts
+        self._outstanding -= 1
 
-    async def _counts(self, jobs: list[NoiseJob]) -> list[np.ndarray]:
-        if self.job_runner is not None:
-            return list(await asyncio.gather(*(self.job_runner(job) for job in jobs)))
-        if self._one_at_a_time is None:
-            self._one_at_a_time = anyio.CapacityLimiter(1)
-        results = await anyio.to_thread.run_sync(self._count_pass_by_pass, jobs, limiter=self._one_at_a_time)
-        for result in results:
-            if isinstance(result, Exception):
-                raise result
-        return results
+    @property
+    def finished(self) -> bool:
+        return not self._pending and self._outstanding == 0
 
-    async def certify(self, images: torch.Tensor, n: int, request_seed: int) -> list[Certificate]:
-        """One certificate per image of ``images`` (K, C, H, W), from fresh samples seeded by ``request_seed``."""
-        plan = plan_jobs(images, self.n0, n, self.chunk_samples, request_seed)
-        counts = await self._counts([job for _, _, job in plan])
-        totals = np.zeros((len(images), 2, self.smooth.num_classes), dtype=np.int64)
-        for (index, phase, _), job_counts in zip(plan, counts, strict=True):
-            totals[index, phase] += job_counts
-        return [certificate_from_counts(totals[i, SELECTION], totals[i, ESTIMATION], self.alpha, self.smooth.sigma)
-                for i in range(len(images))]
+    def result(self) -> list[Certificate]:
+        return [certificate_from_counts(totals[SELECTION], totals[ESTIMATION], self.alpha, self.sigma)
+                for totals in self._totals]

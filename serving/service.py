@@ -4,38 +4,45 @@ Serve with ``transdenoiser serve --model-dir DIR`` or ``TRANSDENOISER_MODEL_DIR=
 serving.service:TransDenoiser``. Endpoints (POST, BentoML's convention for APIs):
 
 - ``/predict``: JSON ``{"images": [[[...]]], "n": 1000}`` or multipart PNG/JPEG files in ``images``;
-  per image: label, class name, certified L2 radius, abstained, pA lower bound, n0, n, sigma, alpha.
+  per image: label, class name, certified L2 radius, abstained, pA lower bound, n0, n, sigma, alpha,
+  noise seed.
 - ``/metadata``: the model card (architectures, dataset fingerprints, the denoiser's privacy report
   with the analysis behind each epsilon, certification settings).
 - ``/healthz``, ``/livez``, ``/readyz``, ``/metrics`` (BentoML's probes; never behind the API key).
 
-The pipeline is loaded and warmed up (a full forward pass, then a certification through the batcher)
+Requests share the compute in fair rounds (serving.scheduler); each image's noise is keyed to the model, its
+pixels and the settings (serving.noise), so asking again gives the same certificate.
+
+The pipeline is loaded and warmed up (a full forward pass, then certifications through the scheduler)
 before the server accepts connections, so ``/readyz`` answers 200 only once the model is ready.
 """
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Literal
 
 import bentoml
 import torch
-from bentoml.exceptions import ServiceUnavailable
 from pydantic import BaseModel, Field
 from pydantic.json_schema import SkipJsonSchema
 from starlette.responses import JSONResponse
 
-from certify.core import ABSTAIN, Smooth
+from certify.core import ABSTAIN, Certificate, Smooth
 from serving.auth import ApiKeyMiddleware
-from serving.batching import AdaptiveBatcher
 from serving.bundle import load_model_dir
 from serving.card import model_card
 from serving.config import DEVICE_ENV, model_dir_from_env
-from serving.engine import NoiseJob, ServingCertifier, VoteCounter, fresh_seed
+from serving.engine import CertifyWork, NoiseJob, VoteCounter
 from serving.limits import PayloadLimitMiddleware
+from serving.metrics import service_metrics
+from serving.noise import NoiseKey, client_image_seed, model_identity
+from serving.scheduler import FairScheduler, SchedulerRefusal, Work
 from serving.validation import PredictRequest, RequestError, parse_payload, parse_predict_request
+from training.checkpoint import WEIGHTS
 from transdenoiser.runtime import keep_freed_memory, resolve_device
 
-REQUEST_TIMEOUT_S = 600  # BentoML traffic timeout; the batcher's max_latency_ms refuses overload earlier
+REQUEST_TIMEOUT_S = 600  # BentoML traffic timeout; the scheduler's deadline (max_latency_ms) stops requests earlier
 
 
 class PredictInput(bentoml.IODescriptor):
@@ -48,6 +55,7 @@ class PredictInput(bentoml.IODescriptor):
                                                     "see /metadata)")
     seed: int | None = Field(default=None, description="noise seed, only where the server allows client seeds")
     parsed: SkipJsonSchema[Any] = None  # the validated request, or the RequestError refusing it
+    disconnected: SkipJsonSchema[Any] = None  # async () -> bool: whether the client has gone
 
     @classmethod
     async def from_http_request(cls, request, serde) -> PredictInput:
@@ -57,7 +65,8 @@ class PredictInput(bentoml.IODescriptor):
                 request, service.config, service.input_shape)
         except RequestError as exc:
             parsed = exc
-        return cls.model_construct(images=[], n=None, seed=None, parsed=parsed)
+        return cls.model_construct(images=[], n=None, seed=None, parsed=parsed,
+                                   disconnected=request.is_disconnected)
 
 
 class ImagePrediction(BaseModel):
@@ -71,16 +80,17 @@ class ImagePrediction(BaseModel):
     n: int
     sigma: float
     alpha: float
+    noise_seed: int = Field(description="this image's noise seed (reproduces its certificate offline)")
 
 
 class PredictResponse(BaseModel):
     predictions: list[ImagePrediction]
-    seed: int = Field(description="the request's noise seed (reproduces these certificates)")
+    seed: int | None = Field(description="the client's seed; null when the server keyed the noise to each image")
     seed_source: Literal["server", "client"]
 
 
-def error_response(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 @bentoml.service(name="transdenoiser", traffic={"timeout": REQUEST_TIMEOUT_S}, workers=1)
@@ -89,64 +99,105 @@ class TransDenoiser:
         keep_freed_memory()  # this process serves for a long time: reuse freed CPU memory (runtime.py)
         self.device = resolve_device(os.environ.get(DEVICE_ENV, "auto"))
         self.bundle = load_model_dir(model_dir_from_env(), device=self.device)
-        self.config = self.bundle.config
+        self.config = config = self.bundle.config
         pipeline = self.bundle.pipeline
         self.input_shape: tuple[int, int, int] = tuple(pipeline.input_shape)  # type: ignore[assignment]
         self.class_names = pipeline.class_names
-        self.smooth = Smooth(pipeline.classifier, pipeline.num_classes, self.config.sigma, pipeline.denoiser,
-                             batch_size=self.config.forward_batch_on(self.device.type), device=self.device)
+        self.smooth = Smooth(pipeline.classifier, pipeline.num_classes, config.sigma, pipeline.denoiser,
+                             batch_size=config.forward_batch_on(self.device.type), device=self.device)
         counter = VoteCounter(self.smooth)
-        batching_on = self.config.batching_on(self.device.type)
-        self.batcher = AdaptiveBatcher(counter, self.config.batch_size // self.config.chunk_samples,
-                                       self.config.max_latency_ms) if batching_on else None
-        self.certifier = ServingCertifier(self.smooth, self.config.n0, self.config.alpha,
-                                          self.config.chunk_samples, self.batcher, self.config.batch_size)
-        batching = (f"adaptive (BentoML CorkDispatcher, up to {self.config.batch_size} samples per pass)"
-                    if self.batcher else f"off (one request at a time; setting batching = {self.config.batching!r})")
+        self.metrics = service_metrics()
+        share_passes = config.batching_on(self.device.type)
+        self.scheduler = FairScheduler(counter, config.round_samples, config.batch_size, share_passes,
+                                       config.max_queued_requests, on_pass=self.metrics.on_pass,
+                                       on_drop=lambda reason: self.metrics.dropped.labels(reason=reason).inc())
+        weights = [self.bundle.path / config.classifier / WEIGHTS,
+                   self.bundle.path / config.denoiser / WEIGHTS if config.denoiser is not None else None]
+        self.noise_key = NoiseKey.from_setting(config.noise_key, model_identity(weights))
+        batching = (f"shared passes (rounds of {config.round_samples} samples from several requests, up to "
+                    f"{config.batch_size} samples per pass)" if share_passes else
+                    f"one request's round of {config.round_samples} samples per pass, requests in turn "
+                    f"(setting batching = {config.batching!r})")
         self.card = model_card(self.bundle, str(self.device), batching)
-        counter([NoiseJob(torch.zeros(self.input_shape), self.config.batch_size, 0)])  # full-size forward pass
+        counter([NoiseJob(torch.zeros(self.input_shape), config.batch_size, 0)])  # full-size forward pass
+        # request kinds: name -> builds the scheduler work of a validated request. A new kind (e.g. "radius",
+        # "adaptive") adds a Work class (serving.scheduler.Work) and an entry here, plus its response.
+        self.kinds = {"certify": self._certify_work}
         self._ready = False
 
     @bentoml.on_startup
     async def warm_up(self) -> None:
-        """Certify a blank image through the batcher (this also runs BentoML's dispatcher calibration)."""
-        blank = torch.zeros((1, *self.input_shape))
+        """Certify a blank image through the scheduler (this also starts its compute loop)."""
+        blank = PredictRequest(torch.zeros((1, *self.input_shape)), self.config.chunk_samples, seed=0)
         for _ in range(4):
-            await self.certifier.certify(blank, self.config.chunk_samples, request_seed=0)
+            await self.scheduler.run(self._certify_work(blank), self.config.max_latency_ms / 1000,
+                                     self.config.max_request_samples)
         self._ready = True
 
     @bentoml.on_shutdown
-    def stop_batcher(self) -> None:
-        if self.batcher is not None:
-            self.batcher.shutdown()
+    async def stop_scheduler(self) -> None:
+        await self.scheduler.shutdown()
 
     def __is_ready__(self) -> bool:
         return self._ready
 
+    def image_seeds(self, request: PredictRequest, kind: str) -> list[int]:
+        """Each image's noise seed: keyed to (model, pixels, settings), or from the client's seed (opt-in)."""
+        if request.seed is not None:
+            return [client_image_seed(request.seed, index) for index in range(len(request.images))]
+        settings = {"kind": kind, "sigma": self.config.sigma, "n0": self.config.n0, "n": request.n,
+                    "alpha": self.config.alpha, "chunk_samples": self.config.chunk_samples}
+        return [self.noise_key.image_seed(image, settings) for image in request.images]
+
+    def _certify_work(self, request: PredictRequest) -> Work:
+        return CertifyWork(request.images, self.image_seeds(request, "certify"), self.config.n0, request.n,
+                           self.config.alpha, self.config.sigma, self.smooth.num_classes, self.config.chunk_samples)
+
+    def _prediction(self, certificate: Certificate, noise_seed: int) -> ImagePrediction:
+        c = certificate
+        return ImagePrediction(
+            label=None if c.prediction == ABSTAIN else c.prediction,
+            class_name=None if c.prediction == ABSTAIN else self.class_names[c.prediction],
+            certified_radius=c.radius, abstained=c.abstained, p_lower=c.p_lower, count=c.count, n0=c.n0, n=c.n,
+            sigma=self.config.sigma, alpha=self.config.alpha, noise_seed=noise_seed)
+
+    async def _answer(self, kind: str, parsed: PredictRequest | RequestError, disconnected) -> Any:
+        if isinstance(parsed, RequestError):
+            return error_response(parsed.status, parsed.message)
+        request: PredictRequest = parsed
+        work = self.kinds[kind](request)
+        try:
+            certificates = await self.scheduler.run(work, self.config.max_latency_ms / 1000,
+                                                    self.config.max_request_samples, disconnected)
+        except SchedulerRefusal as exc:
+            return error_response(exc.status, exc.message, exc.headers)
+        for certificate in certificates:
+            self.metrics.certificates.labels(kind=kind, outcome="abstained" if certificate.abstained
+                                             else "certified").inc()
+        seeds = work.image_seeds
+        return PredictResponse(predictions=[self._prediction(c, s) for c, s in zip(certificates, seeds, strict=True)],
+                               seed=request.seed, seed_source="client" if request.seed is not None else "server")
+
     @bentoml.api(input_spec=PredictInput)
     async def predict(self, images: list | None = None, n: int | None = None, seed: int | None = None,
-                      parsed: Any = None) -> PredictResponse:
+                      parsed: Any = None, disconnected: Any = None) -> PredictResponse:
         """Certified predictions: for each image a class and an L2 radius valid with probability >= 1 - alpha."""
         if parsed is None:  # an in-process call: validate the arguments like a JSON body
             try:
                 parsed = parse_payload({"images": images, "n": n, "seed": seed}, self.config, self.input_shape)
             except RequestError as exc:
                 parsed = exc
-        if isinstance(parsed, RequestError):
-            return error_response(parsed.status, parsed.message)  # type: ignore[return-value]
-        request: PredictRequest = parsed
-        seed_source = "client" if request.seed is not None else "server"
-        request_seed = request.seed if request.seed is not None else fresh_seed()
+        kind = "certify"
+        started = time.perf_counter()
+        self.metrics.in_flight.labels(kind=kind).inc()
+        status = 500
         try:
-            certificates = await self.certifier.certify(request.images, request.n, request_seed)
-        except ServiceUnavailable as exc:
-            return error_response(503, str(exc))  # type: ignore[return-value]
-        predictions = [ImagePrediction(
-            label=None if c.prediction == ABSTAIN else c.prediction,
-            class_name=None if c.prediction == ABSTAIN else self.class_names[c.prediction],
-            certified_radius=c.radius, abstained=c.abstained, p_lower=c.p_lower, count=c.count, n0=c.n0, n=c.n,
-            sigma=self.config.sigma, alpha=self.config.alpha) for c in certificates]
-        return PredictResponse(predictions=predictions, seed=request_seed, seed_source=seed_source)
+            answer = await self._answer(kind, parsed, disconnected)
+            status = answer.status_code if isinstance(answer, JSONResponse) else 200
+            return answer
+        finally:
+            self.metrics.in_flight.labels(kind=kind).dec()
+            self.metrics.answered(kind, status, time.perf_counter() - started)
 
     @bentoml.api
     async def metadata(self) -> dict[str, Any]:

@@ -1,7 +1,6 @@
 """Serving: config, model directories, validation, the batched certifier, middlewares, and the service in process."""
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import threading
@@ -13,11 +12,10 @@ from PIL import Image
 
 from certify.core import Smooth
 from serving.auth import ApiKeyMiddleware
-from serving.batching import AdaptiveBatcher
 from serving.bundle import load_model_dir, write_model_dir
 from serving.card import epsilon_statements
 from serving.config import ServingConfig, load_config, validate_config
-from serving.engine import NoiseJob, ServingCertifier, VoteCounter, job_seed, plan_jobs
+from serving.engine import CertifyWork, NoiseJob, VoteCounter, job_seed, plan_jobs
 from serving.limits import PayloadLimitMiddleware
 from serving.validation import RequestError, decode_image, parse_payload
 from transdenoiser.cli import main as cli_main
@@ -162,50 +160,20 @@ def test_vote_counter_matches_smooth_sample_counts(smooth, digits):
 
 
 def test_jobs_never_share_draws():
-    plan = plan_jobs(torch.zeros(2, *SHAPE), n0=30, n=250, chunk_samples=100, request_seed=5)
+    plan = plan_jobs(torch.zeros(2, *SHAPE), [5, 6], n0=30, n=250, chunk_samples=100)
     assert [(i, p, j.num_samples) for i, p, j in plan][:4] == [(0, 0, 30), (0, 1, 100), (0, 1, 100), (0, 1, 50)]
     seeds = [j.seed for _, _, j in plan]
     assert len(set(seeds)) == len(seeds) == 8
-    assert job_seed(5, 0, 0, 0) == seeds[0] and job_seed(6, 0, 0, 0) != seeds[0]
+    assert job_seed(5, 0, 0) == seeds[0] and job_seed(6, 0, 0) == seeds[4] and job_seed(7, 0, 0) not in seeds
 
 
-def _certify(certifier, images, n, seed):
-    async def run():
-        return await asyncio.gather(*(certifier.certify(images, n, seed + k) for k in range(3)))
-    return asyncio.run(run())
-
-
-def test_batching_does_not_change_certificates(smooth, digits):
-    images = digits[0][:2]
-    batched = _certify(ServingCertifier(smooth, 20, 0.001, 50, AdaptiveBatcher(VoteCounter(smooth), 4, 60_000)),
-                       images, 200, seed=100)
-    alone = _certify(ServingCertifier(smooth, 20, 0.001, 50, None), images, 200, seed=100)
-    assert batched == alone
-    for certificate, label in zip(batched[0], digits[1][:2], strict=True):
-        assert certificate.prediction == int(label) and certificate.radius > 0 and certificate.n == 200
-
-
-def test_a_failing_job_never_fails_the_jobs_sharing_its_batch(smooth, digits):
-    sizes = []
-
-    class Recording(VoteCounter):
-        def __call__(self, jobs):
-            sizes.append(len(jobs))
-            return super().__call__(jobs)
-
-    counter = Recording(smooth)
-    good = [NoiseJob(digits[0][i % 4], 50, i) for i in range(12)]
-    bad = NoiseJob(torch.zeros(3, 5, 5), 50, 99)  # would crash the forward pass of a shared batch
-
-    async def run():
-        batcher = AdaptiveBatcher(counter, 8, 60_000)
-        return await asyncio.gather(*(batcher(job) for job in [*good[:6], bad, *good[6:]]), return_exceptions=True)
-
-    results = asyncio.run(run())
-    assert isinstance(results[6], Exception)
-    for job, result in zip(good, results[:6] + results[7:], strict=True):
-        np.testing.assert_array_equal(result, smooth.sample_counts(job.image, 50, smooth.generator(job.seed)))
-    assert max(sizes) > 1  # jobs were in fact batched together
+def test_certify_work_takes_whole_jobs_within_a_round():
+    work = CertifyWork(torch.zeros(1, *SHAPE), [1], n0=30, n=250, alpha=0.001, sigma=0.25, num_classes=10,
+                       chunk_samples=100)
+    sizes = [[job.num_samples for _, job in work.take(200)] for _ in range(3)]
+    assert sizes == [[30, 100], [100, 50], []] and work.samples_left == 0 and not work.finished
+    assert [job.num_samples for _, job in CertifyWork(torch.zeros(1, *SHAPE), [1], 30, 250, 0.001, 0.25, 10,
+                                                      100).take(10)] == [30]  # at least one job per round
 
 
 # ------------------------------------------------------------------------------------------------ middlewares
@@ -376,15 +344,3 @@ def test_forward_batch_auto_is_cache_sized_on_cpu_only():
     assert auto.forward_batch_on("cpu") == CPU_FORWARD_BATCH and auto.forward_batch_on("cuda") == 500
     assert validate_config({"sigma": 0.25, "batch_size": 50, "chunk_samples": 50}, "t").forward_batch_on("cpu") == 50
     assert validate_config({"sigma": 0.25, "forward_batch": 300}, "test").forward_batch_on("cpu") == 300
-
-
-def test_lone_requests_count_pass_samples_at_a_time_with_small_forward_passes(smooth, digits):
-    """One request at a time: pass_samples (not the forward batch) sets how much is counted together; the
-    certificates equal those of a certifier whose forward passes are as large as its passes."""
-    small = Smooth(smooth.classifier, smooth.num_classes, smooth.sigma, batch_size=16, workers=2)
-    images = digits[0][:2]
-    wide = _certify(ServingCertifier(smooth, 20, 0.001, 50, None), images, 200, seed=7)
-    narrow = ServingCertifier(small, 20, 0.001, 50, None, pass_samples=100)
-    assert narrow.pass_samples == 100
-    assert _certify(narrow, images, 200, seed=7) == wide
-    small.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import socket
 import threading
 import time
 
@@ -34,8 +35,9 @@ def png(array: np.ndarray, mode: str = "L", fmt: str = "PNG") -> bytes:
 @pytest.fixture(scope="module")
 def servers(classifier_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("servers")
-    model_dir = write_model_dir(root / "model", classifier_dir, sigma=0.25, batching=True, n0=20, n=100, max_n=500,
-                                max_images=4, max_payload_bytes=200_000, allow_client_seed=True)
+    model_dir = write_model_dir(root / "model", classifier_dir, sigma=0.25, batching=True, n0=20, n=100, max_n=2000,
+                                max_images=4, max_payload_bytes=200_000, allow_client_seed=True,
+                                max_queued_requests=10)
     started = []
     try:
         started.append(ServerProcess(model_dir, root / "open.log", api_key=None))
@@ -113,7 +115,18 @@ BAD_REQUESTS = {
     "oversized payload": (413, _json(" " * 200_001)),
     "oversized chunked payload": (413, {"content": iter([b" " * 150_000] * 2),
                                         "headers": {"content-type": "application/json"}}),
-    "n above max_n": (400, {"json": {"images": [_image(0.0)], "n": 501}}),
+    "n above max_n": (400, {"json": {"images": [_image(0.0)], "n": 2001}}),
+    "over-long integer n": (400, _json('{"images": [' + json.dumps(_image(0.5)) + '], "n": ' + "9" * 5000 + "}")),
+    "over-long integer pixel": (400, _json('{"images": [' + json.dumps(_image(0.5)).replace("0.5", "1" * 4301, 1)
+                                           + "]}")),
+    "boolean pixel": (400, _json('{"images": [' + json.dumps(_image(0.5)).replace("0.5", "true", 1) + "]}")),
+    "boolean n": (400, {"json": {"images": [_image(0.5)], "n": True}}),
+    "form n with underscore": (400, {"files": [("images", ("a.png", png(np.zeros((28, 28), np.uint8)), "image/png"))],
+                                     "data": {"n": "1_000"}}),
+    "form n with sign": (400, {"files": [("images", ("a.png", png(np.zeros((28, 28), np.uint8)), "image/png"))],
+                               "data": {"n": "+5"}}),
+    "form n with spaces": (400, {"files": [("images", ("a.png", png(np.zeros((28, 28), np.uint8)), "image/png"))],
+                                 "data": {"n": " 50 "}}),
     "not JSON": (400, _json("{images")),
     "unsupported content type": (415, {"content": b"\x00\x01", "headers": {"content-type": "image/png"}}),
 }
@@ -174,3 +187,231 @@ def test_api_key_required_when_configured(servers, digits):
             assert http.get(path).status_code == 200
     with httpx.Client(base_url=servers["open"].url, timeout=60) as http:  # no key configured: open
         assert http.post("/predict", json=body).status_code == 200
+
+
+# ------------------------------------------------------------------------------------------------ keyed noise
+
+def test_one_certificate_per_input(servers, client, digits):
+    """No seed: the same image twice in a request, and again in another request, gets one certificate; a changed
+    pixel gets other noise; a server with another secret (the second server's, generated at its start) too."""
+    x, _ = digits
+    image = (0.5 * x[0] + 0.5 * x[1]).tolist()  # ambiguous: its counts move with the noise
+    first = client.post("/predict", json={"images": [image, image], "n": 300})
+    assert first.status_code == 200, first.text
+    body = first.json()
+    assert body["seed"] is None and body["seed_source"] == "server"
+    assert body["predictions"][0] == body["predictions"][1]
+    assert client.post("/predict", json={"images": [image], "n": 300}).json()["predictions"][0] == \
+        body["predictions"][0]
+    changed = np.array(image)
+    changed[0, 0, 0] = 0.001
+    other = client.post("/predict", json={"images": [changed.tolist()], "n": 300}).json()["predictions"][0]
+    assert other["noise_seed"] != body["predictions"][0]["noise_seed"]
+    with httpx.Client(base_url=servers["auth"].url, timeout=60, headers={"X-API-Key": API_KEY}) as http:
+        elsewhere = http.post("/predict", json={"images": [image], "n": 300}).json()["predictions"][0]
+    assert elsewhere["noise_seed"] != body["predictions"][0]["noise_seed"]
+    assert elsewhere["n"] == body["predictions"][0]["n"] == 300
+
+
+# ------------------------------------------------------------------------------------------------ fair scheduling
+
+def metric_values(client: httpx.Client) -> dict[tuple[str, tuple], float]:
+    """Every sample of /metrics as {(name, sorted labels): value}, parsed with prometheus_client's parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(response.text) for sample in family.samples}
+
+
+def metric(values: dict, name: str, **labels) -> float:
+    return values.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def _timed_post(url: str, body: dict, out: dict, key: str) -> None:
+    with httpx.Client(base_url=url, timeout=120) as http:
+        started = time.perf_counter()
+        out[key] = http.post("/predict", json=body)
+        out[key + "_s"] = time.perf_counter() - started
+        out[key + "_done"] = time.perf_counter()
+
+
+def test_a_small_request_is_not_blocked_by_a_large_one(servers, client, digits):
+    """Scaled-down fairness target: 1 image at n = 100 next to 4 images at n = 2,000 (8,080 samples)."""
+    x, _ = digits
+    small = {"images": [x[2].tolist()], "n": 100}
+    idle = []
+    for _ in range(3):
+        started = time.perf_counter()
+        assert client.post("/predict", json=small).status_code == 200
+        idle.append(time.perf_counter() - started)
+    idle_s = float(np.median(idle))
+    out: dict = {}
+    large = threading.Thread(target=_timed_post, args=(servers["open"].url, {"images": x[:4].tolist(), "n": 2000},
+                                                        out, "large"))
+    large.start()
+    deadline = time.monotonic() + 30
+    while metric(metric_values(client), "transdenoiser_queue_depth") < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    _timed_post(servers["open"].url, small, out, "small")
+    large.join(timeout=120)
+    assert out["small"].status_code == 200 and out["large"].status_code == 200, out["large"].text
+    assert out["small_done"] < out["large_done"]  # the small request did not wait for the large one's work
+    assert out["small_s"] < max(3 * idle_s, idle_s + 0.3), (out["small_s"], idle_s, out["large_s"])
+
+
+def _raw_predict(url: str, body: dict) -> socket.socket:
+    """Send a predict request on a raw socket and return it without reading the answer."""
+    host, port = url.split("://")[1].split(":")
+    payload = json.dumps(body).encode()
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    sock.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+    return sock
+
+
+def test_a_disconnected_client_stops_computing(servers, client, digits):
+    x, _ = digits
+    before = metric_values(client)
+    sock = _raw_predict(servers["open"].url, {"images": x[:4].tolist(), "n": 2000})  # 8,080 samples
+    deadline = time.monotonic() + 30
+    while (metric(metric_values(client), "transdenoiser_noisy_samples_total", kind="certify")
+           == metric(before, "transdenoiser_noisy_samples_total", kind="certify")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    sock.close()
+    time.sleep(1.0)
+    settled = metric_values(client)
+    time.sleep(1.0)
+    after = metric_values(client)
+    computed = (metric(after, "transdenoiser_noisy_samples_total", kind="certify")
+                - metric(before, "transdenoiser_noisy_samples_total", kind="certify"))
+    assert 0 < computed < 8080
+    assert metric(after, "transdenoiser_noisy_samples_total", kind="certify") == \
+        metric(settled, "transdenoiser_noisy_samples_total", kind="certify")  # nothing more computed
+    assert metric(after, "transdenoiser_dropped_requests_total", reason="disconnected") == \
+        metric(before, "transdenoiser_dropped_requests_total", reason="disconnected") + 1
+
+
+def test_a_full_queue_answers_503_with_retry_after(servers, client, digits):
+    x, _ = digits
+    socks = [_raw_predict(servers["open"].url, {"images": x[:4].tolist(), "n": 2000, "seed": i}) for i in range(10)]
+    try:
+        deadline = time.monotonic() + 30
+        while metric(metric_values(client), "transdenoiser_queue_depth") < 10 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        refused = client.post("/predict", json={"images": [x[0].tolist()], "n": 100})
+        assert refused.status_code == 503 and "max_queued_requests" in refused.json()["error"]
+        assert int(refused.headers["retry-after"]) >= 1
+    finally:
+        for sock in socks:
+            sock.close()
+    deadline = time.monotonic() + 30
+    while metric(metric_values(client), "transdenoiser_queue_depth") > 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert client.post("/predict", json={"images": [x[0].tolist()], "n": 100}).status_code == 200
+
+
+def test_metrics_appear_and_move(client, digits):
+    x, _ = digits
+    before = metric_values(client)
+    response = client.post("/predict", json={"images": x[:2].tolist(), "n": 150})
+    assert response.status_code == 200
+    assert client.post("/predict", json={"images": [_image(2.0)]}).status_code == 400
+    after = metric_values(client)
+    samples = metric(after, "transdenoiser_noisy_samples_total", kind="certify") - \
+        metric(before, "transdenoiser_noisy_samples_total", kind="certify")
+    assert samples == 2 * (20 + 150)
+    abstained = sum(p["abstained"] for p in response.json()["predictions"])
+    assert metric(after, "transdenoiser_certificates_total", kind="certify", outcome="abstained") - \
+        metric(before, "transdenoiser_certificates_total", kind="certify", outcome="abstained") == abstained
+    assert metric(after, "transdenoiser_certificates_total", kind="certify", outcome="certified") - \
+        metric(before, "transdenoiser_certificates_total", kind="certify", outcome="certified") == 2 - abstained
+    for status in ("200", "400"):
+        assert metric(after, "transdenoiser_requests_total", kind="certify", status=status) == \
+            metric(before, "transdenoiser_requests_total", kind="certify", status=status) + 1
+        assert metric(after, "transdenoiser_request_duration_seconds_count", kind="certify", status=status) == \
+            metric(before, "transdenoiser_request_duration_seconds_count", kind="certify", status=status) + 1
+    assert ("transdenoiser_queue_depth", ()) in after and metric(after, "transdenoiser_queue_depth") == 0
+    assert metric(after, "transdenoiser_in_flight_requests", kind="certify") == 0
+
+
+# ------------------------------------------------------------------------------------------------ slow clients
+
+PROXY_CAP = 64  # nginx's worker_connections in this test: clients and upstream connections together
+
+
+@pytest.fixture(scope="module")
+def proxy(servers, tmp_path_factory):
+    from serving.process import free_port
+    from serving.proxy import ProxyProcess, ProxySettings, nginx_binary
+
+    if nginx_binary() is None:
+        pytest.skip("nginx is not installed (Debian: apt-get install nginx-light); the slow-client protection "
+                    "of docs/SERVING.md needs it")
+    started = ProxyProcess(servers["open"].url, tmp_path_factory.mktemp("proxy"), free_port(),
+                           ProxySettings(header_timeout_s=2, body_timeout_s=2, max_connections=PROXY_CAP,
+                                         max_body_bytes=200_000))
+    try:
+        started.wait_ready()
+        yield started
+    finally:
+        started.stop()
+
+
+def _stalled(url: str, count: int) -> list[socket.socket]:
+    """Connections that send half a request line and then nothing."""
+    host, port = url.split("://")[1].split(":")
+    socks = []
+    for _ in range(count):
+        sock = socket.create_connection((host, int(port)), timeout=10)
+        sock.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Le")
+        socks.append(sock)
+    return socks
+
+
+def _closed_by_peer(sock: socket.socket, timeout: float) -> bool:
+    sock.settimeout(timeout)
+    try:
+        sock.recv(1024)  # b"" (EOF) or an error page: either way the proxy answered and closed
+        return True
+    except ConnectionResetError:  # closed with a reset (reset_timedout_connection on)
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_proxy_times_out_stalled_headers(proxy, client, digits):
+    x, _ = digits
+    body = {"images": [x[0].tolist()], "n": 100, "seed": 3}
+    with httpx.Client(base_url=proxy.url, timeout=60) as http:
+        assert http.post("/predict", json=body).json() == client.post("/predict", json=body).json()
+    stalled = _stalled(proxy.url, 5)
+    direct = _stalled(client.base_url.__str__().rstrip("/"), 1)  # the same against uvicorn: never timed out
+    try:
+        started = time.monotonic()
+        assert all(_closed_by_peer(sock, timeout=6) for sock in stalled)
+        assert time.monotonic() - started < 6
+        assert not _closed_by_peer(direct[0], timeout=3)
+    finally:
+        for sock in stalled + direct:
+            sock.close()
+
+
+def test_proxy_caps_open_connections(proxy, digits):
+    import psutil
+
+    x, _ = digits
+    workers = [child for child in psutil.Process(proxy.process.pid).children()]
+    assert workers, "no nginx worker process"
+    stalled = _stalled(proxy.url, PROXY_CAP + 40)
+    try:
+        time.sleep(0.5)
+        open_connections = sum(len(worker.net_connections(kind="tcp")) for worker in workers)
+        assert open_connections <= PROXY_CAP  # the rest wait in the kernel's backlog, holding no nginx slot
+        with httpx.Client(base_url=proxy.url, timeout=60) as http:  # served once the stalled ones time out
+            response = http.post("/predict", json={"images": [x[1].tolist()], "n": 100})
+        assert response.status_code == 200, response.text
+    finally:
+        for sock in stalled:
+            sock.close()

@@ -1,0 +1,63 @@
+"""Helpers shared by the serving benchmarks: a server started from a classifier checkpoint, percentiles,
+the server's worker process, and the run record (command, hardware, commit). Loopback only."""
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+from serving.bundle import write_model_dir
+from serving.process import ServerProcess
+
+START_TIMEOUT_S = 300
+
+
+@contextlib.contextmanager
+def running_server(tmp: Path, classifier_dir: str, denoiser_dir: str | None = None, **settings) -> Iterator[
+        ServerProcess]:
+    """A ``transdenoiser serve`` subprocess on 127.0.0.1 for a model directory written with ``settings``."""
+    model_dir = write_model_dir(Path(tmp) / "model", classifier_dir, denoiser_dir, **settings)
+    server = ServerProcess(model_dir, Path(tmp) / "server.log")
+    try:
+        server.wait_ready(time.monotonic() + START_TIMEOUT_S)
+        yield server
+    finally:
+        server.stop()
+
+
+def percentiles(values: list[float]) -> dict[str, float | int | None]:
+    if not values:
+        return {"count": 0, "p50_s": None, "p99_s": None, "max_s": None}
+    return {"count": len(values), "p50_s": float(np.percentile(values, 50)),
+            "p99_s": float(np.percentile(values, 99)), "max_s": float(max(values))}
+
+
+def worker_process(server: ServerProcess) -> psutil.Process:
+    """The process that computes (BentoML's worker): the descendant holding the most memory."""
+    root = psutil.Process(server.process.pid)
+    family = [root, *root.children(recursive=True)]
+    return max(family, key=lambda p: p.memory_info().rss)
+
+
+def run_record(argv: list[str] | None, module: str) -> dict:
+    import torch
+
+    from transdenoiser.runtime import hardware_description
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                check=False).stdout.strip() or None
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "serving", "benchmarks"],
+                                    capture_output=True, text=True, check=False).stdout.strip())
+    except OSError:
+        commit, dirty = None, None
+    return {"command": f"python -m {module} " + " ".join(sys.argv[1:] if argv is None else argv),
+            "hardware": hardware_description(torch.device("cpu")), "cpu_count": os.cpu_count(),
+            "load_average_at_start": os.getloadavg(), "commit": commit, "uncommitted_serving_changes": dirty}

@@ -1,0 +1,78 @@
+"""Keyed noise: one certificate per input, so a client cannot shop for a larger radius by asking again.
+
+Without a client seed, the noise seed of each image is an HMAC-SHA256, under a server secret, of
+
+- the model's identity (SHA-256 of every served weights file),
+- the image's exact pixels, canonicalised (float32, C-contiguous, little-endian, -0.0 read as 0.0, shape
+  stated), and
+- the sampling settings (request kind, sigma, n0, n, alpha, chunk_samples).
+
+The same image under the same settings therefore always gets the same noise and the same certificate, within
+a request (duplicates) and across requests, while an image differing in one pixel, or a different ``n``,
+gets noise no client can predict without the secret. The secret comes from the ``noise_key`` setting or,
+when that is unset, from the operating system's CSPRNG at start-up (then certificates are repeatable only
+until the server restarts). See docs/SERVING.md, "One certificate per input".
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+MAX_SEED = 2**63 - 1  # torch generators take seeds in [0, 2^64); JSON clients handle 63 bits safely
+KEY_BYTES = 32
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def model_identity(weight_files: Iterable[Path | None]) -> str:
+    """The SHA-256 of each weights file (``None`` for an absent model), in order, as one string."""
+    return ",".join("none" if path is None else file_sha256(path) for path in weight_files)
+
+
+def canonical_image_bytes(image: torch.Tensor) -> bytes:
+    """The exact pixels of one (C, H, W) image as float32 little-endian bytes; -0.0 and 0.0 are one value."""
+    array = np.ascontiguousarray(image.detach().cpu().numpy(), dtype="<f4") + np.float32(0.0)  # -0.0 + 0.0 = 0.0
+    return array.tobytes()
+
+
+class NoiseKey:
+    """Derives each image's noise seed from the server secret, the model, the pixels and the sampling settings."""
+
+    def __init__(self, secret: bytes, model: str):
+        if len(secret) < 16:
+            raise ValueError("the noise secret must hold at least 16 bytes")
+        self._secret = secret
+        self.model = model
+
+    @classmethod
+    def from_setting(cls, noise_key: str | None, model: str) -> NoiseKey:
+        """``noise_key`` from the config (a string of >= 32 characters), or a fresh random secret."""
+        secret = noise_key.encode() if noise_key is not None else secrets.token_bytes(KEY_BYTES)
+        return cls(secret, model)
+
+    def image_seed(self, image: torch.Tensor, settings: dict[str, object]) -> int:
+        """The noise seed of ``image`` (C, H, W) under ``settings`` (kind, sigma, n0, n, alpha, ...)."""
+        header = json.dumps({"model": self.model, "dtype": "float32", "shape": list(image.shape),
+                             "settings": settings}, sort_keys=True).encode()
+        message = len(header).to_bytes(8, "big") + header + canonical_image_bytes(image)
+        digest = hmac.new(self._secret, message, hashlib.sha256).digest()
+        return int.from_bytes(digest[:8], "big") & MAX_SEED
+
+
+def client_image_seed(client_seed: int, index: int) -> int:
+    """The noise seed of image ``index`` in a request carrying a client seed (opt-in, reproducible testing)."""
+    state = np.random.SeedSequence([client_seed, index]).generate_state(2, np.uint32)
+    return (int(state[0]) << 32 | int(state[1])) & MAX_SEED

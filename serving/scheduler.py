@@ -1,0 +1,288 @@
+"""Fair scheduling of the server's compute: requests share it in rounds of forward passes.
+
+Every request in flight holds a *ticket* on one ``FairScheduler``. A single compute loop takes the tickets
+in turn (round robin) and gives each a *round*: its next noise jobs, at most ``round_samples`` noisy
+samples. With ``share_passes`` off (the CPU default) a forward pass is one ticket's round; with it on (the
+GPU default) one pass gathers the rounds of several tickets, up to ``pass_samples`` samples. Either way a
+small request waits for at most one round of each request ahead of it, never for a large request's whole
+work. Between passes the loop drops the tickets whose deadline has passed (``DeadlineExceeded``), whose
+client has disconnected (``ClientDisconnected``) or whose caller stopped waiting; so a dropped request
+costs at most the one pass already running. New tickets beyond ``max_queued`` are refused at once with
+``QueueFull`` (a 503 with Retry-After), and a ticket whose work would exceed ``max_samples`` noisy samples
+is refused with ``BudgetExceeded``.
+
+The scheduler changes when samples are computed, never which: every job carries its own seed, so a
+ticket's result is the same whatever it shared passes with (``serving.engine``).
+
+A *work* is any object with ``kind``, ``planned_samples``, ``samples_left``, ``take(max_samples)`` ->
+[(key, NoiseJob)], ``add(key, counts)``, ``finished`` and ``result()`` (``serving.engine.CertifyWork``).
+A sequential kind (look at the counts, then decide whether to draw more) fits the same protocol: ``take``
+returns no job while it waits for counts, and ``finished`` turns true when it stops.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio
+import numpy as np
+
+from serving.engine import NoiseJob
+
+Disconnected = Callable[[], Awaitable[bool]]
+
+
+class Work(Protocol):
+    kind: str
+    planned_samples: int
+    samples_left: int
+
+    def take(self, max_samples: int) -> list[tuple[Any, NoiseJob]]: ...
+
+    def add(self, key: Any, counts: np.ndarray) -> None: ...
+
+    @property
+    def finished(self) -> bool: ...
+
+    def result(self) -> Any: ...
+
+
+class SchedulerRefusal(Exception):
+    """A request the scheduler stops or refuses: HTTP ``status``, a one-line ``message``, extra ``headers``."""
+
+    status = 503
+
+    def __init__(self, message: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.headers = headers or {}
+
+
+class QueueFull(SchedulerRefusal):
+    status = 503
+
+
+class DeadlineExceeded(SchedulerRefusal):
+    status = 504
+
+
+class BudgetExceeded(SchedulerRefusal):
+    status = 400
+
+
+class ClientDisconnected(SchedulerRefusal):
+    status = 499  # nginx's "client closed request": nobody reads the answer
+
+
+async def _gone(disconnected: Disconnected) -> bool:
+    try:
+        return bool(await disconnected())
+    except Exception:  # noqa: BLE001 - a probe that fails cannot tell; keep computing
+        return False
+
+
+@dataclass(eq=False)
+class _Ticket:
+    work: Work
+    future: asyncio.Future
+    deadline: float  # time.monotonic() value
+    deadline_s: float
+    disconnected: Disconnected | None
+    max_samples: int
+    samples_taken: int = 0
+
+
+@dataclass
+class SchedulerStats:
+    """What the scheduler has done (read by the metrics and the tests)."""
+
+    samples: int = 0  # noisy samples computed
+    passes: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)  # reason -> requests dropped before finishing
+    pass_sizes: list[int] = field(default_factory=list)  # tickets served in each of the last passes
+
+
+class FairScheduler:
+    """Round-robin compute for concurrent requests; ``await scheduler.run(work, ...)`` -> ``work.result()``.
+
+    ``counter``: evaluates a list of noise jobs, one result (counts or exception) per job (``VoteCounter``).
+    ``on_pass``: optional hook called after each pass with (kind -> samples computed, queue depth, samples
+    still queued); ``on_drop``: optional hook called with the reason of each request dropped unfinished.
+    """
+
+    def __init__(self, counter: Callable[[Sequence[NoiseJob]], list], round_samples: int, pass_samples: int,
+                 share_passes: bool, max_queued: int, on_pass: Callable[[dict[str, int], int, int], None] | None = None,
+                 on_drop: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.counter = counter
+        self.round_samples = round_samples
+        self.pass_samples = pass_samples
+        self.share_passes = share_passes
+        self.max_queued = max_queued
+        self.on_pass = on_pass
+        self.on_drop = on_drop
+        self.clock = clock
+        self.stats = SchedulerStats()
+        self._tickets: deque[_Ticket] = deque()
+        self._rate = 0.0  # noisy samples per second, moving average (for Retry-After)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task | None = None
+        self._wake: asyncio.Event | None = None
+        self._last_served: _Ticket | None = None  # the ticket whose round ended the last pass
+
+    @property
+    def depth(self) -> int:
+        """Requests holding a ticket (computing or waiting for their next round)."""
+        return len(self._tickets)
+
+    @property
+    def queued_samples(self) -> int:
+        return sum(ticket.work.samples_left for ticket in self._tickets)
+
+    def retry_after_s(self) -> int:
+        """Seconds until the queued work would be done at the measured rate (at least 1)."""
+        if self._rate <= 0:
+            return 1
+        return max(1, math.ceil(self.queued_samples / self._rate))
+
+    async def run(self, work: Work, deadline_s: float, max_samples: int,
+                  disconnected: Disconnected | None = None) -> Any:
+        """Compute ``work`` in fair rounds; its result, or a ``SchedulerRefusal``."""
+        if work.planned_samples > max_samples:
+            raise BudgetExceeded(f"the request needs {work.planned_samples} noisy samples (images x (n0 + n)); "
+                                 f"this server computes at most {max_samples} per request (max_request_samples)")
+        if len(self._tickets) >= self.max_queued:
+            retry = self.retry_after_s()
+            raise QueueFull(f"the server is busy ({len(self._tickets)} requests in flight, the most it queues: "
+                            f"max_queued_requests); retry in {retry} s", {"Retry-After": str(retry)})
+        self._start()
+        ticket = _Ticket(work, self._loop.create_future(), self.clock() + deadline_s, deadline_s, disconnected,
+                         max_samples)
+        if self._tickets and self._tickets[-1] is self._last_served:
+            self._tickets.insert(len(self._tickets) - 1, ticket)  # next in turn, before the one just served
+        else:
+            self._tickets.append(ticket)
+        self._wake.set()
+        return await ticket.future  # cancelling the caller cancels the future: the loop then drops the ticket
+
+    def _start(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._task is None or self._task.done() or self._loop is not loop:
+            self._tickets.clear()  # tickets of a loop that has ended cannot be answered
+            self._loop = loop
+            self._wake = asyncio.Event()
+            self._task = loop.create_task(self._compute_loop(), name="fair-scheduler")
+
+    async def shutdown(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        for ticket in self._tickets:
+            if not ticket.future.done():
+                ticket.future.set_exception(QueueFull("the server is shutting down", {"Retry-After": "1"}))
+        self._tickets.clear()
+
+    def _drop(self, ticket: _Ticket, error: SchedulerRefusal | None, reason: str) -> None:
+        self._tickets.remove(ticket)
+        self.stats.dropped[reason] = self.stats.dropped.get(reason, 0) + 1
+        if self.on_drop is not None:
+            self.on_drop(reason)
+        if error is not None and not ticket.future.done():
+            ticket.future.set_exception(error)
+
+    async def _prune(self) -> None:
+        """Drop the tickets no one waits for, whose deadline has passed, or whose client has gone."""
+        now = self.clock()
+        for ticket in list(self._tickets):
+            if ticket.future.done():
+                self._drop(ticket, None, "abandoned")
+            elif now > ticket.deadline:
+                work = ticket.work
+                done = work.planned_samples - work.samples_left
+                self._drop(ticket, DeadlineExceeded(
+                    f"the request passed its deadline of {ticket.deadline_s:g} s (max_latency_ms) after "
+                    f"{done} of its {work.planned_samples} noisy samples; its computation was stopped; retry "
+                    f"later or with fewer images or a smaller n"), "deadline")
+            elif ticket.disconnected is not None and await _gone(ticket.disconnected):
+                self._drop(ticket, ClientDisconnected("the client disconnected; its computation was stopped"),
+                           "disconnected")
+
+    def _next_pass(self) -> list[tuple[_Ticket, Any, NoiseJob]]:
+        """One pass: the next ticket's round, or (sharing passes) rounds of the next tickets in turn."""
+        batch: list[tuple[_Ticket, Any, NoiseJob]] = []
+        total = 0
+        for _ in range(len(self._tickets)):
+            ticket = self._tickets[0]
+            self._tickets.rotate(-1)
+            room = self.round_samples if not self.share_passes else min(self.round_samples,
+                                                                         self.pass_samples - total)
+            jobs = ticket.work.take(room)
+            size = sum(job.num_samples for _, job in jobs)
+            if ticket.samples_taken + size > ticket.max_samples:
+                self._drop(ticket, BudgetExceeded(f"the request asked for more than {ticket.max_samples} noisy "
+                                                  f"samples (max_request_samples); its computation was stopped"),
+                           "budget")
+                continue
+            ticket.samples_taken += size
+            self._last_served = ticket
+            batch.extend((ticket, key, job) for key, job in jobs)
+            total += size
+            if jobs and (not self.share_passes or total >= self.pass_samples):
+                break
+        return batch
+
+    def _finish(self, ticket: _Ticket) -> None:
+        if ticket.future.done() or not ticket.work.finished:
+            return
+        try:
+            ticket.future.set_result(ticket.work.result())
+        except Exception as exc:  # noqa: BLE001 - the failure belongs to this request only
+            ticket.future.set_exception(exc)
+        if ticket in self._tickets:
+            self._tickets.remove(ticket)
+
+    async def _compute_loop(self) -> None:
+        while True:
+            await self._prune()
+            if not self._tickets:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            batch = self._next_pass()
+            if not batch:
+                for ticket in list(self._tickets):
+                    self._finish(ticket)  # works with nothing left to draw
+                await asyncio.sleep(0)
+                continue
+            started = time.perf_counter()
+            try:
+                results = await anyio.to_thread.run_sync(self.counter, [job for _, _, job in batch])
+            except Exception as exc:  # noqa: BLE001 - a counter that fails as a whole fails this pass's requests
+                results = [exc] * len(batch)
+            elapsed = time.perf_counter() - started
+            samples = sum(job.num_samples for _, _, job in batch)
+            if elapsed > 0:
+                self._rate = samples / elapsed if self._rate == 0 else 0.8 * self._rate + 0.2 * samples / elapsed
+            by_kind: dict[str, int] = {}
+            served = []
+            for (ticket, key, job), result in zip(batch, results, strict=True):
+                by_kind[ticket.work.kind] = by_kind.get(ticket.work.kind, 0) + job.num_samples
+                if ticket.future.done():
+                    continue
+                if isinstance(result, Exception):
+                    ticket.future.set_exception(result)
+                    continue
+                ticket.work.add(key, result)
+                if ticket not in served:
+                    served.append(ticket)
+            self.stats.samples += samples
+            self.stats.passes += 1
+            self.stats.pass_sizes = [*self.stats.pass_sizes[-999:], len(served)]
+            for ticket in served:
+                self._finish(ticket)
+            if self.on_pass is not None:
+                self.on_pass(by_kind, len(self._tickets), self.queued_samples)

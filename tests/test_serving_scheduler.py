@@ -1,0 +1,254 @@
+"""The fair scheduler (rounds, deadlines, disconnection, queue bound, budget) and the keyed noise, in process."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from certify.core import Smooth, certificate_from_counts
+from serving.bundle import load_model_dir, write_model_dir
+from serving.engine import ESTIMATION, SELECTION, CertifyWork, NoiseJob, VoteCounter, job_seed
+from serving.noise import NoiseKey, canonical_image_bytes, client_image_seed
+from serving.scheduler import BudgetExceeded, ClientDisconnected, DeadlineExceeded, FairScheduler, QueueFull
+
+SHAPE = (1, 28, 28)
+SETTINGS = {"kind": "certify", "sigma": 0.25, "n0": 20, "n": 200, "alpha": 0.001, "chunk_samples": 50}
+
+
+@pytest.fixture(scope="module")
+def smooth(classifier_dir, tmp_path_factory):
+    model_dir = write_model_dir(tmp_path_factory.mktemp("sched") / "model", classifier_dir, sigma=0.25)
+    pipeline = load_model_dir(model_dir).pipeline
+    return Smooth(pipeline.classifier, pipeline.num_classes, 0.25, batch_size=100)
+
+
+@pytest.fixture(scope="module")
+def digits(mnist10k):
+    x, y = mnist10k.test.tensors()
+    first = [int(np.flatnonzero(y.numpy() == label)[0]) for label in range(4)]
+    return x[first], y[first]
+
+
+class FakeCounter:
+    """Counts every sample as class 0 after ``seconds_per_sample``; records which seeds each pass held."""
+
+    def __init__(self, seconds_per_sample: float = 0.0):
+        self.seconds_per_sample = seconds_per_sample
+        self.passes: list[list[NoiseJob]] = []
+
+    def __call__(self, jobs):
+        self.passes.append(list(jobs))
+        time.sleep(self.seconds_per_sample * sum(job.num_samples for job in jobs))
+        return [np.bincount(np.zeros(job.num_samples, dtype=np.int64), minlength=10) for job in jobs]
+
+
+def work(images: int, n: int, seed: int = 0, n0: int = 20, chunk: int = 50) -> CertifyWork:
+    return CertifyWork(torch.zeros(images, *SHAPE), [seed + i for i in range(images)], n0, n, 0.001, 0.25, 10, chunk)
+
+
+def direct_certificates(smooth, images, seeds, n0, n, chunk, alpha=0.001):
+    """Cohen's CERTIFY from counts computed image by image with Smooth.sample_counts (no scheduler)."""
+    certificates = []
+    for image, seed in zip(images, seeds, strict=True):
+        counts = []
+        for phase, total in ((SELECTION, n0), (ESTIMATION, n)):
+            counts.append(sum(smooth.sample_counts(image, min(chunk, total - start),
+                                                   smooth.generator(job_seed(seed, phase, k)))
+                              for k, start in enumerate(range(0, total, chunk))))
+        certificates.append(certificate_from_counts(counts[0], counts[1], alpha, smooth.sigma))
+    return certificates
+
+
+@pytest.mark.parametrize("share_passes", [False, True])
+def test_scheduled_certificates_equal_the_direct_computation(smooth, digits, share_passes):
+    images = digits[0][:2]
+    scheduler = FairScheduler(VoteCounter(smooth), round_samples=120, pass_samples=300, share_passes=share_passes,
+                              max_queued=8)
+
+    async def run():
+        works = [CertifyWork(images, [10 * k, 10 * k + 1], 20, 200, 0.001, 0.25, 10, 50) for k in range(3)]
+        return await asyncio.gather(*(scheduler.run(w, 60, 10_000) for w in works))
+
+    results = asyncio.run(run())
+    for k, certificates in enumerate(results):
+        assert certificates == direct_certificates(smooth, images, [10 * k, 10 * k + 1], 20, 200, 50)
+    assert [c.prediction for c in results[0]] == digits[1][:2].tolist()
+    if share_passes:
+        assert max(scheduler.stats.pass_sizes) > 1  # passes were in fact shared between requests
+    else:
+        assert max(scheduler.stats.pass_sizes) == 1
+
+
+def test_a_small_request_waits_one_round_not_a_large_request_s_work():
+    counter = FakeCounter(seconds_per_sample=2e-5)
+    scheduler = FairScheduler(counter, round_samples=100, pass_samples=1000, share_passes=False, max_queued=8)
+    finished: dict[str, int] = {}
+
+    arrived: dict[str, int] = {}
+
+    async def timed(name, w, delay):
+        await asyncio.sleep(delay)
+        arrived[name] = len(counter.passes)  # passes done (or running) when the request arrives
+        await scheduler.run(w, 60, 10**6)
+        finished[name] = len(counter.passes)
+
+    async def run():
+        await asyncio.gather(timed("large", work(4, 2000), 0), timed("small", work(1, 80, seed=99), 0.05))
+
+    asyncio.run(run())
+    large_passes = 4 * (20 + 2000) // 100
+    small_seeds = {job_seed(99, SELECTION, 0), job_seed(99, ESTIMATION, 0), job_seed(99, ESTIMATION, 1)}
+    small_passes = [i for i, jobs in enumerate(counter.passes) if {j.seed for j in jobs} & small_seeds]
+    assert small_passes[0] <= arrived["small"] + 1  # after at most the large request's running pass
+    assert finished["small"] == small_passes[-1] + 1 == small_passes[0] + 1 < large_passes / 2  # one round
+    assert all({j.seed for j in counter.passes[i]} <= small_seeds for i in small_passes)  # one request per pass
+    assert finished["large"] == len(counter.passes)  # the large request finished last
+
+
+def test_deadline_stops_the_computation():
+    counter = FakeCounter(seconds_per_sample=1e-4)
+    scheduler = FairScheduler(counter, round_samples=100, pass_samples=1000, share_passes=False, max_queued=8)
+
+    async def run():
+        with pytest.raises(DeadlineExceeded, match="deadline of 0.2 s.*stopped"):
+            await scheduler.run(work(1, 10_000), 0.2, 10**6)
+        await asyncio.sleep(0.1)
+
+    asyncio.run(run())
+    computed = sum(job.num_samples for jobs in counter.passes for job in jobs)
+    assert computed <= 0.2 / 1e-4 + 2 * 100 and scheduler.stats.dropped == {"deadline": 1}
+    assert DeadlineExceeded.status == 504
+
+
+def test_a_disconnected_client_loses_its_remaining_passes_within_one_pass():
+    counter = FakeCounter(seconds_per_sample=1e-5)
+    scheduler = FairScheduler(counter, round_samples=100, pass_samples=1000, share_passes=False, max_queued=8)
+    gone_after = 5
+    probes = []
+
+    async def disconnected():
+        probes.append(len(counter.passes))
+        return len(counter.passes) >= gone_after
+
+    async def run():
+        with pytest.raises(ClientDisconnected):
+            await scheduler.run(work(1, 10_000), 60, 10**6, disconnected)
+
+    asyncio.run(run())
+    assert len(counter.passes) == gone_after  # probed before each pass: no pass after the disconnection was seen
+    assert scheduler.stats.dropped == {"disconnected": 1}
+
+
+def test_a_cancelled_caller_is_dropped():
+    counter = FakeCounter(seconds_per_sample=1e-5)
+    scheduler = FairScheduler(counter, round_samples=100, pass_samples=1000, share_passes=False, max_queued=8)
+
+    async def run():
+        task = asyncio.create_task(scheduler.run(work(1, 10_000), 60, 10**6))
+        await asyncio.sleep(0.02)
+        task.cancel()
+        passes = len(counter.passes)
+        await asyncio.sleep(0.1)
+        return passes
+
+    passes_at_cancel = asyncio.run(run())
+    assert len(counter.passes) <= passes_at_cancel + 1 and scheduler.depth == 0
+
+
+def test_queue_bound_and_budget():
+    counter = FakeCounter(seconds_per_sample=1e-5)
+    scheduler = FairScheduler(counter, round_samples=100, pass_samples=1000, share_passes=False, max_queued=2)
+
+    async def run():
+        first = [asyncio.create_task(scheduler.run(work(1, 2000, seed=s), 60, 10**6)) for s in (0, 10)]
+        await asyncio.sleep(0.01)
+        with pytest.raises(QueueFull, match="max_queued_requests") as info:
+            await scheduler.run(work(1, 100), 60, 10**6)
+        assert int(info.value.headers["Retry-After"]) >= 1 and info.value.status == 503
+        await asyncio.gather(*first)
+        await scheduler.run(work(1, 100), 60, 10**6)  # room again
+        with pytest.raises(BudgetExceeded, match="2 x \\(n0 \\+ n\\)|needs 2040 noisy samples"):
+            await scheduler.run(work(2, 1000), 60, 2039)
+        await scheduler.run(work(2, 1000), 60, 2040)
+
+    asyncio.run(run())
+
+
+def test_a_failing_job_fails_its_own_request_only(smooth, digits):
+    scheduler = FairScheduler(VoteCounter(smooth), round_samples=100, pass_samples=400, share_passes=True,
+                              max_queued=8)
+
+    class BadWork(CertifyWork):
+        def take(self, max_samples):
+            return [(key, NoiseJob(torch.zeros(3, 5, 5), job.num_samples, job.seed))  # crashes a forward pass
+                    for key, job in super().take(max_samples)]
+
+    images = digits[0][:1]
+
+    async def run():
+        good = CertifyWork(images, [3], 20, 100, 0.001, 0.25, 10, 50)
+        bad = BadWork(images, [4], 20, 100, 0.001, 0.25, 10, 50)
+        return await asyncio.gather(scheduler.run(good, 60, 10**6), scheduler.run(bad, 60, 10**6),
+                                    return_exceptions=True)
+
+    good, bad = asyncio.run(run())
+    assert isinstance(bad, Exception)
+    assert good == direct_certificates(smooth, images, [3], 20, 100, 50)
+
+
+# ------------------------------------------------------------------------------------------------ keyed noise
+
+def test_keyed_seeds_are_one_per_input():
+    key = NoiseKey(b"k" * 32, "model-a")
+    image = torch.rand(SHAPE, generator=torch.Generator().manual_seed(0))
+    seed = key.image_seed(image, SETTINGS)
+    assert key.image_seed(image.clone(), SETTINGS) == seed  # same bytes, same seed
+    changed = image.clone()
+    changed[0, 3, 4] = torch.nextafter(changed[0, 3, 4], torch.tensor(2.0))  # one pixel, one ulp
+    assert key.image_seed(changed, SETTINGS) != seed
+    assert NoiseKey(b"j" * 32, "model-a").image_seed(image, SETTINGS) != seed  # another secret
+    assert NoiseKey(b"k" * 32, "model-b").image_seed(image, SETTINGS) != seed  # another model
+    for name, value in (("n", 201), ("n0", 21), ("sigma", 0.5), ("alpha", 0.01), ("kind", "radius")):
+        assert key.image_seed(image, {**SETTINGS, name: value}) != seed
+    assert key.image_seed(image.reshape(1, 1, 784), SETTINGS) != seed  # same bytes, another shape
+    assert 0 <= seed < 2**63
+
+
+def test_canonical_bytes_identify_negative_zero_and_float64():
+    zeros = torch.zeros(SHAPE)
+    assert canonical_image_bytes(-zeros) == canonical_image_bytes(zeros)
+    assert np.signbit(np.frombuffer(zeros.neg().numpy().tobytes(), "<f4")).all()  # the raw bytes do differ
+    assert canonical_image_bytes(torch.full(SHAPE, 0.5, dtype=torch.float64)) == \
+        canonical_image_bytes(torch.full(SHAPE, 0.5))
+
+
+def test_client_seeds_differ_per_image():
+    assert client_image_seed(5, 0) != client_image_seed(5, 1) != client_image_seed(6, 1)
+    with pytest.raises(ValueError):
+        NoiseKey(b"short", "m")
+
+
+def test_duplicates_get_one_certificate_and_a_changed_pixel_fresh_noise(smooth, digits):
+    """The same image twice in one request and in a second request: identical certificates; a changed pixel
+    or another secret: other noise, hence (almost surely) other counts for an ambiguous image."""
+    ambiguous = 0.5 * digits[0][0] + 0.5 * digits[0][1]  # a blend of two digits: votes split between classes
+    changed = ambiguous.clone()
+    changed[0, 0, 0] = 0.001
+    scheduler = FairScheduler(VoteCounter(smooth), round_samples=200, pass_samples=1000, share_passes=False,
+                              max_queued=8)
+
+    def certify(key, images):
+        seeds = [key.image_seed(image, SETTINGS) for image in images]
+        w = CertifyWork(images, seeds, 20, 200, 0.001, 0.25, 10, 50)
+        return asyncio.run(scheduler.run(w, 60, 10**6))
+
+    key = NoiseKey(b"s" * 32, "m")
+    first = certify(key, torch.stack([ambiguous, ambiguous]))
+    again = certify(key, torch.stack([ambiguous]))
+    assert first[0] == first[1] == again[0]
+    other = [certify(key, torch.stack([changed]))[0], certify(NoiseKey(b"t" * 32, "m"), torch.stack([ambiguous]))[0]]
+    assert 0.05 < first[0].count / 200 < 0.95  # ambiguous indeed, so counts vary with the noise
+    assert all((c.count, c.p_lower) != (first[0].count, first[0].p_lower) for c in other)
