@@ -45,8 +45,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.special import betaln
-from scipy.stats import beta, norm
+from scipy.special import betainc, betaincc, betaincinv, betaln
+from scipy.stats import norm
 
 from transdenoiser.errors import UserError
 
@@ -140,18 +140,52 @@ class UnionClopperPearson(ConfidenceSequence):
         weights = np.ones_like(k) if spending == "uniform" else 1.0 / k ** 2
         self.spending = spending
         self.alphas = self.alpha * weights / weights.sum()
+        self._criticals: dict[tuple[int, float, str], int] = {}
 
     def lower(self, successes: np.ndarray, look: int) -> np.ndarray:
         s = np.asarray(successes, dtype=float)
         t = float(self.looks[look])
-        bound = beta.ppf(self.alphas[look], np.maximum(s, 1.0), t - s + 1.0)
+        bound = betaincinv(np.maximum(s, 1.0), t - s + 1.0, self.alphas[look])  # Beta quantile
         return np.where(s > 0, bound, 0.0)
 
     def upper(self, successes: np.ndarray, look: int) -> np.ndarray:
         s = np.asarray(successes, dtype=float)
         t = float(self.looks[look])
-        bound = beta.ppf(1.0 - self.alphas[look], s + 1.0, np.maximum(t - s, 1.0))
+        bound = betaincinv(s + 1.0, np.maximum(t - s, 1.0), 1.0 - self.alphas[look])
         return np.where(s < t, bound, 1.0)
+
+    def _critical(self, look: int, p: float, side: str) -> int:
+        """Lower side: the fewest successes whose bound is >= p, i.e. P[Binomial(t, p) >= S] = I_p(S, t - S + 1)
+        <= alpha_k. Upper side: the most successes whose upper bound is < p, i.e. P[Binomial(t, p) <= S] =
+        1 - I_p(S + 1, t - S) < alpha_k. Both tails are monotone in S: found by bisection, cached."""
+        key = (look, float(p), side)
+        if key not in self._criticals:
+            t, a = int(self.looks[look]), self.alphas[look]
+            if side == "lower":  # smallest S in [1, t + 1] with I_p(S, t - S + 1) <= a (t + 1: none)
+                low, high = 1, t + 1
+                while low < high:
+                    mid = (low + high) // 2
+                    if betainc(mid, t - mid + 1, p) <= a:
+                        high = mid
+                    else:
+                        low = mid + 1
+                self._criticals[key] = low
+            else:  # largest S in [-1, t - 1] with 1 - I_p(S + 1, t - S) < a (-1: none)
+                low, high = -1, t - 1
+                while low < high:
+                    mid = (low + high + 1) // 2
+                    if betaincc(mid + 1, t - mid, p) < a:
+                        low = mid
+                    else:
+                        high = mid - 1
+                self._criticals[key] = low
+        return self._criticals[key]
+
+    def lower_at_least(self, successes: np.ndarray, look: int, p: float) -> np.ndarray:
+        return np.asarray(successes) >= self._critical(look, p, "lower")
+
+    def upper_below(self, successes: np.ndarray, look: int, p: float) -> np.ndarray:
+        return np.asarray(successes) <= self._critical(look, p, "upper")
 
     def describe(self) -> dict:
         return {**super().describe(), "spending": self.spending, "alpha_per_look": [float(a) for a in self.alphas]}

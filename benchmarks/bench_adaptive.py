@@ -1,0 +1,183 @@
+"""Adaptive (anytime-valid) certification against Cohen's fixed n, on the same images with the same seeds.
+
+    python -m benchmarks.bench_adaptive --quick                       # seconds: a smoke run
+    nice -n 10 python -m benchmarks.bench_adaptive --images 500 --images-100k 100 --json runs/bench/adaptive.json
+
+Sides, each on the same images with the same per-image generators (seed, idx), so every side selects
+its class from the same n0 noise draws:
+- ``fixed_n10000`` / ``fixed_n100000``: Cohen's CERTIFY (``Smooth.certify_many``) with n = 10,000 / 100,000;
+  n = 100,000 runs on every k-th image only (``--images-100k``), and its figures say on how many;
+- ``decide_r{R}``: ``Smooth.decide_many`` at each radius R of ``--radii``, budget ``--n-max``;
+- ``estimate``: ``Smooth.certify_adaptive_many`` with budget ``--estimate-n-max`` and ``--tolerance``.
+The sides are interleaved chunk by chunk (``--chunk`` images), so a change in machine load hits them
+alike. For every side: mean and median noisy samples per image (n0 included), certified accuracy at each
+radius, seconds per image; and the ratios the targets name. The JSON is rewritten after every chunk.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks import prepare_process
+from certify.cli import DEFAULT_BATCH, workers_arg
+from certify.core import ABSTAIN, Smooth
+from certify.sequential import DEFAULT_METHOD, DEFAULT_TOLERANCE
+from transdenoiser.runtime import hardware_description
+
+DEMO = Path("runs/demo")
+
+
+def _side(rows: list[dict], radii: list[float], samples_total: int | None = None) -> dict:
+    samples = [r["samples"] for r in rows]
+    seconds = sum(r["seconds"] for r in rows)
+    return {"images": len(rows),
+            "mean_samples_per_image": statistics.fmean(samples) if rows else None,
+            "median_samples_per_image": statistics.median(samples) if rows else None,
+            "certified_accuracy": {f"{radius:g}": sum(r["correct"] and r["radius"] >= radius for r in rows) / len(rows)
+                                   for radius in radii} if rows else {},
+            "abstained": sum(r["predict"] == ABSTAIN for r in rows),
+            "seconds_per_image": seconds / len(rows) if rows else None}
+
+
+def _record(idx: int, label: int, prediction: int, radius: float, samples: int, seconds: float) -> dict:
+    return {"idx": idx, "label": label, "predict": prediction, "radius": radius, "correct": prediction == label,
+            "samples": samples, "seconds": seconds}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_adaptive", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--classifier", type=Path, default=DEMO / "classifier")
+    parser.add_argument("--denoiser", type=Path, default=DEMO / "denoiser", help="'none' for the classifier alone")
+    parser.add_argument("--images", type=int, default=500, help="test images, spread evenly over the split")
+    parser.add_argument("--images-100k", type=int, default=100, help="of them, how many fixed n = 100,000 certifies")
+    parser.add_argument("--sigma", type=float, default=0.25)
+    parser.add_argument("--n0", type=int, default=100)
+    parser.add_argument("--alpha", type=float, default=0.001)
+    parser.add_argument("--radii", type=float, nargs="+", default=[0.25, 0.5, 0.75])
+    parser.add_argument("--n-max", type=int, default=100_000, help="decide mode's budget of estimation samples")
+    parser.add_argument("--estimate-n-max", type=int, default=100_000)
+    parser.add_argument("--estimate-images", type=int, default=None,
+                        help="how many of the images estimate mode certifies (default: all)")
+    parser.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE)
+    parser.add_argument("--method", default=DEFAULT_METHOD)
+    parser.add_argument("--fixed", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--chunk", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch", type=int, default=DEFAULT_BATCH["cpu"])
+    parser.add_argument("--workers", type=workers_arg, default="auto")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--quick", action="store_true", help="4 images, small budgets (a smoke run)")
+    parser.add_argument("--json", type=Path, default=Path("runs/bench/adaptive.json"))
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.images, args.images_100k, args.n_max, args.estimate_n_max, args.fixed, args.chunk = 4, 2, 400, 400, \
+            [200, 400], 2
+    allocator, device = prepare_process(args.threads, args.device)
+    from certify.pipeline import load_pipeline
+    from training.datasets import load_dataset
+
+    denoiser = None if str(args.denoiser) == "none" else args.denoiser
+    pipeline = load_pipeline(args.classifier, denoiser, device)
+    images, labels = load_dataset("mnist10k").test.tensors("cpu")
+    step = max(1, len(images) // args.images)
+    indices = list(range(0, len(images), step))[:args.images]
+    big = max(args.fixed)
+    every = max(1, round(len(indices) / max(1, args.images_100k)))
+    big_indices = set(indices[::every][:args.images_100k])
+    estimate_indices = set(indices if args.estimate_images is None else
+                           indices[::max(1, round(len(indices) / args.estimate_images))][:args.estimate_images])
+    smooth = Smooth(pipeline.classifier, pipeline.num_classes, args.sigma, pipeline.denoiser, args.batch, device,
+                    workers=args.workers)
+    rows: dict[str, list[dict]] = {f"fixed_n{n}": [] for n in args.fixed}
+    rows.update({f"decide_r{r:g}": [] for r in args.radii})
+    rows["estimate"] = []
+    every_radius = sorted(set(args.radii) | {0.0})
+
+    def generators(unit):
+        return [smooth.image_generator(args.seed, i) for i in unit]
+
+    def run_chunk(unit: list[int]) -> None:
+        batch, unit_labels = images[unit], [int(labels[i]) for i in unit]
+        for n in args.fixed:
+            part = [i for i in unit if n != big or i in big_indices]
+            if not part:
+                continue
+            start = time.perf_counter()
+            certs = smooth.certify_many(images[part], args.n0, n, args.alpha, generators(part))
+            seconds = (time.perf_counter() - start) / len(part)
+            rows[f"fixed_n{n}"] += [_record(i, int(labels[i]), c.prediction, c.radius, args.n0 + n, seconds)
+                                    for i, c in zip(part, certs, strict=True)]
+        for radius in args.radii:
+            start = time.perf_counter()
+            certs = smooth.decide_many(batch, radius, args.n0, args.n_max, args.alpha, generators(unit), args.method)
+            elapsed = time.perf_counter() - start
+            total = sum(c.samples for c in certs)
+            rows[f"decide_r{radius:g}"] += [_record(i, y, c.prediction, c.radius, c.samples, elapsed * c.samples / total)
+                                            for i, y, c in zip(unit, unit_labels, certs, strict=True)]
+        part = [i for i in unit if i in estimate_indices]
+        if part:
+            start = time.perf_counter()
+            certs = smooth.certify_adaptive_many(images[part], args.n0, args.estimate_n_max, args.alpha, generators(part),
+                                                 args.tolerance, args.method)
+            elapsed = time.perf_counter() - start
+            total = sum(c.samples for c in certs)
+            rows["estimate"] += [_record(i, int(labels[i]), c.prediction, c.radius, c.samples,
+                                         elapsed * c.samples / total) for i, c in zip(part, certs, strict=True)]
+
+    def summary() -> dict:
+        sides = {name: _side(side_rows, every_radius) for name, side_rows in rows.items()}
+        result = {"command": "python -m benchmarks.bench_adaptive " + " ".join(argv if argv is not None else []),
+                  "hardware": hardware_description(device), "allocator": allocator,
+                  "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                  "images": len(indices), "images_fixed_largest_n": len(big_indices), "sides": sides,
+                  "ratios": {}, "accuracy_gaps_points": {}, "rows": rows}
+        for radius in args.radii:
+            decide = sides[f"decide_r{radius:g}"]
+            if not decide["images"]:
+                continue
+            done = {r["idx"] for r in rows[f"decide_r{radius:g}"]}
+            for n in args.fixed:
+                fixed_rows = [r for r in rows[f"fixed_n{n}"] if r["idx"] in done]
+                if not fixed_rows:
+                    continue
+                same = [r for r in rows[f"decide_r{radius:g}"] if r["idx"] in {f["idx"] for f in fixed_rows}]
+                key = f"decide_r{radius:g}_vs_fixed_n{n}"
+                result["ratios"][key] = (statistics.fmean(r["samples"] for r in fixed_rows)
+                                         / statistics.fmean(r["samples"] for r in same))
+                fixed_acc = sum(r["correct"] and r["radius"] >= radius for r in fixed_rows) / len(fixed_rows)
+                decide_acc = sum(r["correct"] and r["radius"] >= radius for r in same) / len(same)
+                result["accuracy_gaps_points"][key] = {"images": len(same), "decide": 100 * decide_acc,
+                                                       "fixed": 100 * fixed_acc,
+                                                       "decide_minus_fixed": 100 * (decide_acc - fixed_acc)}
+        return result
+
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    for position in range(0, len(indices), args.chunk):
+        run_chunk(indices[position:position + args.chunk])
+        result = summary()
+        result["wall_seconds"] = round(time.perf_counter() - started, 1)
+        result["complete"] = position + args.chunk >= len(indices)
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"{min(position + args.chunk, len(indices))}/{len(indices)} images, "
+              f"{result['wall_seconds']:.0f} s: " + ", ".join(f"{k} {v:.1f}x" for k, v in result["ratios"].items()),
+              flush=True)
+    smooth.close()
+    for name, side in result["sides"].items():
+        print(f"{name:16s} {side['images']:4d} images, mean {side['mean_samples_per_image'] or 0:9.0f} samples, "
+              f"median {side['median_samples_per_image'] or 0:9.0f}, {side['seconds_per_image'] or 0:.3f} s/image, "
+              "certified accuracy " + " ".join(f"r{r}:{a:.3f}" for r, a in side["certified_accuracy"].items()))
+    print(json.dumps(result["accuracy_gaps_points"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    torch.set_grad_enabled(False)
+    raise SystemExit(main())

@@ -1,0 +1,209 @@
+"""Anytime validity of the sequential certification rules, by simulation (no model): Bernoulli vote streams
+run through the very rules and driver ``Smooth.decide`` / ``Smooth.certify_adaptive`` use
+(``certify.sequential.run_streams``). Each rate of wrong answers is checked with a one-sided binomial test
+against alpha, and the same check is shown to catch a rule that is invalid under optional stopping
+(a fixed-level Clopper-Pearson bound read at every look)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.stats import betabinom, binom, binomtest, norm
+
+from certify.core import clopper_pearson_lower
+from certify.sequential import (
+    CERTIFIED,
+    CONTINUE,
+    ESTIMATED,
+    BetaBinomialMixture,
+    DecideRule,
+    EstimateRule,
+    SequentialTest,
+    UnionClopperPearson,
+    confidence_sequence,
+    geometric_looks,
+    radius_of,
+    run_streams,
+)
+from transdenoiser.errors import UserError
+
+SIGMA = 0.25
+STREAMS = 100_000
+SIGNIFICANCE = 1e-3  # a rate of wrong answers is declared above alpha when the one-sided p-value is below this
+
+
+class NaiveClopperPearson(UnionClopperPearson):
+    """Deliberately invalid: the full alpha at every look, as if each look were the only one."""
+
+    name = "naive-cp"
+
+    def __init__(self, looks, alpha):
+        super().__init__(looks, alpha)
+        self.alphas = np.full(len(self.looks), self.alpha)
+
+
+def binomial_draw(p: float, rng: np.random.Generator):
+    return lambda active, samples: rng.binomial(samples, p, size=active.size)
+
+
+def excess_pvalue(wrong: int, trials: int, alpha: float) -> float:
+    """P[Binomial(trials, alpha) >= wrong]: small when the rule is wrong more often than alpha allows."""
+    return binomtest(wrong, trials, alpha, alternative="greater").pvalue
+
+
+def wrong_certified(cs, p: float, radius: float, streams: int, seed: int) -> int:
+    result = run_streams(DecideRule(cs, radius, SIGMA), binomial_draw(p, np.random.default_rng(seed)), streams)
+    return int((result.outcome == CERTIFIED).sum())
+
+
+# ----------------------------------------------------------------------------------------------- closed forms
+
+def test_union_bound_spends_alpha_and_matches_statsmodels_clopper_pearson():
+    looks = geometric_looks(10_000, 64, 1.5)
+    cs = UnionClopperPearson(looks, 0.001)
+    assert cs.alphas.sum() == pytest.approx(0.001) and np.allclose(cs.alphas, 0.001 / len(looks))
+    quadratic = UnionClopperPearson(looks, 0.001, "quadratic")
+    assert quadratic.alphas.sum() == pytest.approx(0.001) and quadratic.alphas[0] > quadratic.alphas[-1]
+    for look in (0, 5, len(looks) - 1):
+        t = int(looks[look])
+        for s in (0, t // 2, t - 3, t):
+            assert cs.lower(np.array([s]), look)[0] == pytest.approx(clopper_pearson_lower(s, t, cs.alphas[look]),
+                                                                     abs=1e-12)
+            # upper bound of s successes = 1 - lower bound of the t - s failures
+            assert cs.upper(np.array([s]), look)[0] == pytest.approx(
+                1 - clopper_pearson_lower(t - s, t, cs.alphas[look]), abs=1e-12)
+
+
+@pytest.mark.parametrize("method", ["union-cp", "beta-mixture"])
+def test_threshold_tests_agree_with_the_bounds(method):
+    cs = confidence_sequence(method, 100_000, 0.01)
+    rng = np.random.default_rng(0)
+    for look in (0, 5, len(cs.looks) - 1):
+        t = int(cs.looks[look])
+        s = np.concatenate([rng.integers(0, t + 1, size=2000), [0, 1, t - 1, t]])
+        lower, upper = cs.lower(s, look), cs.upper(s, look)
+        for p in (0.5, 0.9, 0.977, 0.999):
+            assert np.array_equal(cs.lower_at_least(s, look, p), lower >= p)
+            assert np.array_equal(cs.upper_below(s, look, p), upper < p)
+
+
+def test_mixture_martingale_is_the_betabinomial_over_binomial_likelihood_ratio():
+    cs = BetaBinomialMixture(geometric_looks(1000), 0.01, prior=(2.0, 0.5))
+    for t, s, p in ((50, 49, 0.9), (200, 180, 0.95), (1000, 1000, 0.99), (64, 3, 0.2)):
+        expected = np.log(betabinom.pmf(s, t, 2.0, 0.5)) - np.log(binom.pmf(s, t, p))
+        assert cs.log_martingale(np.array([s]), t, p)[0] == pytest.approx(expected, rel=1e-9, abs=1e-9)
+
+
+def test_mixture_bounds_are_where_the_martingale_crosses_one_over_alpha():
+    cs = BetaBinomialMixture(geometric_looks(4096, 64, 2.0), 0.01)
+    look = 3
+    t = int(cs.looks[look])
+    s = np.array([int(0.9 * t), t - 1])
+    lower, upper = cs.lower(s, look), cs.upper(s, look)
+    for bound in (lower, upper):
+        assert np.allclose(cs.log_martingale(s, t, bound), np.log(100), atol=1e-6)
+    assert np.all(lower < s / t) and np.all(s / t < upper)
+    assert cs.lower(np.array([0]), look)[0] == 0 and cs.upper(np.array([t]), look)[0] == 1
+    # the exact threshold tests agree with the bisected bounds
+    for p in (0.85, 0.88, 0.95):
+        assert np.array_equal(cs.lower_at_least(s, look, p), lower >= p)
+
+
+def test_looks_and_arguments():
+    assert geometric_looks(1000, 64, 2.0).tolist() == [64, 128, 256, 512, 1000]
+    assert geometric_looks(10, 64).tolist() == [10]
+    for bad in (lambda: geometric_looks(0), lambda: geometric_looks(100, 0), lambda: geometric_looks(100, 4, 1.0),
+                lambda: UnionClopperPearson(geometric_looks(100), 1.5), lambda: confidence_sequence("wald", 100, 0.1),
+                lambda: DecideRule(confidence_sequence("union-cp", 100, 0.1), 0.0, SIGMA),
+                lambda: EstimateRule(confidence_sequence("union-cp", 100, 0.1), SIGMA, -1.0)):
+        with pytest.raises(UserError):
+            bad()
+
+
+# ----------------------------------------------------------------------------------------------- validity
+
+@pytest.mark.parametrize("method", ["union-cp", "beta-mixture"])
+def test_decide_is_wrong_at_most_alpha_on_the_boundary(method):
+    """100,000 streams at pA = Phi(R / sigma) exactly (the worst case of pA < threshold), then just below it."""
+    alpha, radius = 0.01, 0.5
+    threshold = norm.cdf(radius / SIGMA)
+    cs = confidence_sequence(method, 100_000, alpha)
+    wrong = wrong_certified(cs, threshold, radius, STREAMS, seed=1)
+    assert excess_pvalue(wrong, STREAMS, alpha) > SIGNIFICANCE, (wrong, STREAMS)
+    for offset, seed in ((1e-4, 2), (1e-3, 3), (5e-3, 4)):
+        wrong = wrong_certified(cs, threshold - offset, radius, 20_000, seed)
+        assert excess_pvalue(wrong, 20_000, alpha) > SIGNIFICANCE, (offset, wrong)
+
+
+def test_the_boundary_check_catches_fixed_level_bounds_read_at_every_look():
+    alpha, radius = 0.01, 0.5
+    threshold = norm.cdf(radius / SIGMA)
+    naive = NaiveClopperPearson(geometric_looks(100_000), alpha)
+    wrong = wrong_certified(naive, threshold, radius, STREAMS, seed=1)
+    assert excess_pvalue(wrong, STREAMS, alpha) < SIGNIFICANCE, (wrong, STREAMS)
+
+
+def test_decide_rejects_and_certifies_when_far_from_the_threshold():
+    cs = confidence_sequence("union-cp", 100_000, 0.001)
+    rng = np.random.default_rng(5)
+    easy = run_streams(DecideRule(cs, 0.5, SIGMA), binomial_draw(0.999, rng), 1000)
+    assert (easy.outcome == CERTIFIED).all() and easy.samples.max() <= 2000  # vs 100,000 fixed
+    hard = run_streams(DecideRule(cs, 0.5, SIGMA), binomial_draw(0.6, rng), 1000)
+    assert (hard.outcome != CERTIFIED).all() and hard.samples.max() <= 1000
+
+
+def max_lower_over_looks(cs, p: float, streams: int, seed: int) -> np.ndarray:
+    """The adversary: sees the whole stream and stops at the look whose lower bound is the highest."""
+    rng = np.random.default_rng(seed)
+    increments = np.diff(np.concatenate([[0], cs.looks]))
+    successes = np.cumsum(rng.binomial(increments, p, size=(streams, len(increments))), axis=1)
+    return np.max([cs.lower(successes[:, k], k) for k in range(len(cs.looks))], axis=0)
+
+
+@pytest.mark.parametrize("method,p", [("union-cp", 0.99), ("union-cp", 0.9), ("beta-mixture", 0.99)])
+def test_optional_stopping_at_the_most_favourable_look_keeps_the_guarantee(method, p):
+    alpha, streams = 0.01, 20_000
+    cs = confidence_sequence(method, 20_000, alpha)
+    wrong = int((max_lower_over_looks(cs, p, streams, seed=7) > p).sum())
+    assert excess_pvalue(wrong, streams, alpha) > SIGNIFICANCE, (wrong, streams)
+
+
+def test_the_favourable_look_adversary_breaks_fixed_level_bounds():
+    alpha, streams, p = 0.01, 20_000, 0.99
+    naive = NaiveClopperPearson(geometric_looks(20_000), alpha)
+    wrong = int((max_lower_over_looks(naive, p, streams, seed=7) > p).sum())
+    assert excess_pvalue(wrong, streams, alpha) < SIGNIFICANCE, (wrong, streams)
+
+
+def test_estimate_radius_holds_at_alpha_and_stops_early_where_the_radius_is_settled():
+    alpha, p = 0.01, 0.95
+    cs = confidence_sequence("union-cp", 100_000, alpha)
+    result = run_streams(EstimateRule(cs, SIGMA, 0.05), binomial_draw(p, np.random.default_rng(9)), 20_000)
+    assert (result.outcome == ESTIMATED).all()
+    assert excess_pvalue(int((result.p_lower > p).sum()), 20_000, alpha) > SIGNIFICANCE
+    assert np.median(result.samples) < 100_000 / 4
+    # the radius it settles on is within the tolerance of what pA itself allows (for most streams)
+    assert np.mean(radius_of(result.p_lower, SIGMA) >= SIGMA * norm.ppf(p) - 0.05 - 0.02) > 0.9
+
+
+def test_counts_fed_one_look_at_a_time_give_the_driver_s_answer():
+    cs = confidence_sequence("union-cp", 10_000, 0.001)
+    for rule in (DecideRule(cs, 0.5, SIGMA), EstimateRule(cs, SIGMA, 0.05)):
+        rng = np.random.default_rng(11)
+        votes = rng.binomial(1, 0.985, size=10_000)
+        drawn = [0]
+
+        def draw(active, m):
+            start, drawn[0] = drawn[0], drawn[0] + m
+            return np.array([votes[start:start + m].sum()])
+
+        batch = run_streams(rule, draw, 1)
+        test = SequentialTest(rule)
+        while not test.done:
+            need = test.samples_needed
+            test.observe(int(votes[test.samples:test.samples + need].sum()), need)
+        assert (test.outcome, test.samples, test.successes) == (batch.outcome[0], batch.samples[0],
+                                                                 batch.successes[0])
+        assert test.p_lower == pytest.approx(batch.p_lower[0]) and test.samples_needed == 0
+        assert test.outcome != CONTINUE
+        with pytest.raises(ValueError):
+            test.observe(0, 1)
