@@ -1,6 +1,6 @@
 """Soak test of the prediction API: C clients for a fixed time, one malformed request in every ten.
 
-    python -m benchmarks.bench_soak [--classifier-dir runs/classifier] [--clients 16] [--seconds 300]
+    python -m benchmarks.bench_soak [--classifier-dir runs/demo/classifier] [--clients 16] [--seconds 300]
     python -m benchmarks.bench_soak --quick      # 4 clients for 20 s (the smoke test's setting)
 
 A real server (``transdenoiser serve``, default settings, sigma 0.25) starts on 127.0.0.1, or ``--url`` points
@@ -147,7 +147,7 @@ def run_soak(url: str, images: np.ndarray, clients: int, seconds: float, memory_
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_soak", description=__doc__.split("\n")[0])
-    parser.add_argument("--classifier-dir", default="runs/classifier", help="classifier checkpoint directory")
+    parser.add_argument("--classifier-dir", default="runs/demo/classifier", help="classifier checkpoint directory")
     parser.add_argument("--denoiser-dir", default=None, help="optional denoiser checkpoint directory")
     parser.add_argument("--url", default=None, help="a running server on 127.0.0.1 (default: start one)")
     parser.add_argument("--clients", type=positive_int, default=16)

@@ -76,8 +76,9 @@ def register(subparsers, common) -> None:
     p = subparsers.add_parser(
         "serve", parents=[common], help="serve certified predictions over HTTP (BentoML)",
         description="Serve a model directory (see serving.bundle.write_model_dir) with 'bentoml serve': "
-                    "POST /predict, POST /metadata, GET /healthz /readyz /livez /metrics. Each request draws "
-                    f"fresh noise, so --seed is not used. Set {API_KEY_ENV} to require an API key.")
+                    "POST /predict, POST /metadata, GET /healthz /readyz /livez /metrics. Each image's noise is "
+                    "keyed to the model, the image and the settings, so --seed is not used. Set "
+                    f"{API_KEY_ENV} to require an API key.")
     p.add_argument("--model-dir", default=None,
                    help=f"model directory with serving.toml and the checkpoints (default: ${MODEL_DIR_ENV})")
     p.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default: {DEFAULT_HOST}; "

@@ -35,7 +35,7 @@ class ServingConfig:
     n: int = 1000  # default estimation samples per image
     max_n: int = 10_000  # largest n a request may ask for
     alpha: float = 0.001  # each certificate holds with probability >= 1 - alpha
-    batch_size: int = 1000  # noisy samples evaluated together (one batcher pass, or one slice of a lone request)
+    batch_size: int = 1000  # most noisy samples in one shared pass (batching on)
     chunk_samples: int = 100  # noisy samples per batching unit; a pass holds batch_size // chunk_samples units
     # noisy samples per forward pass of the models: "auto" is 64 on CPU (cache-sized passes, run side by side
     # in worker threads) and batch_size elsewhere

@@ -41,7 +41,7 @@ class RequestError(Exception):
 class PredictRequest:
     images: torch.Tensor  # (K, C, H, W) float32 in [0, 1]
     n: int
-    seed: int | None  # a client seed (only when the server allows it); None: fresh noise
+    seed: int | None  # a client seed (only when the server allows it); None: noise keyed to each image (serving.noise)
 
 
 def _bad(message: str) -> RequestError:
@@ -62,8 +62,8 @@ def check_seed(value: Any, config: ServingConfig) -> int | None:
     if value is None:
         return None
     if not config.allow_client_seed:
-        raise _bad("this server does not accept client seeds (allow_client_seed = false): every request draws "
-                   "fresh noise; leave 'seed' out")
+        raise _bad("this server does not accept client seeds (allow_client_seed = false): the server keys "
+                   "the noise to each image; leave 'seed' out")
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
         raise _bad(f"'seed' must be an integer in 0..{MAX_SEED}, got {value!r}")
     return value
