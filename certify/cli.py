@@ -13,6 +13,9 @@ DEFAULT_BATCH = {"cpu": 64, "cuda": 4096}  # noisy samples per forward pass with
 # Spelled out so that registering the subcommands imports no torch (tests check them against the library's).
 MEMORY_FORMATS = ("auto", "channels_last", "contiguous")  # certify.core.MEMORY_FORMATS
 SPLITS = ("public", "private", "test")  # training.datasets.SPLITS
+SEQUENTIAL_METHODS = ("union-cp", "beta-mixture")  # certify.sequential.METHODS
+DEFAULT_SEQUENTIAL = "union-cp"  # certify.sequential.DEFAULT_METHOD
+DEFAULT_TOLERANCE = 0.05  # certify.sequential.DEFAULT_TOLERANCE
 
 
 def workers_arg(text: str) -> int | str:
@@ -33,6 +36,16 @@ resumes where it stopped when run again with the same --out and settings (other 
 refused). --shard I/K (or torchrun's RANK/WORLD_SIZE) certifies one share of the images; the
 last shard to finish, or 'transdenoiser certify-merge', writes the report of the whole run.
 Each image's noise is seeded by (--seed, image index): sharded and whole runs agree row for row.
+
+Adaptive certification (anytime-valid confidence sequences, docs/CERTIFY.md): estimation samples
+are drawn in rounds and each image stops as soon as its answer is settled.
+  --radius R --n-max N   decide: is the prediction certified at L2 radius R? Stops when a lower bound
+                         on pA reaches Phi(R/sigma) (certified: radius R) or an upper bound falls below
+                         it (not certified: -1), or after N estimation samples (not certified).
+  --adaptive --n-max N   estimate: the largest certifiable radius with at most N estimation samples,
+                         stopping once more samples cannot raise it by more than --tolerance.
+Rows then add a column 'samples' (noisy samples used, n0 included); the summary adds the mean and
+median samples per image and the saving against fixed n = N.
 """
 
 PREDICT_DESCRIPTION = """\
@@ -105,6 +118,21 @@ def _add_run_args(p: argparse.ArgumentParser, task: str) -> None:
     smoothing.add_argument("--memory-format", choices=MEMORY_FORMATS, default="auto",
                            help="auto: channels-last for convolutional models on CPU (faster), as given elsewhere")
     add_dataset_args(p)
+    if task == "certify":
+        adaptive = p.add_argument_group("adaptive certification (default: off, Cohen's fixed n)")
+        mode = adaptive.add_mutually_exclusive_group()
+        mode.add_argument("--radius", type=positive_float, default=None, metavar="R",
+                          help="decide: is each prediction certified at L2 radius R? (stops as soon as settled)")
+        mode.add_argument("--adaptive", action="store_true",
+                          help="estimate: the largest certifiable radius within --n-max estimation samples")
+        adaptive.add_argument("--n-max", type=positive_int, default=None, metavar="N",
+                              help="budget of estimation samples per image with --radius/--adaptive (default: --n)")
+        adaptive.add_argument("--tolerance", type=positive_float, default=None,
+                              help="--adaptive: stop once more samples cannot raise the radius by more than this "
+                                   f"(L2, [0,1] pixels; default: {DEFAULT_TOLERANCE})")
+        adaptive.add_argument("--sequential", choices=SEQUENTIAL_METHODS, default=DEFAULT_SEQUENTIAL,
+                              help="the confidence sequence (default: %(default)s, the cheaper in samples "
+                                   "as measured in docs/results/certify.md)")
     data = p.add_argument_group("images")
     data.add_argument("--split", choices=SPLITS, default="test", help="which split to use (default: test)")
     data.add_argument("--skip", type=positive_int, default=1, help="use every K-th image (default: 1)")
@@ -169,7 +197,9 @@ def _run(args, task: str) -> int:
         RunSettings,
         Shard,
         collect_rows,
+        adaptive_pack_size,
         iter_certify,
+        iter_certify_adaptive,
         iter_predict,
         missing_report,
         pack_size,
@@ -199,10 +229,26 @@ def _run(args, task: str) -> int:
         raise UserError("--indices names the images itself: leave out --skip and --max")
     indices = select_indices(len(split), args.skip, args.max, args.indices, what=what)
     n0 = args.n0 if task == "certify" else None
+    mode = None
+    if task == "certify":
+        mode = "decide" if args.radius is not None else "estimate" if args.adaptive else None
+        if mode is None and (args.n_max is not None or args.tolerance is not None):
+            raise UserError("--n-max and --tolerance are for adaptive certification: add --radius R or --adaptive")
+        if mode == "decide" and args.tolerance is not None:
+            raise UserError("--tolerance is for --adaptive (estimate mode), not for --radius")
+    n = args.n_max if mode and args.n_max is not None else args.n
     batch = args.batch or DEFAULT_BATCH.get(device.type, DEFAULT_BATCH["cpu"])
     smooth = Smooth(pipeline.classifier, pipeline.num_classes, args.sigma, pipeline.denoiser, batch, device,
                     args.memory_format, args.workers)
-    pack = pack_size((n0 or 0) + args.n, batch)
+    pack = adaptive_pack_size(n0, batch) if mode else pack_size((n0 or 0) + n, batch)
+    extra = {}
+    if mode:
+        from certify.sequential import DEFAULT_FIRST_LOOK, DEFAULT_LOOK_RATIO
+
+        extra = {"mode": mode, "radius": args.radius, "sequential_method": args.sequential,
+                 "tolerance": (args.tolerance if args.tolerance is not None else DEFAULT_TOLERANCE)
+                 if mode == "estimate" else None,
+                 "first_look": DEFAULT_FIRST_LOOK, "look_ratio": DEFAULT_LOOK_RATIO}
     fingerprint = split.fingerprint()
     trained = pipeline.classifier_metadata.get("dataset", {})
     if trained.get("fingerprints", {}).get(trained.get("trained_on")) == fingerprint:
@@ -215,9 +261,9 @@ def _run(args, task: str) -> int:
         denoiser_sha256=(pipeline.denoiser_metadata or {}).get("files", {}).get("weights.safetensors"),
         dataset=dataset.name, data_root=str(args.data_root.resolve()) if args.data_root else None,
         split_seed=args.split_seed, split=args.split, split_fingerprint=fingerprint, split_size=len(split),
-        sigma=args.sigma, n0=n0, n=args.n, alpha=args.alpha, batch=batch, skip=args.skip, max=args.max,
+        sigma=args.sigma, n0=n0, n=n, alpha=args.alpha, batch=batch, skip=args.skip, max=args.max,
         indices=args.indices, seed=args.seed, shards=shard.count if shard else 1, pack=pack,
-        noise_device=device.type, memory_format=smooth.memory_format)
+        noise_device=device.type, memory_format=smooth.memory_format, extra=extra)
     run = RunDirectory(args.out, settings, shard)
     run.open()
     run.write_models(pipeline.classifier_metadata, pipeline.denoiser_metadata)
@@ -225,6 +271,9 @@ def _run(args, task: str) -> int:
     units = plan_units(indices, pack)
 
     def engine(pending):
+        if mode:
+            return iter_certify_adaptive(smooth, images, labels, pending, args.n0, n, args.alpha, args.seed, mode,
+                                         args.radius, extra["tolerance"], args.sequential)
         if task == "certify":
             return iter_certify(smooth, images, labels, pending, args.n0, args.n, args.alpha, args.seed)
         return iter_predict(smooth, images, labels, pending, args.n, args.alpha, args.seed)

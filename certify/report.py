@@ -63,9 +63,40 @@ def certified_accuracy(records: Sequence[CertifyRecord], radius: float) -> float
 
 
 def _timing(records: Sequence[Record], samples_per_image: int) -> dict[str, float | None]:
+    """Speed of the rows; adaptive rows count the samples each image used, others ``samples_per_image`` each."""
     seconds = sum(r.seconds for r in records)
+    samples = sum(samples_per_image if getattr(r, "samples", None) is None else r.samples for r in records)
     return {"seconds_per_image": seconds / len(records) if records else None,
-            "noisy_samples_per_second": len(records) * samples_per_image / seconds if seconds > 0 else None}
+            "noisy_samples_per_second": samples / seconds if seconds > 0 else None}
+
+
+def adaptive_summary(records: Sequence[CertifyRecord], sigma: float, n0: int, n_max: int, alpha: float,
+                     adaptive: dict[str, Any]) -> dict[str, Any]:
+    """What an adaptive run adds to the summary: samples per image and the saving against fixed n = ``n_max``."""
+    from certify.core import sequential_rule
+    from certify.sequential import radius_of
+
+    samples = np.array([r.samples for r in records], dtype=float)
+    fixed = n0 + n_max
+    mode = adaptive["mode"]
+    rule = sequential_rule(mode, sigma, n_max, alpha, radius=adaptive.get("radius"),
+                           tolerance=adaptive.get("tolerance"), method=adaptive.get("sequential_method"))
+    if mode == "decide":
+        largest_possible = float(adaptive["radius"])
+        note = "decide mode certifies at the one radius asked, or not at all"
+    else:
+        largest_possible = float(radius_of(rule.cs.lower(np.array([n_max]), len(rule.looks) - 1), sigma)[0])
+        note = (f"sigma * Phi^-1(lower bound of {n_max}/{n_max}) at the last look: no certificate with this budget "
+                "and alpha can exceed it")
+    return {"mode": mode, "radius": adaptive.get("radius"), "tolerance": adaptive.get("tolerance"),
+            "sequential": rule.cs.describe(),
+            "samples_per_image": {"mean": float(samples.mean()), "median": float(np.median(samples)),
+                                  "max": int(samples.max()), "note": "noisy samples per image, n0 included"},
+            "fixed_n_samples_per_image": fixed,
+            "saving_vs_fixed_n": fixed / float(samples.mean()),
+            "saving_note": f"(n0 + n_max) = {fixed} samples per image of Cohen's CERTIFY at n = n_max, over the mean "
+                           "samples per image of this run",
+            "max_certifiable_radius": largest_possible, "max_certifiable_radius_note": note}
 
 
 def _outcome_rates(records: Sequence[Record]) -> dict[str, float]:
@@ -76,16 +107,22 @@ def _outcome_rates(records: Sequence[Record]) -> dict[str, float]:
 
 
 def summarize(records: Sequence[CertifyRecord], sigma: float, n0: int, n: int, alpha: float,
-              radius_step: float = RADIUS_STEP) -> dict[str, Any]:
-    """Results of a certification: accuracies, abstention, certified accuracy per radius, ACR, timing."""
+              radius_step: float = RADIUS_STEP, adaptive: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Results of a certification: accuracies, abstention, certified accuracy per radius, ACR, timing.
+
+    ``adaptive``: the run's ``mode`` (decide / estimate), ``radius``, ``tolerance`` and ``sequential_method``
+    for an adaptive run (then ``n`` is the budget n_max); adds samples per image and the saving."""
     if not records:
         raise UserError("no certified images to summarize")
     count = len(records)
-    largest_possible = max_certifiable_radius(sigma, n, alpha)
+    extra = adaptive_summary(records, sigma, n0, n, alpha, adaptive) if adaptive else {}
+    largest_possible = extra.get("max_certifiable_radius", max_certifiable_radius(sigma, n, alpha))
     largest = max(r.radius for r in records)
-    table = [{"radius": r, "certified_accuracy": certified_accuracy(records, r)}
-             for r in radius_grid(largest_possible, radius_step)]
-    return {
+    grid = radius_grid(largest_possible, radius_step)
+    if extra.get("mode") == "decide" and largest_possible not in grid:
+        grid.append(largest_possible)
+    table = [{"radius": r, "certified_accuracy": certified_accuracy(records, r)} for r in grid]
+    summary = {
         "task": "certify",
         "images": count,
         "smoothed_clean_accuracy": sum(r.correct for r in records) / count,
@@ -101,6 +138,13 @@ def summarize(records: Sequence[CertifyRecord], sigma: float, n0: int, n: int, a
         "guarantee": GUARANTEE,
         **_timing(records, n0 + n),
     }
+    if extra:
+        summary.update(extra)
+        summary["guarantee"] = GUARANTEE + (
+            "; the bound on pA is anytime-valid (a confidence sequence), so it holds at the data-dependent "
+            "stopping time" + ("; 'not certified at the radius' is wrong with probability <= alpha too"
+                               if extra["mode"] == "decide" else ""))
+    return summary
 
 
 def summarize_predictions(records: Sequence[PredictRecord], sigma: float, n: int, alpha: float) -> dict[str, Any]:
@@ -134,7 +178,18 @@ def format_certified_accuracy_table(summary: dict[str, Any]) -> str:
     if summary.get("seconds_per_image") is not None:
         lines.append(f"  {summary['seconds_per_image']:.3f} s per image, "
                      f"{summary['noisy_samples_per_second']:,.0f} noisy samples per second")
+    if "samples_per_image" in summary:
+        lines.append(_samples_line(summary))
     return "\n".join(lines)
+
+
+def _samples_line(summary: dict[str, Any]) -> str:
+    what = (f"decide at radius {summary['radius']:g}" if summary["mode"] == "decide"
+            else f"estimate, tolerance {summary['tolerance']:g}")
+    samples = summary["samples_per_image"]
+    return (f"  adaptive ({what}, {summary['sequential']['method']}): mean {samples['mean']:,.0f}, median "
+            f"{samples['median']:,.0f} noisy samples per image (n0 included) against {summary['fixed_n_samples_per_image']:,} "
+            f"for fixed n = {summary['n']:,}: {summary['saving_vs_fixed_n']:.1f}x fewer")
 
 
 def format_prediction_summary(summary: dict[str, Any]) -> str:
@@ -245,6 +300,7 @@ def format_run_report(summary: dict[str, Any]) -> str:
                   f"- average certified radius: {summary['average_certified_radius']:.4f} ({ACR_DEFINITION})",
                   f"- largest certified radius: {summary['largest_certified_radius']:.4f}; largest possible with "
                   f"n = {summary['n']} and alpha = {summary['alpha']:g}: {summary['max_certifiable_radius']:.4f}",
+                  *([f"- {_samples_line(summary).strip()}"] if "samples_per_image" in summary else []),
                   "", f"![certified accuracy against L2 radius]({PLOT_FILE})", ""]
     else:
         lines += ["## Results", "", f"- smoothed accuracy: {summary['smoothed_accuracy']:.1%}",
@@ -289,7 +345,8 @@ def finalize_run(run_dirs: Sequence[Path], out_dir: Path | None = None) -> dict[
         write_json(out_dir / SETTINGS_FILE, settings)
         write_json(out_dir / MODELS_FILE, models)
     if task == "certify":
-        summary = summarize(rows, settings["sigma"], settings["n0"], settings["n"], settings["alpha"])
+        adaptive = settings if settings.get("mode") else None
+        summary = summarize(rows, settings["sigma"], settings["n0"], settings["n"], settings["alpha"], adaptive=adaptive)
     else:
         summary = summarize_predictions(rows, settings["sigma"], settings["n"], settings["alpha"])
     sessions = [s for status in statuses for s in status.get("sessions", [])]

@@ -14,6 +14,9 @@ Run directory (``--out DIR``):
 - ``certify.status.json`` (or ``certify.shard-I-of-K.status.json``): hardware, device, wall time, completeness;
 - after the run (or after the merge of all shards): ``summary.json``, ``report.md``, ``certified_accuracy.png``.
 ``predict`` runs use ``predict.tsv`` the same way.
+
+Adaptive runs (``mode`` decide or estimate in the settings, :mod:`certify.sequential`) write the same
+files; their rows add a last column ``samples``: the noisy samples the image used (n0 + estimation).
 """
 from __future__ import annotations
 
@@ -28,13 +31,15 @@ from typing import Any
 
 import torch
 
-from certify.core import Certificate, Smooth, validate_sampling
+from certify.core import AdaptiveCertificate, Certificate, Smooth, sequential_rule, validate_sampling
 from transdenoiser.errors import UserError
 from transdenoiser.progress import Track, silent
 
 TASKS = ("certify", "predict")
 COLUMNS = {"certify": ("idx", "label", "predict", "radius", "correct", "time"),
            "predict": ("idx", "label", "predict", "correct", "time")}
+ADAPTIVE_COLUMNS = COLUMNS["certify"] + ("samples",)  # adaptive certify runs: + noisy samples used (n0 included)
+MODES = ("decide", "estimate")  # adaptive certification (certify.sequential)
 UNIT_FORWARD_PASSES = 8  # a unit packs about this many forward passes' worth of images
 MAX_UNIT_IMAGES = 1024
 SETTINGS_FILE = "settings.json"
@@ -57,15 +62,19 @@ class CertifyRecord:
     seconds: float  # wall time of the image's n0 + n samples (a pack's time is split evenly over its images)
     p_lower: float = math.nan  # not in the TSV (Cohen's columns); kept for library callers
     count: int = -1
+    samples: int | None = None  # adaptive runs only: noisy samples used, n0 included (the TSV's last column)
 
     @classmethod
-    def from_certificate(cls, idx: int, label: int, cert: Certificate, seconds: float) -> CertifyRecord:
+    def from_certificate(cls, idx: int, label: int, cert: Certificate | AdaptiveCertificate,
+                         seconds: float) -> CertifyRecord:
+        samples = cert.samples if isinstance(cert, AdaptiveCertificate) else None
         return cls(idx, label, cert.prediction, cert.radius, cert.prediction == label, seconds, cert.p_lower,
-                   cert.count)
+                   cert.count, samples)
 
     def row(self) -> list[str]:
-        return [str(self.idx), str(self.label), str(self.prediction), f"{self.radius:.6f}", str(int(self.correct)),
-                f"{self.seconds:.4f}"]
+        fields = [str(self.idx), str(self.label), str(self.prediction), f"{self.radius:.6f}", str(int(self.correct)),
+                  f"{self.seconds:.4f}"]
+        return fields if self.samples is None else fields + [str(self.samples)]
 
 
 @dataclass(frozen=True)
@@ -87,8 +96,11 @@ Record = CertifyRecord | PredictRecord
 
 def parse_row(task: str, fields: list[str]) -> Record:
     if task == "certify":
-        idx, label, prediction, radius, correct, seconds = fields
-        return CertifyRecord(int(idx), int(label), int(prediction), float(radius), correct == "1", float(seconds))
+        idx, label, prediction, radius, correct, seconds, *samples = fields
+        if len(samples) > 1:
+            raise ValueError(f"{len(fields)} fields")
+        return CertifyRecord(int(idx), int(label), int(prediction), float(radius), correct == "1", float(seconds),
+                             samples=int(samples[0]) if samples else None)
     idx, label, prediction, correct, seconds = fields
     return PredictRecord(int(idx), int(label), int(prediction), correct == "1", float(seconds))
 
@@ -204,6 +216,36 @@ def iter_certify(smooth: Smooth, images: torch.Tensor, labels: torch.Tensor, uni
                for i, c in zip(unit, certificates, strict=True)]
 
 
+def iter_certify_adaptive(smooth: Smooth, images: torch.Tensor, labels: torch.Tensor,
+                          units: Sequence[Sequence[int]], n0: int, n_max: int, alpha: float, seed: int, mode: str,
+                          radius: float | None = None, tolerance: float | None = None,
+                          method: str | None = None) -> Iterator[list[CertifyRecord]]:
+    """:func:`iter_certify` for adaptive certification: ``mode`` decide (at ``radius``) or estimate.
+
+    Each record's ``samples`` is n0 + the estimation samples the image used; a unit's time is split
+    over its images in proportion to their samples."""
+    validate_sampling(n0, n_max, alpha)
+    rule = sequential_rule(mode, smooth.sigma, n_max, alpha, radius=radius, tolerance=tolerance, method=method)
+    from certify.core import adaptive_many
+
+    for unit in units:
+        _check_indices(images, unit)
+        start = time.perf_counter()
+        certificates = adaptive_many(smooth, images[list(unit)], n0, rule,
+                                     [smooth.image_generator(seed, i) for i in unit])
+        elapsed = time.perf_counter() - start
+        total = sum(c.samples for c in certificates)
+        yield [CertifyRecord.from_certificate(i, int(labels[i]), c, elapsed * c.samples / total)
+               for i, c in zip(unit, certificates, strict=True)]
+
+
+def adaptive_pack_size(n0: int, batch: int) -> int:
+    """Images per unit of an adaptive run: sized by the selection and the first look (most images stop early)."""
+    from certify.sequential import DEFAULT_FIRST_LOOK
+
+    return pack_size(n0 + DEFAULT_FIRST_LOOK, batch)
+
+
 def iter_predict(smooth: Smooth, images: torch.Tensor, labels: torch.Tensor, units: Sequence[Sequence[int]],
                  n: int, alpha: float, seed: int) -> Iterator[list[PredictRecord]]:
     """:func:`iter_certify` for Cohen's PREDICT."""
@@ -234,6 +276,18 @@ def certify_dataset(smooth: Smooth, images: torch.Tensor, labels: torch.Tensor, 
     units = plan_units(indices, pack_size(n0 + n, smooth.batch_size))
     return list(track(_flatten(iter_certify(smooth, images, labels, units, n0, n, alpha, seed)),
                       desc="certify", total=len(indices)))
+
+
+def certify_dataset_adaptive(smooth: Smooth, images: torch.Tensor, labels: torch.Tensor, indices: Sequence[int],
+                             n0: int, n_max: int, alpha: float, seed: int, mode: str, radius: float | None = None,
+                             tolerance: float | None = None, method: str | None = None, *,
+                             track: Track = silent) -> list[CertifyRecord]:
+    """:func:`certify_dataset` with adaptive certification (:meth:`Smooth.decide` / :meth:`Smooth.certify_adaptive`)."""
+    _check_indices(images, indices)
+    units = plan_units(indices, adaptive_pack_size(n0, smooth.batch_size))
+    return list(track(_flatten(iter_certify_adaptive(smooth, images, labels, units, n0, n_max, alpha, seed, mode,
+                                                     radius, tolerance, method)),
+                      desc=mode, total=len(indices)))
 
 
 def predict_dataset(smooth: Smooth, images: torch.Tensor, labels: torch.Tensor, indices: Sequence[int], n: int,
@@ -281,7 +335,10 @@ def read_rows(path: Path, task: str, repair: bool = False) -> list[Record]:
     lines = text.splitlines()
     if not lines:
         return []
-    if tuple(lines[0].split("\t")) != columns:
+    header = tuple(lines[0].split("\t"))
+    if task == "certify" and header == ADAPTIVE_COLUMNS:
+        columns = ADAPTIVE_COLUMNS
+    if header != columns:
         raise UserError(f"{path}: header is {lines[0]!r}, expected the columns {chr(9).join(columns)!r} "
                         f"(not a {task} run file)")
     records = []
@@ -299,12 +356,12 @@ def read_rows(path: Path, task: str, repair: bool = False) -> list[Record]:
 class RowWriter:
     """Appends rows to a run TSV, writing the header first; every row is flushed as it comes."""
 
-    def __init__(self, path: Path, task: str):
+    def __init__(self, path: Path, task: str, columns: Sequence[str] | None = None):
         self.path = path
         new = not path.exists() or path.stat().st_size == 0
         self.handle = path.open("a")
         if new:
-            self.handle.write("\t".join(COLUMNS[task]) + "\n")
+            self.handle.write("\t".join(columns or COLUMNS[task]) + "\n")
             self.handle.flush()
 
     def write(self, record: Record) -> None:
@@ -372,6 +429,10 @@ class RunDirectory:
     def rows_path(self, shard: Shard | None = None) -> Path:
         return self.root / (f"{self.task}.tsv" if shard is None else f"{self.task}.{shard.stem}.tsv")
 
+    def columns(self) -> tuple[str, ...]:
+        """The rows file's columns: Cohen's, plus ``samples`` for adaptive runs."""
+        return ADAPTIVE_COLUMNS if self.settings.extra.get("mode") in MODES else COLUMNS[self.task]
+
     def status_path(self, shard: Shard | None = None) -> Path:
         return self.root / (f"{self.task}.status.json" if shard is None else f"{self.task}.{shard.stem}.status.json")
 
@@ -417,7 +478,7 @@ def run_work(directory: RunDirectory, units: list[list[int]], engine: Callable[[
     pending = [[i for i in unit if i not in done] for unit in mine]
     pending = [unit for unit in pending if unit]
     todo = sum(len(u) for u in pending)
-    writer = RowWriter(directory.rows_path(directory.shard), directory.task)
+    writer = RowWriter(directory.rows_path(directory.shard), directory.task, directory.columns())
     written = 0
     try:
         for record in track(_flatten(engine(pending)), desc=directory.task, total=todo):
@@ -502,5 +563,6 @@ def ordered(settings: dict[str, Any], rows: Sequence[Record]) -> list[Record]:
 
 
 def write_rows(path: Path, task: str, rows: Sequence[Record]) -> None:
-    lines = ["\t".join(COLUMNS[task])] + ["\t".join(r.row()) for r in rows]
+    adaptive = any(getattr(r, "samples", None) is not None for r in rows)
+    lines = ["\t".join(ADAPTIVE_COLUMNS if adaptive else COLUMNS[task])] + ["\t".join(r.row()) for r in rows]
     write_text(path, "\n".join(lines) + "\n")

@@ -259,3 +259,68 @@ def test_bad_sampling_arguments(n0, n, alpha, message):
     smooth = Smooth(Halfspace(0.0), num_classes=2, sigma=0.25, device="cpu")
     with pytest.raises(UserError, match=message):
         smooth.certify(torch.zeros(SHAPE), n0, n, alpha)
+
+
+# ----------------------------------------------------------------------------------------------- adaptive
+
+def test_decide_certifies_easy_points_early_and_refuses_points_below_the_threshold():
+    """Closed form pA = Phi(-b / sigma) at x = 0: certified at R iff pA >= Phi(R / sigma), i.e. R <= -b."""
+    sigma, alpha = 0.25, 0.001
+    smooth = Smooth(halfspace_for(0.9999, sigma), num_classes=2, sigma=sigma, batch_size=64, device="cpu")
+    true_radius = sigma * norm.ppf(0.9999)  # 0.93
+    easy = smooth.decide(torch.zeros(SHAPE), 0.5, 100, 100_000, alpha, smooth.generator(0))
+    assert (easy.prediction, easy.radius, easy.outcome, easy.mode) == (1, 0.5, "certified", "decide")
+    # all-votes bound: alpha / looks ** (1 / t) >= Phi(2) needs t >= ln(looks / alpha) / -ln Phi(2) ~ 430 samples
+    assert easy.n < 1_000 and easy.samples == easy.n0 + easy.n and easy.p_lower >= norm.cdf(0.5 / sigma)
+    far = smooth.decide(torch.zeros(SHAPE), true_radius + 0.3, 100, 100_000, alpha, smooth.generator(0))
+    assert (far.prediction, far.radius, far.outcome) == (ABSTAIN, 0.0, "not_certified") and far.n < 100_000
+    budget = smooth.decide(torch.zeros(SHAPE), true_radius + 0.3, 100, 200, alpha, smooth.generator(0))
+    assert budget.outcome == "budget_spent" and budget.n == 200 and budget.prediction == ABSTAIN
+
+
+def test_adaptive_estimate_is_below_the_true_radius_and_near_fixed_n():
+    sigma, alpha, p = 0.5, 0.001, 0.9
+    smooth = Smooth(halfspace_for(p, sigma), num_classes=2, sigma=sigma, batch_size=256, device="cpu")
+    cert = smooth.certify_adaptive(torch.zeros(SHAPE), 100, 20_000, alpha, smooth.generator(1), tolerance=0.05)
+    true_radius = sigma * norm.ppf(p)
+    assert cert.prediction == 1 and cert.outcome == "estimated"
+    assert true_radius - 0.05 - 0.1 < cert.radius < true_radius
+    assert cert.radius == pytest.approx(sigma * norm.ppf(cert.p_lower)) and cert.n < 20_000
+
+
+def test_adaptive_estimation_ignores_the_selection_votes():
+    for mode in ("decide", "estimate"):
+        smooth = Smooth(FirstSeenVotes(first=50), num_classes=2, sigma=0.3, batch_size=32, device="cpu", workers=1)
+        cert = (smooth.decide(torch.zeros(SHAPE), 0.1, 50, 300, 0.01, smooth.generator(0)) if mode == "decide"
+                else smooth.certify_adaptive(torch.zeros(SHAPE), 50, 300, 0.01, smooth.generator(0)))
+        assert cert.count == 0 and cert.prediction == ABSTAIN and cert.mode == mode
+
+
+def test_adaptive_draws_each_sample_once_and_counts_them():
+    recorder = Recorder()
+    smooth = Smooth(recorder, num_classes=2, sigma=0.3, batch_size=64, device="cpu")
+    cert = smooth.decide(torch.zeros(SHAPE), 0.2, 40, 5000, 0.01, smooth.generator(0))
+    rows = torch.cat(recorder.rows)
+    assert rows.shape[0] == cert.samples == 40 + cert.n and torch.unique(rows, dim=0).shape[0] == rows.shape[0]
+
+
+def test_packed_adaptive_images_match_their_own_runs_and_a_counts_driver():
+    """Images packed together get what they get alone; a caller feeding counts gets the same answer."""
+    from certify.core import sequential_rule
+    from certify.sequential import SequentialTest
+
+    sigma = 0.25
+    smooth = Smooth(Halfspace(b=0.0), num_classes=2, sigma=sigma, batch_size=64, device="cpu", workers=1)
+    images = torch.stack([torch.full(SHAPE, v) for v in (0.0, 0.1, 0.2, 0.3)])
+    packed = smooth.decide_many(images, 0.25, 30, 5000, 0.01, [smooth.generator(i) for i in range(4)])
+    alone = [smooth.decide(images[i], 0.25, 30, 5000, 0.01, smooth.generator(i)) for i in range(4)]
+    assert [(c.prediction, c.n, c.count) for c in packed] == [(c.prediction, c.n, c.count) for c in alone]
+    rule = sequential_rule("decide", sigma, 5000, 0.01, radius=0.25)
+    for i, expected in enumerate(alone):
+        generator = smooth.generator(i)
+        top = int(smooth.sample_counts(images[i], 30, generator).argmax())
+        test = SequentialTest(rule)
+        while not test.done:
+            need = test.samples_needed
+            test.observe(int(smooth.sample_counts(images[i], need, generator)[top]), need)
+        assert (test.successes, test.samples) == (expected.count, expected.n)
