@@ -42,7 +42,7 @@ def _png(image: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def malformed_requests(image: list) -> list[dict]:
+def malformed_requests(image: list, payload_limit: int = PAYLOAD_LIMIT) -> list[dict]:
     """Bad requests (httpx keyword arguments); each must get a 4xx with a JSON error."""
     text = json.dumps(image)
     png = ("images", ("a.png", _png(np.asarray(image)), "image/png"))
@@ -56,14 +56,14 @@ def malformed_requests(image: list) -> list[dict]:
         {"files": [png], "data": {"n": "1_000"}},
         {"content": b"\x00\x01", "headers": {"content-type": "image/png"}},
         {"content": "{images", "headers": json_type},
-        {"content": b" " * (PAYLOAD_LIMIT + 1), "headers": json_type},
+        {"content": b" " * (payload_limit + 1), "headers": json_type},
     ]
 
 
 def run_soak(url: str, images: np.ndarray, clients: int, seconds: float, memory_of=None,
-             warm_up_fraction: float = 0.2) -> dict:
+             warm_up_fraction: float = 0.2, payload_limit: int = PAYLOAD_LIMIT) -> dict:
     """Drive ``url`` with ``clients`` threads for ``seconds``; return the figures (see the module docstring)."""
-    bad = malformed_requests(images[0].tolist())
+    bad = malformed_requests(images[0].tolist(), payload_limit)
     latencies: dict[str, list[float]] = defaultdict(list)
     statuses: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     dropped: list[str] = []

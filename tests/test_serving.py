@@ -76,10 +76,20 @@ def test_model_dir_round_trip_and_refusals(model_dir, classifier_dir, tmp_path):
     ({"sigma": 0.25, "forward_batch": "big"}, 'forward_batch must be an integer >= 1 or "auto"'),
     ({"sigma": 0.25, "chunk_samples": 2000}, "chunk_samples = 2000 exceeds batch_size"),
     ({"sigma": 0.25, "sigmaa": 1}, "unknown setting"),
+    ({"sigma": 0.25, "noise_key": "too-short-a-secret"}, "noise_key must be a secret string of at least 32"),
+    ({"sigma": 0.25, "noise_key": 12345}, "noise_key must be a secret string"),
+    ({"sigma": 0.25, "round_samples": 0}, "round_samples must be an integer >= 1"),
+    ({"sigma": 0.25, "max_queued_requests": True}, "max_queued_requests must be an integer >= 1"),
+    ({"sigma": 0.25, "max_request_samples": 1.5}, "max_request_samples must be an integer >= 1"),
 ])
 def test_config_refuses_bad_values(raw, message):
     with pytest.raises(UserError, match=message):
         validate_config(raw, "test.toml")
+
+
+def test_noise_key_is_never_shown():
+    config = validate_config({"sigma": 0.25, "noise_key": "s3cr3t" * 8}, "test")
+    assert config.noise_key == "s3cr3t" * 8 and "s3cr3t" not in repr(config)
 
 
 def test_config_file_errors_name_the_file(tmp_path):

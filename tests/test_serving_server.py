@@ -35,9 +35,11 @@ def png(array: np.ndarray, mode: str = "L", fmt: str = "PNG") -> bytes:
 @pytest.fixture(scope="module")
 def servers(classifier_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("servers")
-    model_dir = write_model_dir(root / "model", classifier_dir, sigma=0.25, batching=True, n0=20, n=100, max_n=2000,
-                                max_images=4, max_payload_bytes=200_000, allow_client_seed=True,
-                                max_queued_requests=10)
+    # batching "auto": one request's round per pass on CPU, as served by default (tests/test_serving_scheduler.py
+    # covers shared passes); rounds of 150 samples in jobs of 50: a 1-image n = 100 request is one round
+    model_dir = write_model_dir(root / "model", classifier_dir, sigma=0.25, n0=20, n=100, max_n=2000, max_images=4,
+                                max_payload_bytes=200_000, allow_client_seed=True, max_queued_requests=10,
+                                round_samples=150, chunk_samples=50)
     started = []
     try:
         started.append(ServerProcess(model_dir, root / "open.log", api_key=None))
@@ -258,7 +260,9 @@ def test_a_small_request_is_not_blocked_by_a_large_one(servers, client, digits):
     large.join(timeout=120)
     assert out["small"].status_code == 200 and out["large"].status_code == 200, out["large"].text
     assert out["small_done"] < out["large_done"]  # the small request did not wait for the large one's work
-    assert out["small_s"] < max(3 * idle_s, idle_s + 0.3), (out["small_s"], idle_s, out["large_s"])
+    # it waits for at most one round of the large request (150 samples) before its own (120): about 2.3x the
+    # compute of an idle server, less with the fixed cost of HTTP; a little slack for a shared machine
+    assert out["small_s"] < max(3 * idle_s, idle_s + 0.4), (out["small_s"], idle_s, out["large_s"])
 
 
 def _raw_predict(url: str, body: dict) -> socket.socket:
@@ -415,3 +419,24 @@ def test_proxy_caps_open_connections(proxy, digits):
     finally:
         for sock in stalled:
             sock.close()
+
+
+# ------------------------------------------------------------------------------------------------ benchmark smoke
+
+def test_benchmarks_run_against_a_server(servers, proxy, digits):
+    """The soak, fairness and slow-client benchmarks' measuring code, tiny, on this module's servers."""
+    from benchmarks.bench_fairness import measure as measure_fairness
+    from benchmarks.bench_slow_clients import measure as measure_slow
+    from benchmarks.bench_soak import run_soak
+
+    x, _ = digits
+    soak = run_soak(servers["open"].url, x, clients=3, seconds=3, payload_limit=200_000)
+    assert soak["passed"] and soak["responses_5xx"] == 0 and soak["dropped_connections"] == 0
+    assert soak["per_kind"]["malformed"]["count"] >= 1 and soak["per_kind"]["small"]["statuses"] == {
+        "200": soak["per_kind"]["small"]["count"]}
+    fairness = measure_fairness(servers["open"].url, {"images": [x[0].tolist()], "n": 100},
+                                {"images": x[:4].tolist(), "n": 2000}, repeats=1, small_requests=2)
+    assert fairness["idle"]["count"] == fairness["loaded"]["count"] == 2 and fairness["median_ratio"] > 0
+    slow = measure_slow({"proxy": proxy.url}, {"images": [x[0].tolist()], "n": 100}, stalled=10, repeats=1,
+                        requests=2)
+    assert slow["proxy"]["failures"] == 0 and slow["proxy"]["stalled"]["count"] == 2
