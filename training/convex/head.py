@@ -57,6 +57,7 @@ class LinearProbe(nn.Module):
             feature_dim = width
             for p in self.extractor.parameters():
                 p.requires_grad_(False)
+            self.extractor.eval()
         elif feature_dim < 1:
             raise UserError("pixel features need feature_dim = C * H * W")
         self.feature_dim = feature_dim
