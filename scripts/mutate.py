@@ -22,6 +22,7 @@ import argparse
 import ast
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -244,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per test run (default 900)")
     parser.add_argument("--no-baseline", action="store_true", help="skip running the tests on the unmutated copy")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)  # killed: stop the running tests too and remove the copy
     chosen = list(MUTANTS)
     if args.quick:
         chosen = [m for m in MUTANTS if m.name in QUICK]
@@ -305,6 +307,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in other:
         print(f"NOT RUN   {name}: {results[name]}")
     return 0 if not survivors and not other else 1
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def git_commit() -> str:
