@@ -258,3 +258,95 @@ def test_refuses_to_mix_runs_and_unfit_models(tiny_classifier_dir, tmp_path, cap
                              "input_shape": [1, 28, 28]})
     code, _, err = run_cli(["certify", "--classifier", three, *FAST, "--out", tmp_path / "three_run"], capsys)
     assert code == 2 and "10 classes" in err and "3" in err
+
+
+# ----------------------------------------------------------------------------------------------- adaptive runs
+
+ADAPTIVE = ["--sigma", "0.25", "--n0", "8", "--n-max", "300", "--batch", "64", "--alpha", "0.01", "--device", "cpu"]
+
+
+def rows_but_time(path):
+    """Rows with the time column (the 6th) left out: adaptive rows end with ``samples``."""
+    return [[f for i, f in enumerate(line.split("\t")) if i != 5] for line in path.read_text().splitlines()]
+
+
+def test_cli_choices_match_the_sequential_library():
+    import certify.cli
+    import certify.sequential
+
+    assert certify.cli.SEQUENTIAL_METHODS == certify.sequential.METHODS
+    assert certify.cli.DEFAULT_SEQUENTIAL == certify.sequential.DEFAULT_METHOD
+    assert certify.cli.DEFAULT_TOLERANCE == certify.sequential.DEFAULT_TOLERANCE
+
+
+@pytest.mark.parametrize("mode", [["--radius", "0.1"], ["--adaptive", "--tolerance", "0.05"]])
+def test_adaptive_runs_write_samples_resume_shard_merge_and_overlay(tiny_classifier_dir, tmp_path, capsys, mode):
+    common = ["certify", "--classifier", tiny_classifier_dir, *ADAPTIVE, *mode, "--indices", "0-5,300,900"]
+    single = tmp_path / "single"
+    code, stdout, _ = run_cli([*common, "--out", single], capsys)
+    assert code == 0 and "fewer" in stdout
+    lines = (single / "certify.tsv").read_text().splitlines()
+    assert lines[0].split("\t") == ["idx", "label", "predict", "radius", "correct", "time", "samples"]
+    rows = read_rows(single / "certify.tsv", "certify")
+    assert len(rows) == 8 and all(8 + 64 <= r.samples <= 8 + 300 for r in rows)
+    if mode[0] == "--radius":
+        assert all((r.radius, r.prediction != -1) in ((0.1, True), (0.0, False)) for r in rows)
+    summary = json.loads((single / "summary.json").read_text())
+    samples = [int(line.split("\t")[6]) for line in lines[1:]]
+    assert summary["samples_per_image"]["mean"] == pytest.approx(sum(samples) / 8)
+    assert summary["saving_vs_fixed_n"] == pytest.approx((8 + 300) / (sum(samples) / 8))
+    assert summary["mode"] == ("decide" if mode[0] == "--radius" else "estimate")
+    assert summary["settings"]["n"] == 300 and "anytime-valid" in summary["guarantee"]
+    assert "samples per image" in (single / "report.md").read_text()
+
+    # resume after a cut line, shards in one folder, shards in separate folders merged: the same rows
+    cut = tmp_path / "cut"
+    assert run_cli([*common, "--out", cut], capsys)[0] == 0
+    text = (cut / "certify.tsv").read_text().splitlines(keepends=True)
+    (cut / "certify.tsv").write_text("".join(text[:4]) + text[4][:6])
+    code, stdout, _ = run_cli([*common, "--out", cut], capsys)
+    assert code == 0 and "3 done before" in stdout
+    assert rows_but_time(cut / "certify.tsv") == rows_but_time(single / "certify.tsv")
+    parts = [tmp_path / f"part{i}" for i in range(2)]
+    for i, part in enumerate(parts):
+        assert run_cli([*common, "--out", part, "--shard", f"{i}/2"], capsys)[0] == 0
+    assert run_cli(["certify-merge", *parts, "--out", tmp_path / "merged"], capsys)[0] == 0
+    assert rows_but_time(tmp_path / "merged" / "certify.tsv") == rows_but_time(single / "certify.tsv")
+
+    # an adaptive run is a run of its own: other modes and fixed n are refused in its folder
+    code, _, err = run_cli(["certify", "--classifier", tiny_classifier_dir, *FAST, "--indices", "0-5,300,900",
+                            "--out", single], capsys)
+    assert code == 2 and "different settings" in err
+    fixed = tmp_path / "fixed"
+    assert run_cli(["certify", "--classifier", tiny_classifier_dir, *FAST, "--max", "3", "--out", fixed],
+                   capsys)[0] == 0
+    assert run_cli(["report", single, fixed, "--out", tmp_path / "overlay"], capsys)[0] == 0
+    assert (tmp_path / "overlay" / "certified_accuracy.png").is_file()
+
+
+def test_audit_reads_an_adaptive_run(tiny_classifier_dir, tmp_path, capsys):
+    out = tmp_path / "decide"
+    assert run_cli(["certify", "--classifier", tiny_classifier_dir, *ADAPTIVE, "--radius", "0.1",
+                    "--indices", "0-3", "--out", out], capsys)[0] == 0
+    certified = [r for r in read_rows(out / "certify.tsv", "certify") if r.prediction != -1]
+    code, stdout, _ = run_cli(["audit", out, "--steps", "2", "--m", "2", "--n", "50", "--device", "cpu"], capsys)
+    assert code in (0, 1), stdout  # 1 would be a failed audit: a finding, not a read error
+    result = json.loads((out / "audit.json").read_text())
+    assert result["audited"] == len(certified) and result["rows_in_run"] == 4
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--n-max", "100"], "--n-max and --tolerance are for adaptive certification"),
+    (["--radius", "0.5", "--tolerance", "0.1"], "--tolerance is for --adaptive"),
+])
+def test_adaptive_flag_errors_exit_2(tiny_classifier_dir, tmp_path, capsys, extra, message):
+    code, _, err = run_cli(["certify", "--classifier", tiny_classifier_dir, *FAST, *extra, "--out", tmp_path / "bad"],
+                           capsys)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_radius_and_adaptive_are_exclusive(tiny_classifier_dir, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["certify", "--classifier", str(tiny_classifier_dir), *FAST, "--radius", "0.5", "--adaptive",
+              "--out", str(tmp_path / "bad")])
+    assert stop.value.code == 2 and "not allowed with" in capsys.readouterr().err
