@@ -72,7 +72,7 @@ def backed_out_noise(arm, x: torch.Tensor, seed: int):
 def make_arm(arm_class, width=8, **overrides):
     torch.manual_seed(0)
     model = build_model("tiny", width=width, activation="silu")
-    cfg = config(arm=arm_class.name, clip_norm=0.5, sigma=0.25, xi_up=2.0, xi_low=0.5, **overrides)
+    cfg = config(**{"arm": arm_class.name, "clip_norm": 0.5, "sigma": 0.25, "xi_up": 2.0, "xi_low": 0.5, **overrides})
     return arm_class(model, cfg, xi_up=2.0, expected_batch=4.0, total_steps=100)
 
 
@@ -124,6 +124,16 @@ def test_algorithm1_noise_on_nonempty_batches_matches_the_recorded_multiplier(sp
         assert record.explicit_multiplier == pytest.approx(math.sqrt(expected_variance), rel=1e-12)
         pieces.append(noise / record.explicit_multiplier)
     assert_std(torch.cat(pieces), arm.config.clip_norm, groups)
+
+
+def test_a_zero_taylor_remainder_counts_as_negative():
+    """With z = x exactly (sigma far below a float32 ulp) line 8's remainder is 0: rounding must never move an
+    example to the reduced-noise side, so every example gets line 22's full noise."""
+    arm = make_arm(TransDenoiserArm, sigma=1e-30)
+    x = 0.1 + 0.9 * batch(n=6, seed=2)  # no zero pixel, so x + 1e-30 * noise == x in float32
+    assert torch.equal(arm.noisy(x, torch.Generator().manual_seed(0)), x)
+    _, record = arm.gradient(x, torch.Generator().manual_seed(0))
+    assert record.num_nonnegative == 0 and record.explicit_multiplier == 2.0
 
 
 def test_line17_noise_follows_line16_when_smin_is_positive():
