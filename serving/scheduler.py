@@ -111,8 +111,8 @@ class FairScheduler:
     """Round-robin compute for concurrent requests; ``await scheduler.run(work, ...)`` -> ``work.result()``.
 
     ``counter``: evaluates a list of noise jobs, one result (counts or exception) per job (``VoteCounter``).
-    ``on_pass``: optional hook called after each pass with (kind -> samples computed, queue depth, samples
-    still queued); ``on_drop``: optional hook called with the reason of each request dropped unfinished.
+    ``on_pass``: optional hook called after each pass, and whenever the queue changes, with (kind -> samples
+    computed, queue depth, samples still queued); ``on_drop``: optional hook called with the reason of each request dropped unfinished.
     """
 
     def __init__(self, counter: Callable[[Sequence[NoiseJob]], list], round_samples: int, pass_samples: int,
@@ -167,6 +167,7 @@ class FairScheduler:
             self._tickets.insert(len(self._tickets) - 1, ticket)  # next in turn, before the one just served
         else:
             self._tickets.append(ticket)
+        self._report({})
         self._wake.set()
         return await ticket.future  # cancelling the caller cancels the future: the loop then drops the ticket
 
@@ -194,8 +195,18 @@ class FairScheduler:
         if error is not None and not ticket.future.done():
             ticket.future.set_exception(error)
 
+    def _report(self, samples_by_kind: dict[str, int]) -> None:
+        if self.on_pass is not None:
+            self.on_pass(samples_by_kind, len(self._tickets), self.queued_samples)
+
     async def _prune(self) -> None:
         """Drop the tickets no one waits for, whose deadline has passed, or whose client has gone."""
+        depth = len(self._tickets)
+        await self._prune_tickets()
+        if len(self._tickets) != depth:
+            self._report({})
+
+    async def _prune_tickets(self) -> None:
         now = self.clock()
         for ticket in list(self._tickets):
             if ticket.future.done():
@@ -284,5 +295,4 @@ class FairScheduler:
             self.stats.pass_sizes = [*self.stats.pass_sizes[-999:], len(served)]
             for ticket in served:
                 self._finish(ticket)
-            if self.on_pass is not None:
-                self.on_pass(by_kind, len(self._tickets), self.queued_samples)
+            self._report(by_kind)

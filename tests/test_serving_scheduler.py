@@ -125,7 +125,9 @@ def test_deadline_stops_the_computation():
 
 def test_a_disconnected_client_loses_its_remaining_passes_within_one_pass():
     counter = FakeCounter(seconds_per_sample=1e-5)
-    scheduler = FairScheduler(counter, round_samples=100, pass_samples=1000, share_passes=False, max_queued=8)
+    depths = []
+    scheduler = FairScheduler(counter, round_samples=100, pass_samples=1000, share_passes=False, max_queued=8,
+                              on_pass=lambda samples, depth, queued: depths.append((depth, queued)))
     gone_after = 5
     probes = []
 
@@ -140,6 +142,7 @@ def test_a_disconnected_client_loses_its_remaining_passes_within_one_pass():
     asyncio.run(run())
     assert len(counter.passes) == gone_after  # probed before each pass: no pass after the disconnection was seen
     assert scheduler.stats.dropped == {"disconnected": 1}
+    assert depths[0] == (1, 10_020) and depths[-1] == (0, 0)  # the queue gauges drop with the request
 
 
 def test_a_cancelled_caller_is_dropped():
