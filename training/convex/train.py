@@ -79,7 +79,9 @@ def check_public_features(classifier_meta: dict[str, Any], dataset: Dataset) -> 
 def embed(probe: LinearProbe, images: torch.Tensor, device: torch.device, batch_size: int = 500) -> np.ndarray:
     probe.eval()
     parts = [probe.embed(images[i:i + batch_size].to(device)).double().cpu() for i in range(0, len(images), batch_size)]
-    return torch.cat(parts).numpy()
+    features = torch.cat(parts).numpy()
+    # float32 rounding can leave a norm a hair above 1: project back onto the unit ball in float64
+    return features / np.maximum(1.0, np.linalg.norm(features, axis=1, keepdims=True))
 
 
 def build_probe(dataset: Dataset, features: str, classifier_dir: str | Path | None,
