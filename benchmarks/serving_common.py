@@ -54,8 +54,8 @@ def run_record(argv: list[str] | None, module: str) -> dict:
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 check=False).stdout.strip() or None
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "serving", "benchmarks"],
-                                    capture_output=True, text=True, check=False).stdout.strip())
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "serving",
+                                     "benchmarks"], capture_output=True, text=True, check=False).stdout.strip())
     except OSError:
         commit, dirty = None, None
     return {"command": f"python -m {module} " + " ".join(sys.argv[1:] if argv is None else argv),
