@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def summary() -> dict:
         sides = {name: _side(side_rows, every_radius) for name, side_rows in rows.items()}
-        result = {"command": "python -m benchmarks.bench_adaptive " + " ".join(argv if argv is not None else []),
+        result = {"command": "python -m benchmarks.bench_adaptive " + " ".join(sys.argv[1:] if argv is None else argv),
                   "hardware": hardware_description(device), "allocator": allocator,
                   "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                   "images": len(indices), "images_fixed_largest_n": len(big_indices), "sides": sides,

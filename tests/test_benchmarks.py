@@ -33,3 +33,22 @@ def test_bench_training_compares_sepdp_with_opacus(tmp_path):
         assert result[name]["median_examples_per_second"] > 0
     assert len(result["sepdp_over_opacus_per_repeat"]) == 2 and result["sepdp_over_opacus"] > 0
     assert result["smin_cost"][0]["smin"] >= 0
+
+
+def test_bench_adaptive_quick_compares_every_side_on_the_same_images(tmp_path, classifier_dir):
+    from benchmarks import bench_adaptive
+
+    out = tmp_path / "adaptive.json"
+    assert bench_adaptive.main(["--quick", "--classifier", str(classifier_dir), "--denoiser", "none",
+                                "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    sides = result["sides"]
+    assert set(sides) == {"fixed_n200", "fixed_n400", "decide_r0.25", "decide_r0.5", "decide_r0.75", "estimate"}
+    assert result["complete"] and sides["fixed_n200"]["images"] == 4 and sides["fixed_n400"]["images"] == 2
+    assert sides["fixed_n200"]["mean_samples_per_image"] == 300  # n0 + n, every image
+    for name in ("decide_r0.5", "estimate"):
+        assert 100 < sides[name]["mean_samples_per_image"] <= 500 and sides[name]["seconds_per_image"] > 0
+    gap = result["accuracy_gaps_points"]["decide_r0.5_vs_fixed_n200"]
+    assert gap["images"] == 4 and gap["decide_minus_fixed"] == pytest.approx(gap["decide"] - gap["fixed"])
+    assert result["ratios"]["decide_r0.5_vs_fixed_n200"] == pytest.approx(
+        300 / sides["decide_r0.5"]["mean_samples_per_image"])
