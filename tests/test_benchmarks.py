@@ -52,3 +52,17 @@ def test_bench_adaptive_quick_compares_every_side_on_the_same_images(tmp_path, c
     assert gap["images"] == 4 and gap["decide_minus_fixed"] == pytest.approx(gap["decide"] - gap["fixed"])
     assert result["ratios"]["decide_r0.5_vs_fixed_n200"] == pytest.approx(
         300 / sides["decide_r0.5"]["mean_samples_per_image"])
+
+
+def test_bench_sequential_quick_reports_cost_and_boundary_errors(tmp_path):
+    from benchmarks import bench_sequential
+
+    out = tmp_path / "sequential.json"
+    assert bench_sequential.main(["--quick", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert set(result["cost"]) == {"union-cp", "beta-mixture", "fixed-level-cp"}
+    for costs in result["cost"].values():
+        assert costs["1.0"]["certified"] == 1.0 and 0 < costs["1.0"]["mean_samples"] <= 5000
+        assert costs["0.9"]["certified"] == 0.0
+    for row in result["boundary"].values():
+        assert row["streams"] == 2000 and row["rate"] == row["wrong_certified"] / 2000
