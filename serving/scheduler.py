@@ -112,7 +112,8 @@ class FairScheduler:
 
     ``counter``: evaluates a list of noise jobs, one result (counts or exception) per job (``VoteCounter``).
     ``on_pass``: optional hook called after each pass, and whenever the queue changes, with (kind -> samples
-    computed, queue depth, samples still queued); ``on_drop``: optional hook called with the reason of each request dropped unfinished.
+    computed, queue depth, samples still queued); ``on_drop``: optional hook called with the reason of each
+    request dropped unfinished.
     """
 
     def __init__(self, counter: Callable[[Sequence[NoiseJob]], list], round_samples: int, pass_samples: int,
@@ -257,6 +258,16 @@ class FairScheduler:
             self._tickets.remove(ticket)
 
     async def _compute_loop(self) -> None:
+        try:
+            await self._compute_forever()
+        except Exception as exc:  # a bug here must not leave requests waiting for ever: fail them, and
+            for ticket in self._tickets:  # the next request starts a new loop (``_start``)
+                if not ticket.future.done():
+                    ticket.future.set_exception(exc)
+            self._tickets.clear()
+            raise
+
+    async def _compute_forever(self) -> None:
         while True:
             await self._prune()
             if not self._tickets:

@@ -255,3 +255,19 @@ def test_duplicates_get_one_certificate_and_a_changed_pixel_fresh_noise(smooth, 
     other = [certify(key, torch.stack([changed]))[0], certify(NoiseKey(b"t" * 32, "m"), torch.stack([ambiguous]))[0]]
     assert 0.05 < first[0].count / 200 < 0.95  # ambiguous indeed, so counts vary with the noise
     assert all((c.count, c.p_lower) != (first[0].count, first[0].p_lower) for c in other)
+
+
+def test_a_broken_loop_fails_its_requests_and_restarts():
+    class Broken(CertifyWork):
+        def add(self, key, counts):
+            raise RuntimeError("bug in a work class")
+
+    scheduler = FairScheduler(FakeCounter(), round_samples=100, pass_samples=1000, share_passes=False, max_queued=8)
+
+    async def run():
+        with pytest.raises(RuntimeError, match="bug in a work class"):
+            await scheduler.run(Broken(torch.zeros(1, *SHAPE), [1], 20, 100, 0.001, 0.25, 10, 50), 60, 10**6)
+        return await scheduler.run(work(1, 100), 60, 10**6)  # a new loop serves the next request
+
+    certificates = asyncio.run(run())
+    assert len(certificates) == 1 and certificates[0].n == 100
