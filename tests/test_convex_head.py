@@ -53,8 +53,8 @@ def test_train_head_writes_a_classifier_that_certify_takes(classifier_dir, tmp_p
     assert meta["test_accuracy"] > 0.5  # the frozen features are good; epsilon 2 costs little
     assert "epsilon = 2" in (out / "privacy_report.txt").read_text()
 
-    code = main(["certify", "--classifier", str(out), "--sigma", "0.25", "--n0", "10", "--n", "50", "--max", "2",
-                 "--skip", "200", "--out", str(tmp_path / "cert"), "--device", "cpu"])
+    code = main(["certify", "--classifier", str(out), "--sigma", "0.25", "--n0", "10", "--n", "50", "--max", "1000",
+                 "--skip", "500", "--out", str(tmp_path / "cert"), "--device", "cpu"])
     assert code == 0
     rows = (tmp_path / "cert" / "certify.tsv").read_text().strip().splitlines()
     assert len(rows) == 3  # header + 2 images
