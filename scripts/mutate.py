@@ -38,7 +38,9 @@ IMPORT_CHECK = ("certify.core", "certify.attacks", "serving.auth", "serving.vali
 
 CERTIFY = ("tests/test_invariants_certify.py", "tests/test_certify_core.py")
 ATTACKS = ("tests/test_invariants_attacks.py",)
-TRAINING = ("tests/test_invariants_training.py",)
+TRAIN_NOISE = ("tests/test_invariants_training.py", "-k", "noise or remainder")
+TRAIN_SAMPLING = ("tests/test_invariants_training.py", "-k", "poisson or sampler")
+TRAIN_REPORTS = ("tests/test_invariants_training.py", "-k", "accountant or reports")
 SMIN = ("tests/test_invariants_training.py", "tests/test_smin.py")
 AUTH = ("tests/test_serving.py", "-k", "api_key")
 VALIDATION = ("tests/test_serving.py", "-k", "json_validation")
@@ -132,18 +134,18 @@ MUTANTS: tuple[Mutant, ...] = (
            "mask = torch.rand(self.num_examples, generator=generator) < self.sample_rate\n"
            "        return mask.nonzero().flatten()",
            "order = torch.randperm(self.num_examples, generator=generator)\n"
-           "        return order[:round(self.sample_rate * self.num_examples)]", TRAINING,
+           "        return order[:round(self.sample_rate * self.num_examples)]", TRAIN_SAMPLING,
            "batch sizes Binomial(N, q)"),
     Mutant("poisson_always_empty", "training/dp.py", "PoissonSampler.sample",
-           "return mask.nonzero().flatten()", "return mask.nonzero().flatten()[:0]", TRAINING,
+           "return mask.nonzero().flatten()", "return mask.nonzero().flatten()[:0]", TRAIN_SAMPLING,
            "examples are sampled at all"),
     Mutant("poisson_same_batch_every_step", "training/dp.py", "PoissonSampler.sample",
            "torch.rand(self.num_examples, generator=generator)",
-           "torch.rand(self.num_examples, generator=torch.Generator().manual_seed(0))", TRAINING,
+           "torch.rand(self.num_examples, generator=torch.Generator().manual_seed(0))", TRAIN_SAMPLING,
            "inclusion independent across steps"),
     Mutant("sampler_at_twice_q", "training/private_train.py", "train_denoiser",
            'PoissonSampler(num_examples, schedule["sample_rate"])',
-           'PoissonSampler(num_examples, min(1.0, 2 * schedule["sample_rate"]))', TRAINING,
+           'PoissonSampler(num_examples, min(1.0, 2 * schedule["sample_rate"]))', TRAIN_SAMPLING,
            "the sampler's rate is the q the accountant is given"),
     # ------------------------------------------------------------------ clipping and noise
     Mutant("clip_at_2c", "training/dp.py", "PerExampleClipper.factors",
@@ -151,7 +153,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "per-example gradients clipped to C"),
     Mutant("sepdp_clipping_skipped", "training/private_train.py", "SepDPArm.gradient",
            "summed = self.clipper.weighted_sum(grads, factors)",
-           "summed = self.clipper.weighted_sum(grads, torch.ones_like(factors))", TRAINING,
+           "summed = self.clipper.weighted_sum(grads, torch.ones_like(factors))", TRAIN_NOISE,
            "sepdp sums clipped gradients"),
     Mutant("group_weights_ignored", "training/dp.py", "PerExampleClipper.weighted_sum",
            'torch.einsum("n,n...->...", weights.to(g.dtype), g)', "g.sum(0)", CLIPPING,
@@ -161,7 +163,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "noise std multiplier x C"),
     Mutant("sepdp_noise_halved", "training/private_train.py", "SepDPArm.gradient",
            "noisy = self.noise.add(summed, self.xi_up, generator)",
-           "noisy = self.noise.add(summed, self.xi_up / 2, generator)", TRAINING,
+           "noisy = self.noise.add(summed, self.xi_up / 2, generator)", TRAIN_NOISE,
            "sepdp noise xi_up x C on non-empty batches"),
     Mutant("sepdp_empty_batch_noise_halved", "training/private_train.py", "SepDPArm.gradient",
            "return self.finish(self.noise.add(self.zeros(), self.xi_up, generator))",
@@ -169,22 +171,22 @@ MUTANTS: tuple[Mutant, ...] = (
            "empty Poisson batches still noised"),
     Mutant("line17_noise_halved", "training/private_train.py", "TransDenoiserArm.gradient",
            "group = self.noise.add(group, record.sigma_bar, generator)",
-           "group = self.noise.add(group, record.sigma_bar / 2, generator)", TRAINING,
+           "group = self.noise.add(group, record.sigma_bar / 2, generator)", TRAIN_NOISE,
            "Algorithm 1 line 17: sigma_bar x C"),
     Mutant("line22_noise_halved", "training/private_train.py", "TransDenoiserArm.gradient",
            "group = self.noise.add(group, self.xi_up, generator)",
-           "group = self.noise.add(group, self.xi_up / 2, generator)", TRAINING,
+           "group = self.noise.add(group, self.xi_up / 2, generator)", TRAIN_NOISE,
            "Algorithm 1 line 22: xi_up x C"),
     Mutant("explicit_multiplier_overstated", "training/private_train.py", "TransDenoiserArm.gradient",
            "record.explicit_multiplier = math.sqrt(explicit_variance)",
-           "record.explicit_multiplier = 2 * math.sqrt(explicit_variance)", TRAINING,
+           "record.explicit_multiplier = 2 * math.sqrt(explicit_variance)", TRAIN_NOISE,
            "the step history holds the noise actually added"),
     Mutant("input_multiplier_doubled", "training/private_train.py", "TransDenoiserArm.gradient",
            "record.input_multiplier = (self.config.sigma * math.sqrt(",
-           "record.input_multiplier = (2 * self.config.sigma * math.sqrt(", TRAINING,
+           "record.input_multiplier = (2 * self.config.sigma * math.sqrt(", TRAIN_NOISE,
            "m_t = sigma sqrt(T S_min) / C"),
     Mutant("remainder_tolerance_sign", "training/private_train.py", "TransDenoiserArm.gradient",
-           "nonneg = (remainder >= tolerance)", "nonneg = (remainder >= -tolerance)", TRAINING,
+           "nonneg = (remainder >= tolerance)", "nonneg = (remainder >= -tolerance)", TRAIN_NOISE,
            "rounding only pushes examples to the full-noise side"),
     Mutant("line16_subtracts", "training/private_train.py", "line16_sigma_bar",
            "return math.sqrt(xi_up ** 2 - input_multiplier ** 2)", "return xi_up - input_multiplier", LINE16,
@@ -205,25 +207,25 @@ MUTANTS: tuple[Mutant, ...] = (
            '"noise_multiplier": xi_up,\n                                     "epsilon": epsilon_report(sample_rate, '
            'xi_up, steps_done, delta)',
            '"noise_multiplier": xi_up,\n                                     "epsilon": epsilon_report(sample_rate, '
-           'xi_up, steps_done // 2, delta)', TRAINING, "sepdp epsilon over the steps taken"),
+           'xi_up, steps_done // 2, delta)', TRAIN_REPORTS, "sepdp epsilon over the steps taken"),
     Mutant("report_mmga_steps_halved", "training/privacy_report.py", "build_privacy_report",
            '"noise_multiplier": xi_up,\n                                 "epsilon": epsilon_report(sample_rate, '
            'xi_up, steps_done, delta)',
            '"noise_multiplier": xi_up,\n                                 "epsilon": epsilon_report(sample_rate, '
-           'xi_up, steps_done // 2, delta)', TRAINING, "MMGA epsilon over the steps taken"),
+           'xi_up, steps_done // 2, delta)', TRAIN_REPORTS, "MMGA epsilon over the steps taken"),
     Mutant("report_explicit_multipliers_doubled", "training/privacy_report.py", "build_privacy_report",
            "epsilon_report(sample_rate, explicit.tolist(), steps_done, delta)",
-           "epsilon_report(sample_rate, (2 * explicit).tolist(), steps_done, delta)", TRAINING,
+           "epsilon_report(sample_rate, (2 * explicit).tolist(), steps_done, delta)", TRAIN_REPORTS,
            "explicit-noise epsilon from the noise actually added"),
     Mutant("report_steps_from_history_halved", "training/privacy_report.py", "build_privacy_report",
            'steps_done = int(len(history["batch_size"]))', 'steps_done = int(len(history["batch_size"])) // 2',
-           TRAINING, "every step counted"),
+           TRAIN_REPORTS, "every step counted"),
     Mutant("accountant_steps_halved", "training/accounting.py", "_check_multipliers",
            'counts = {_finite_real("noise_multiplier", noise_multipliers): steps}',
-           'counts = {_finite_real("noise_multiplier", noise_multipliers): steps // 2}', TRAINING,
+           'counts = {_finite_real("noise_multiplier", noise_multipliers): steps // 2}', TRAIN_REPORTS,
            "the accountant composes every step"),
     Mutant("resume_drops_a_step", "training/private_train.py", "_resume",
-           "records = _records_from_tensors(tensors)", "records = _records_from_tensors(tensors)[1:]", TRAINING,
+           "records = _records_from_tensors(tensors)", "records = _records_from_tensors(tensors)[1:]", TRAIN_REPORTS,
            "resume never loses a step"),
     # ------------------------------------------------------------------ checkpoint integrity
     Mutant("checkpoint_hash_unchecked", "training/checkpoint.py", "load_tensors",
@@ -344,6 +346,19 @@ def run_tests(copy: Path, tests: tuple[str, ...], timeout: float) -> tuple[str, 
     return f"error (pytest exit {result.returncode})", seconds, tail
 
 
+def baseline_suites(mutants: list[Mutant]) -> list[tuple[str, ...]]:
+    """Few test runs covering every mutant's tests: one over all the plainly named files and tests (a superset
+    of each plain suite and of the -k suites on those files), plus each -k suite on a file not in it."""
+    plain: list[str] = []
+    for m in mutants:
+        if "-k" not in m.tests:
+            plain += [arg for arg in m.tests if arg not in plain]
+    files = {arg.split("::")[0] for arg in plain if "::" not in arg}
+    narrowed = sorted({m.tests for m in mutants
+                       if "-k" in m.tests and not {a for a in m.tests if a.startswith("tests/")} <= files})
+    return ([tuple(plain)] if plain else []) + narrowed
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)}")
@@ -379,8 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         verify_imports(copy)
         print(f"mutate: {len(chosen)} mutants in a copy at {copy}; commit {git_commit()}", flush=True)
         if not args.no_baseline:
-            suites = sorted({m.tests for m in chosen})
-            for tests in suites:
+            for tests in baseline_suites(chosen):
                 status, seconds, tail = run_tests(copy, tests, args.timeout)
                 if status != "survived":  # the unmutated code must pass, else "killed" means nothing
                     print(f"mutate: BASELINE FAILS for {' '.join(tests)} ({status}, {seconds:.0f} s)\n{tail}")
