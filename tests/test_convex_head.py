@@ -52,6 +52,7 @@ def test_train_head_writes_a_classifier_that_certify_takes(classifier_dir, tmp_p
     assert privacy["sensitivity"] == pytest.approx(2 * 2 ** 0.5 / (n * 0.01), rel=2e-3)
     assert meta["test_accuracy"] > 0.5  # the frozen features are good; epsilon 2 costs little
     assert "epsilon = 2" in (out / "privacy_report.txt").read_text()
+    assert privacy["noise"] == {"mode": "secret", "seed": None, "source": privacy["noise"]["source"]}
 
     code = main(["certify", "--classifier", str(out), "--sigma", "0.25", "--n0", "10", "--n", "50", "--max", "1000",
                  "--skip", "500", "--out", str(tmp_path / "cert"), "--device", "cpu"])
@@ -97,3 +98,11 @@ def test_pixels_head_by_grpua_loads_back(tmp_path):
     loaded = load_checkpoint(tmp_path / "h", kind="classifier").model
     x = torch.from_numpy(images[:10]).float() / 255
     assert torch.equal(loaded(x), model(x))
+    # the DP noise is secret: the same seed gives a different head, unless reproducible_noise (flagged)
+    again, _ = train_head(dataset, config, None, torch.device("cpu"), seed=0)
+    assert not torch.equal(again.weight, model.weight)
+    from dataclasses import replace
+
+    first, meta_r = train_head(dataset, replace(config, reproducible_noise=True), None, torch.device("cpu"), seed=0)
+    second, _ = train_head(dataset, replace(config, reproducible_noise=True), None, torch.device("cpu"), seed=0)
+    assert torch.equal(first.weight, second.weight) and meta_r["privacy"]["noise"]["mode"] == "reproducible"

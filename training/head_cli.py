@@ -50,6 +50,9 @@ def register(subparsers, common) -> None:
     p.add_argument("--batch-size", type=positive_int, default=256, help="DP-SGD batch size (default: 256)")
     p.add_argument("--epochs", type=positive_float, default=10.0, help="DP-SGD epochs (default: 10)")
     p.add_argument("--lr", type=positive_float, default=1.0, help="DP-SGD learning rate (default: 1.0)")
+    p.add_argument("--reproducible-noise", action="store_true",
+                   help="draw the DP noise from --seed (research only: anyone with the seed can remove the noise, "
+                        "and the report says so); default: a secret CSPRNG seed, never stored")
     p.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
     p.set_defaults(handler=cmd_train_head)
 
@@ -67,7 +70,7 @@ def cmd_train_head(args) -> int:
                         reg=args.reg, features=args.features, calibration=args.calibration,
                         opera_sensitivity=args.opera_sensitivity, grpua_accountant=args.grpua_accountant,
                         steps=args.steps, radius=args.radius, batch_size=args.batch_size, epochs=args.epochs,
-                        learning_rate=args.lr)
+                        learning_rate=args.lr, reproducible_noise=args.reproducible_noise)
     config.validate()
     dataset = load_dataset_from_args(args)
     model, meta = train_head(dataset, config, args.classifier, device, args.seed, track=bar)

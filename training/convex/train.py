@@ -7,6 +7,7 @@ is used only to measure accuracy.
 """
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,6 +43,7 @@ class HeadConfig:
     batch_size: int = 256  # DP-SGD
     epochs: float = 10.0  # DP-SGD
     learning_rate: float = 1.0  # DP-SGD
+    reproducible_noise: bool = False  # True: the DP noise is drawn from the seed (research only, flagged)
 
     def validate(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -141,7 +143,8 @@ def train_head(dataset: Dataset, config: HeadConfig, classifier_dir: str | Path 
     probe, arch_kwargs, provenance = build_probe(dataset, config.features, classifier_dir, device)
     x_private, y_private = dataset.private.tensors("cpu")
     X = embed(probe, x_private, device)
-    release = fit_head(X, y_private.numpy(), config, dataset.num_classes, seed, track)
+    noise_seed = seed if config.reproducible_noise else secrets.randbits(63)  # never stored when secret
+    release = fit_head(X, y_private.numpy(), config, dataset.num_classes, noise_seed, track)
     with torch.no_grad():
         probe.weight.copy_(torch.from_numpy(release.weights).to(probe.weight))
     x_test, y_test = dataset.test.tensors("cpu")
@@ -149,6 +152,7 @@ def train_head(dataset: Dataset, config: HeadConfig, classifier_dir: str | Path 
         predictions = torch.cat([probe(x_test[i:i + 500].to(device)).argmax(1).cpu() for i in range(0, len(x_test), 500)])
     test_accuracy = float((predictions == y_test).double().mean())
     privacy = json_safe(release.privacy)
+    privacy["noise"] = noise_description(config, seed)
     metadata = {
         "kind": "classifier", "architecture": "linear-probe", "arch_kwargs": arch_kwargs,
         "input_shape": list(dataset.image_shape), "num_classes": dataset.num_classes,
@@ -163,6 +167,16 @@ def train_head(dataset: Dataset, config: HeadConfig, classifier_dir: str | Path 
     return probe.eval(), metadata
 
 
+def noise_description(config: HeadConfig, seed: int) -> dict[str, Any]:
+    """How the DP noise was drawn: secret (CSPRNG seed, never stored) unless ``reproducible_noise``."""
+    if config.reproducible_noise:
+        return {"mode": "reproducible", "seed": seed,
+                "warning": (f"REPRODUCIBLE NOISE: the DP noise can be recomputed from the recorded seed ({seed}); no "
+                            "epsilon in this report holds against anyone who has the seed. Research only.")}
+    return {"mode": "secret", "seed": None,
+            "source": "numpy generator seeded from the operating system's CSPRNG; the seed is not recorded"}
+
+
 def _number(value: Any) -> str:
     return f"{value:.6g}" if isinstance(value, (int, float)) else str(value)
 
@@ -173,6 +187,11 @@ def format_head_privacy(privacy: dict[str, Any]) -> str:
              f"epsilon = {_number(privacy['epsilon'])}, delta = {_number(privacy['delta'])} "
              f"(neighbouring relation: {privacy['neighbouring']})",
              f"data independent: {str(privacy['data_independent']).lower()}"]
+    noise = privacy.get("noise", {})
+    if noise.get("mode") == "reproducible":
+        lines.insert(0, noise["warning"])
+    elif noise:
+        lines.append(f"noise: secret ({noise['source']})")
     for key in ("theorem", "calibration", "sensitivity_bound", "sensitivity", "query", "query_sensitivity",
                 "noise_std", "noise_multiplier", "steps", "n"):
         if key in privacy:
