@@ -22,20 +22,44 @@ def _model_summary(metadata: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def epsilon_statements(report: Any, path: str = "") -> list[dict[str, Any]]:
-    """Every (epsilon, delta) found in a privacy report, each with the report key (the analysis) it came from."""
-    found: list[dict[str, Any]] = []
-    if isinstance(report, dict):
-        if "epsilon" in report:
-            found.append({"analysis": path or "(top level)", "epsilon": report.get("epsilon"),
-                          "delta": report.get("delta"),
-                          **({"note": report["note"]} if isinstance(report.get("note"), str) else {})})
-        for key, value in report.items():
-            found.extend(epsilon_statements(value, f"{path}.{key}" if path else str(key)))
-    elif isinstance(report, list):
-        for index, value in enumerate(report):
-            found.extend(epsilon_statements(value, f"{path}[{index}]"))
-    return found
+ACCOUNTANTS = (("rdp", "RDP moments accountant: an upper bound"),
+               ("pld", "PLD accountant, pessimistic discretisation: an upper bound"),
+               ("gdp_epsilon", "Gaussian DP central-limit approximation: can underestimate, not a guarantee"))
+
+
+def epsilon_statements(report: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Every epsilon of a privacy report, one statement per (guarantee, accountant).
+
+    Each names its guarantee (``sepdp``, ``mmga``, ``data_independent``, ...) with that guarantee's label,
+    the accountant (analysis) behind the number, delta, and whether the figure is data-independent.
+    """
+    statements: list[dict[str, Any]] = []
+    for guarantee in (report or {}).get("guarantees", []):
+        epsilon = guarantee.get("epsilon") or {}
+        analyses = epsilon.get("analyses") or {}
+        for key, default_label in ACCOUNTANTS:
+            statements.append({
+                "guarantee": guarantee.get("name"), "analysis": f"{guarantee.get('name')}/{key}",
+                "accountant": analyses.get(key, default_label), "label": guarantee.get("label"),
+                "epsilon": epsilon.get(key), "delta": epsilon.get("delta", (report or {}).get("delta")),
+                "data_independent": bool(guarantee.get("data_independent")) and key != "gdp_epsilon",
+            })
+    return statements
+
+
+def privacy_section(report: dict[str, Any] | None) -> dict[str, Any]:
+    """The card's privacy section: each epsilon with its analysis, delta and data-independence, how the noise
+    was drawn, and what the release leaves out (the private training record is never served)."""
+    if not report:
+        return {"statement": NO_REPORT, "noise": None, "epsilons": [], "not_released": [], "report": None}
+    noise = report.get("noise") or {"mode": "unknown"}
+    statement = report.get("privacy_claim")
+    if noise.get("mode") == "reproducible" and noise.get("warning", "") not in (statement or ""):
+        statement = f"{noise['warning']} {statement or ''}".strip()
+    return {"statement": statement, "noise": noise, "epsilons": epsilon_statements(report),
+            "not_released": report.get("not_released", []),
+            "private_training_record": "not part of this deployment (never copied into a model directory)",
+            "report": report}
 
 
 def model_card(bundle: ModelBundle, device: str, batching: str) -> dict[str, Any]:
@@ -43,12 +67,11 @@ def model_card(bundle: ModelBundle, device: str, batching: str) -> dict[str, Any
     classifier = _model_summary(pipeline.classifier_metadata)
     classifier["test_accuracy"] = pipeline.classifier_metadata.get("test_accuracy")
     if pipeline.denoiser_metadata is None:
-        denoiser, privacy = None, {"statement": NO_DENOISER, "report": None, "epsilons": []}
+        denoiser = None
+        privacy = {"statement": NO_DENOISER, "noise": None, "epsilons": [], "not_released": [], "report": None}
     else:
         denoiser = _model_summary(pipeline.denoiser_metadata)
-        report = pipeline.denoiser_metadata.get("privacy")
-        privacy = {"statement": None if report else NO_REPORT, "report": report,
-                   "epsilons": epsilon_statements(report) if report else []}
+        privacy = privacy_section(pipeline.denoiser_metadata.get("privacy"))
     return {
         "service": "transdenoiser",
         "task": "image classification with certified L2 robustness (randomized smoothing, Cohen et al. 2019)",

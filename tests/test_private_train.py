@@ -18,6 +18,7 @@ from training.private_train import (
     TrainConfig,
     TransDenoiserArm,
     line16_sigma_bar,
+    load_private_record,
     plan,
     train_denoiser,
 )
@@ -137,7 +138,8 @@ def test_each_arm_trains_and_writes_checkpoint_with_report(arm, mnist10k, clf, t
     model, meta = train_denoiser(cfg(arm=arm), mnist10k, clf, torch.device("cpu"), checkpoint_dir=out)
     saved = read_metadata(out)
     assert saved["kind"] == "denoiser" and saved["architecture"] == "tiny"
-    assert saved["classifier"]["num_classes"] == 10 and saved["dataset"]["fingerprints"] == mnist10k.fingerprints()
+    released_fingerprints = {k: v for k, v in mnist10k.fingerprints().items() if k != "private"}
+    assert saved["classifier"]["num_classes"] == 10 and saved["dataset"]["fingerprints"] == released_fingerprints
     assert len(saved["metrics"]) == 1 and {"mse", "psnr", "accuracy_denoised"} <= set(saved["metrics"][0])
     text = (out / "privacy_report.txt").read_text()
     privacy = saved["privacy"]
@@ -148,11 +150,15 @@ def test_each_arm_trains_and_writes_checkpoint_with_report(arm, mnist10k, clf, t
         (g,) = privacy["guarantees"]
         assert g["data_independent"] is True and g["epsilon"]["rdp"] > 0
     else:
-        mmga, explicit = privacy["guarantees"]
-        assert mmga["data_independent"] is False and explicit["data_independent"] is False
-        assert "NOT a data-independent guarantee" in text and "explicit noise alone" in text
-        assert "max_smin_dim=10" in text  # w = 77 > 10: not computed, treated as 0, and said so
-        assert 0 <= privacy["transdenoiser"]["nonnegative_share"] <= 1
+        mmga, none = privacy["guarantees"]
+        assert mmga["name"] == "mmga" and mmga["data_independent"] is False
+        assert none["name"] == "data_independent" and none["epsilon"]["rdp"] == "inf"
+        assert "NOT a data-independent guarantee" in text and "none established" in text
+        private = load_private_record(out)["privacy"]
+        explicit = private["guarantees"][1]
+        assert explicit["name"] == "explicit_noise_alone" and explicit["data_independent"] is False
+        assert "max_smin_dim=10" in private["transdenoiser"]["smin_not_computed"]  # w = 77 > 10: treated as 0
+        assert "transdenoiser" not in privacy and "S_min(K_t)" not in text and "empty Poisson" not in text
     pipeline = load_pipeline(saved["classifier"]["path"], out)
     x = mnist10k.test.tensors()[0][:2]
     assert torch.allclose(pipeline.denoiser(x), model(x))
@@ -161,13 +167,15 @@ def test_each_arm_trains_and_writes_checkpoint_with_report(arm, mnist10k, clf, t
 def test_transdenoiser_computes_smin_and_follows_line16(mnist10k, clf, tmp_path):
     config = cfg(arm="transdenoiser", max_smin_dim=4096, train_examples=20, batch_size=5, sigma=0.5,
                  xi_up=2.0, xi_low=0.0, delta=1e-2)  # q = 0.25, 4 steps
-    _, meta = train_denoiser(config, mnist10k, clf, torch.device("cpu"), checkpoint_dir=tmp_path / "td")
-    td = meta["privacy"]["transdenoiser"]
+    train_denoiser(config, mnist10k, clf, torch.device("cpu"), checkpoint_dir=tmp_path / "td")
+    record = load_private_record(tmp_path / "td")
+    td = record["privacy"]["transdenoiser"]
     assert td["smin_methods"].get("eigvalsh", 0) >= 1
     assert td["smin"]["max"] > 0  # silu: S_min > 0
-    from training.checkpoint import load_extra_tensors
+    from training.checkpoint import load_tensors
 
-    hist = load_extra_tensors(tmp_path / "td", "training_state")
+    name = "training_state.safetensors"
+    hist = load_tensors(tmp_path / "td" / "private" / name, record["files"][name])
     m, sb = hist["history.input_multiplier"], hist["history.sigma_bar"]
     ok = ~torch.isnan(sb)
     expected = torch.tensor([line16_sigma_bar(float(a), 0.0, 2.0) for a in m[ok]], dtype=torch.float64)
@@ -175,7 +183,7 @@ def test_transdenoiser_computes_smin_and_follows_line16(mnist10k, clf, tmp_path)
 
 
 def test_resume_is_bit_identical(mnist10k, clf, tmp_path):
-    config = cfg(arm="transdenoiser", epochs=2, optimizer="adam", learning_rate=1e-2)
+    config = cfg(arm="transdenoiser", epochs=2, optimizer="adam", learning_rate=1e-2, reproducible_noise=True)
     full, full_meta = train_denoiser(config, mnist10k, clf, torch.device("cpu"), checkpoint_dir=tmp_path / "full")
     train_denoiser(config, mnist10k, clf, torch.device("cpu"), checkpoint_dir=tmp_path / "part", stop_after_epochs=1)
     assert read_metadata(tmp_path / "part")["privacy"]["complete"] is False
@@ -185,6 +193,8 @@ def test_resume_is_bit_identical(mnist10k, clf, tmp_path):
         assert torch.equal(a, b), name
     assert meta["privacy"] == full_meta["privacy"]  # no step lost or counted twice
     assert meta["steps_done"] == full_meta["steps_done"] == 8
+    private, full_private = load_private_record(tmp_path / "part"), load_private_record(tmp_path / "full")
+    assert private["privacy"] == full_private["privacy"]  # the private per-step history too
 
 
 def test_existing_checkpoint_and_changed_config_refused(mnist10k, clf, tmp_path):

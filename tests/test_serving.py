@@ -310,17 +310,21 @@ def test_service_concurrent_requests_with_a_bad_one(service_client, digits):
 def test_service_metadata_card(service_client):
     card = service_client.post("/metadata").json()
     assert card["classifier"]["architecture"] == "cnn28"
-    assert set(card["classifier"]["dataset"]["fingerprints"]) == {"public", "private", "test"}
+    assert set(card["classifier"]["dataset"]["fingerprints"]) == {"public", "test"}  # never the private split's
     assert card["denoiser"] is None and "no differential-privacy claim" in card["privacy"]["statement"]
     assert card["certification"]["n0"] == 20 and card["certification"]["alpha"] == 0.001
     assert card["limits"] == {"max_images": 4, "max_payload_bytes": 200_000, "max_n": 500}
 
 
 def test_epsilon_statements_name_their_analysis():
-    report = {"arm": "sepdp", "delta": 1e-5, "rdp": {"epsilon": 3.2, "delta": 1e-5},
-              "pld": {"epsilon": 2.9, "delta": 1e-5}, "gdp": {"epsilon": 2.5, "delta": 1e-5, "note": "approximation"}}
-    assert [(s["analysis"], s["epsilon"]) for s in epsilon_statements(report)] == [
-        ("rdp", 3.2), ("pld", 2.9), ("gdp", 2.5)]
+    report = {"arm": "sepdp", "delta": 1e-5, "guarantees": [
+        {"name": "sepdp", "label": "DP-SGD", "data_independent": True,
+         "epsilon": {"rdp": 3.2, "pld": 2.9, "gdp_epsilon": 2.5, "delta": 1e-5, "analyses": {"rdp": "RDP label"}}}]}
+    statements = epsilon_statements(report)
+    assert [(s["analysis"], s["epsilon"], s["delta"]) for s in statements] == [
+        ("sepdp/rdp", 3.2, 1e-5), ("sepdp/pld", 2.9, 1e-5), ("sepdp/gdp_epsilon", 2.5, 1e-5)]
+    assert statements[0]["accountant"] == "RDP label"
+    assert [s["data_independent"] for s in statements] == [True, True, False]  # GDP is an approximation
 
 
 def test_serve_cli_checks_before_starting(model_dir, tmp_path, capsys, monkeypatch):

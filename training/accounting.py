@@ -64,6 +64,20 @@ CALIBRATION_RTOL = 1e-3
 # The largest noise multiplier calibration will try before declaring a target unreachable.
 MAX_NOISE_MULTIPLIER = 1e5
 
+# Documented bounds that keep every answer finite in time (docs/ACCOUNTING.md, "Edge cases"); each errs toward
+# more privacy spent:
+# - a positive noise multiplier below MIN_NOISE_MULTIPLIER makes every epsilon inf (below it, RDP epsilons
+#   exceed 10^5 and the accountants' floating point breaks down);
+# - a sample rate below MIN_SAMPLE_RATE is accounted as MIN_SAMPLE_RATE (rounded up);
+# - the PLD accountant runs only for at most MAX_PLD_STEPS steps, multipliers of at least
+#   PLD_MIN_NOISE_MULTIPLIER and while the RDP epsilon is at most PLD_MAX_EPSILON (its run time grows with
+#   each); otherwise ``pld`` is None and the RDP bound stands.
+MIN_NOISE_MULTIPLIER = 0.01
+MIN_SAMPLE_RATE = 1e-12
+MAX_PLD_STEPS = 100_000
+PLD_MIN_NOISE_MULTIPLIER = 0.2
+PLD_MAX_EPSILON = 1000.0
+
 ANALYSES = {
     "rdp": "RDP moments accountant (dp-accounting RdpAccountant, Poisson-subsampled Gaussian): upper bound",
     "pld": "PLD accountant (dp-accounting PLDAccountant, pessimistic discretisation): upper bound, near-tight",
@@ -85,10 +99,11 @@ def _finite_real(name: str, value) -> float:
 
 
 def _check_sample_rate(sample_rate) -> float:
+    """q in (0, 1]; below MIN_SAMPLE_RATE it is rounded UP to it (more privacy spent, never less)."""
     q = _finite_real("sample_rate", sample_rate)
     if not 0 < q <= 1:
         raise UserError(f"sample_rate must lie in (0, 1], got {q}")
-    return q
+    return max(q, MIN_SAMPLE_RATE)
 
 
 def _check_delta(delta) -> float:
@@ -195,6 +210,16 @@ def _rdp_epsilon(sample_rate: float, counts: dict[float, int], delta: float) -> 
     return float(accountant.get_epsilon(delta))
 
 
+def pld_in_range(steps: int, smallest_multiplier: float, rdp_epsilon: float) -> bool:
+    """Whether the PLD accountant runs (see the bounds above MIN_NOISE_MULTIPLIER)."""
+    return (steps <= MAX_PLD_STEPS and smallest_multiplier >= PLD_MIN_NOISE_MULTIPLIER
+            and rdp_epsilon <= PLD_MAX_EPSILON)
+
+
+PLD_RANGE = (f"the PLD accountant runs for at most {MAX_PLD_STEPS:,} steps, noise multipliers of at least "
+             f"{PLD_MIN_NOISE_MULTIPLIER:g} and an RDP epsilon of at most {PLD_MAX_EPSILON:g}")
+
+
 def pld_value_discretization(groups: int, epsilon_estimate: float) -> float:
     """Grid width for the PLD accountant (see PLD_VALUE_DISCRETIZATION); never affects validity."""
     base = PLD_VALUE_DISCRETIZATION if groups <= PLD_FINE_MAX_GROUPS else PLD_COARSE_VALUE_DISCRETIZATION
@@ -209,8 +234,8 @@ def _pld_epsilon(sample_rate: float, counts: dict[float, int], delta: float, val
 
 def gdp_mu(sample_rate: float, counts: dict[float, int]) -> float:
     """Bu et al.'s CLT: mu = q sqrt(sum_t (exp(1/z_t^2) - 1)) (an approximation, see module docstring)."""
-    with np.errstate(over="ignore"):
-        total = sum(count * float(np.expm1(1.0 / z ** 2)) for z, count in counts.items())
+    with np.errstate(over="ignore", divide="ignore"):
+        total = sum(count * float(np.expm1(np.float64(1.0) / np.square(np.float64(z)))) for z, count in counts.items())
     return sample_rate * math.sqrt(total)
 
 
@@ -270,10 +295,14 @@ def epsilon_report(sample_rate: float, noise_multipliers: float | Sequence[float
     steps = _check_steps(steps)
     counts = _check_multipliers(noise_multipliers, steps)
     base = {"delta": delta, "sample_rate": q, "steps": steps, "analyses": dict(ANALYSES)}
-    if 0.0 in counts:
+    too_small = sum(count for z, count in counts.items() if z < MIN_NOISE_MULTIPLIER)
+    if too_small:
+        base["analyses"]["note"] = (f"{too_small} step(s) with a noise multiplier below {MIN_NOISE_MULTIPLIER:g} "
+                                    "(0 included): no finite epsilon is claimed")
         return {"rdp": math.inf, "pld": math.inf, "gdp_mu": math.inf, "gdp_epsilon": math.inf, **base,
                 "multiplier_grouping": {"distinct_multipliers": len(counts), "groups": len(counts),
-                                        "max_relative_rounding_down": 0.0, "zero_noise_steps": counts[0.0]}}
+                                        "max_relative_rounding_down": 0.0, "zero_noise_steps": counts.get(0.0, 0),
+                                        "steps_below_min_noise_multiplier": too_small}}
     grouped, max_rounding = group_noise_multipliers(counts, max_groups)
     base["multiplier_grouping"] = {"distinct_multipliers": len(counts), "groups": len(grouped),
                                    "max_relative_rounding_down": max_rounding}
@@ -285,8 +314,14 @@ def epsilon_report(sample_rate: float, noise_multipliers: float | Sequence[float
                 f"(by at most {100 * max_rounding:.2g}%)")
         base["analyses"]["rdp"] += note
         base["analyses"]["pld"] += note
-    pld = _pld_epsilon(q, grouped, delta, base["pld_value_discretization"])
-    return {"rdp": _rdp_epsilon(q, grouped, delta), "pld": pld, "gdp_mu": mu, "gdp_epsilon": gdp, **base}
+    rdp = _rdp_epsilon(q, grouped, delta)
+    pld = None
+    if not pld_in_range(steps, min(grouped), rdp):
+        base["analyses"]["pld"] = (f"not computed: {PLD_RANGE} (here: {steps:,} steps, smallest multiplier "
+                                   f"{min(grouped):.4g}, RDP epsilon {rdp:.4g}); the RDP bound stands")
+    else:
+        pld = _pld_epsilon(q, grouped, delta, base["pld_value_discretization"])
+    return {"rdp": rdp, "pld": pld, "gdp_mu": mu, "gdp_epsilon": gdp, **base}
 
 
 def epsilon_for_accountant(accountant: str, sample_rate: float, noise_multiplier: float, steps: int,
@@ -295,12 +330,14 @@ def epsilon_for_accountant(accountant: str, sample_rate: float, noise_multiplier
     accountant = _check_accountant(accountant)
     q, delta, steps = _check_sample_rate(sample_rate), _check_delta(delta), _check_steps(steps)
     counts = _check_multipliers(noise_multiplier, steps)
-    if 0.0 in counts:
+    if min(counts) < MIN_NOISE_MULTIPLIER:
         return math.inf
     if accountant == "rdp":
         return _rdp_epsilon(q, counts, delta)
     gdp = gdp_epsilon(gdp_mu(q, counts), delta)
     if accountant == "pld":
+        if not pld_in_range(steps, min(counts), _rdp_epsilon(q, counts, delta)):
+            raise UserError(f"{PLD_RANGE}; use the rdp accountant here")
         return _pld_epsilon(q, counts, delta, pld_value_discretization(1, gdp))
     return gdp
 
@@ -324,6 +361,10 @@ def noise_multiplier_for_epsilon(target_epsilon: float, sample_rate: float, step
 
     @functools.cache
     def epsilon_of(z: float) -> float:
+        if accountant == "pld" and z >= MIN_NOISE_MULTIPLIER:
+            rdp = _rdp_epsilon(q, {z: steps}, delta)
+            if not pld_in_range(steps, z, rdp):
+                return rdp  # beyond the PLD accountant's range: its upper bound, the RDP epsilon, decides
         return epsilon_for_accountant(accountant, q, z, steps, delta)
 
     if accountant == "gdp":
@@ -338,7 +379,9 @@ def noise_multiplier_for_epsilon(target_epsilon: float, sample_rate: float, step
                             f"accountant for noise multipliers up to {MAX_NOISE_MULTIPLIER:g}")
     low = high / 1.2
     while epsilon_of(low) <= target:
-        high, low = low, low / 1.5
+        if low <= MIN_NOISE_MULTIPLIER:  # the floor already meets the target: nothing smaller is accounted
+            return MIN_NOISE_MULTIPLIER
+        high, low = low, max(low / 1.5, MIN_NOISE_MULTIPLIER)
     log_root = optimize.brentq(lambda t: epsilon_of(math.exp(t)) - target, math.log(low), math.log(high),
                                xtol=CALIBRATION_RTOL / 4)
     z = min(math.exp(log_root) * (1 + CALIBRATION_RTOL / 2), high)

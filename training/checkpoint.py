@@ -10,7 +10,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,15 @@ WEIGHTS = "weights.safetensors"
 METADATA = "metadata.json"
 
 
+SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
+SAVING_SUFFIX = ".saving"  # a checkpoint being written: .NAME.saving-PID beside NAME
+PREVIOUS_SUFFIX = ".previous"  # the last good checkpoint while a new one replaces it: .NAME.previous
+
+
+def _after_write(what: str) -> None:
+    """Called after every file-system step of a save (tests replace it to simulate a crash there)."""
+
+
 @dataclass
 class Checkpoint:
     model: nn.Module
@@ -41,7 +53,31 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
     os.replace(tmp, path)
+    _after_write(f"write {path.name}")
+
+
+def write_json(path: Path, value: Any) -> str:
+    """Write ``value`` as indented, key-sorted JSON atomically; return the SHA-256 of the bytes written."""
+    data = json.dumps(value, indent=2, sort_keys=True).encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write_bytes(path, data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write_bytes(path, text.encode())
+
+
+def _check_sha256(directory: Path, name: str, value: Any) -> str:
+    if not isinstance(value, str) or not SHA256_PATTERN.fullmatch(value):
+        raise UserError(f"checkpoint {directory}: {METADATA} gives no valid SHA-256 for {name} (got {value!r}); "
+                        "every file of a checkpoint must carry its hash")
+    return value
 
 
 def save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> str:
@@ -52,12 +88,13 @@ def save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def load_tensors(path: Path, expected_sha256: str | None) -> dict[str, torch.Tensor]:
+def load_tensors(path: Path, expected_sha256: str) -> dict[str, torch.Tensor]:
     """Read a safetensors file, refusing it if its SHA-256 differs from the recorded one (one read of the file)."""
+    _check_sha256(path.parent, path.name, expected_sha256)
     if not path.is_file():
         raise UserError(f"checkpoint file missing: {path}")
     data = path.read_bytes()
-    if expected_sha256 is not None and hashlib.sha256(data).hexdigest() != expected_sha256:
+    if hashlib.sha256(data).hexdigest() != expected_sha256:
         raise UserError(f"{path}: SHA-256 does not match the checkpoint metadata (truncated or modified file)")
     try:
         return load(data)
@@ -88,8 +125,76 @@ def save_checkpoint(directory: str | Path, model: nn.Module, metadata: dict[str,
     for stem, tensors in (extra_tensors or {}).items():
         files[f"{stem}.safetensors"] = save_tensors(directory / f"{stem}.safetensors", tensors)
     meta["files"] = files
-    _atomic_write_bytes(directory / METADATA, json.dumps(meta, indent=2, sort_keys=True).encode())
+    write_json(directory / METADATA, meta)
     return directory
+
+
+def replace_directory(directory: str | Path, write: Callable[[Path], None]) -> Path:
+    """Write a whole checkpoint directory so that a crash at any point leaves a loadable one.
+
+    ``write(tmp)`` fills a fresh sibling directory; then the previous ``directory`` (if any) is renamed to
+    ``.NAME.previous``, the new one renamed into place, and the previous one removed. After a crash,
+    :func:`recover_interrupted_save` restores the last complete checkpoint.
+    """
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    recover_interrupted_save(directory)
+    staging = directory.parent / f".{directory.name}{SAVING_SUFFIX}-{os.getpid()}"
+    previous = directory.parent / f".{directory.name}{PREVIOUS_SUFFIX}"
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir()
+    write(staging)
+    _fsync_directory(staging)
+    if directory.exists():
+        os.replace(directory, previous)
+        _after_write("rename previous")
+    os.replace(staging, directory)
+    _fsync_directory(directory.parent)
+    _after_write("rename new")
+    if previous.exists():
+        shutil.rmtree(previous)
+        _after_write("remove previous")
+    return directory
+
+
+def recover_interrupted_save(directory: str | Path) -> str | None:
+    """Finish or undo a save that :func:`replace_directory` did not complete; say what was done (None: nothing).
+
+    A staging directory is never trusted (it may be incomplete): it is removed. If the save stopped between
+    its two renames, the previous checkpoint is put back; if it stopped after them, the leftover copy of the
+    previous one is removed.
+    """
+    directory = Path(directory)
+    parent = directory.parent
+    if not parent.is_dir():
+        return None
+    done = []
+    for staging in parent.glob(f".{directory.name}{SAVING_SUFFIX}-*"):
+        shutil.rmtree(staging, ignore_errors=True)
+        done.append(f"removed the incomplete save {staging.name}")
+    previous = parent / f".{directory.name}{PREVIOUS_SUFFIX}"
+    if previous.exists():
+        if directory.exists():
+            shutil.rmtree(previous)
+            done.append("removed the previous checkpoint's leftover copy")
+        else:
+            os.replace(previous, directory)
+            done.append("restored the last complete checkpoint")
+    return "; ".join(done) or None
+
+
+def _fsync_directory(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # not every platform opens directories
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def read_metadata(directory: str | Path) -> dict[str, Any]:
@@ -109,6 +214,12 @@ def read_metadata(directory: str | Path) -> dict[str, Any]:
     if meta.get("format_version") != FORMAT_VERSION:
         raise UserError(f"checkpoint {directory}: format version {meta.get('format_version')} is not supported "
                         f"(this is {FORMAT_VERSION})")
+    for key, kind, what in (("kind", str, "a string"), ("architecture", str, "a string"),
+                            ("files", dict, "a table of file hashes")):
+        if not isinstance(meta.get(key), kind):
+            raise UserError(f"checkpoint {directory}: {METADATA} has no valid {key!r} (must be {what})")
+    if not isinstance(meta.get("arch_kwargs", {}), dict):
+        raise UserError(f"checkpoint {directory}: {METADATA} has an invalid 'arch_kwargs' (must be a table)")
     return meta
 
 
@@ -127,11 +238,19 @@ def load_checkpoint(directory: str | Path, kind: str | None = None,
     meta = read_metadata(directory)
     if kind is not None and meta.get("kind") != kind:
         raise UserError(f"checkpoint {directory} holds a {meta.get('kind')}, expected a {kind}")
-    files = meta.get("files", {})
+    files = meta["files"]
     if WEIGHTS not in files:
         raise UserError(f"checkpoint {directory}: metadata lists no {WEIGHTS}")
+    for name, value in files.items():
+        _check_sha256(directory, name, value)
     state = load_tensors(directory / WEIGHTS, files[WEIGHTS])
-    model = build_model(meta["architecture"], **meta.get("arch_kwargs", {}))
+    try:
+        model = build_model(meta["architecture"], **meta.get("arch_kwargs", {}))
+    except UserError as exc:
+        raise UserError(f"checkpoint {directory}: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"checkpoint {directory}: architecture {meta['architecture']!r} does not take arguments "
+                        f"{meta.get('arch_kwargs')} ({exc})") from None
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as exc:

@@ -160,7 +160,7 @@ def cmd_import_classifier(args) -> int:
             "normalization": {"mean": model.normalize.mean.flatten().tolist(),
                               "std": model.normalize.std.flatten().tolist()},
             "dataset": {"name": dataset.name, "split_seed": dataset.split_seed, "trained_on": "unknown (imported)",
-                        "fingerprints": dataset.fingerprints(), "source": dataset.source},
+                        "fingerprints": dataset.released_fingerprints(), "source": dataset.source},
             "test_accuracy": acc, "imported_from": str(args.weights)}
     save_checkpoint(args.out, model, meta)
     print(f"imported torchvision {args.arch}: test accuracy {acc:.4f}; checkpoint: {args.out}")

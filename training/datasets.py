@@ -101,6 +101,10 @@ class Dataset:
     def fingerprints(self) -> dict[str, str]:
         return dict(self._fingerprints)
 
+    def released_fingerprints(self) -> dict[str, str]:
+        """The fingerprints a released checkpoint may carry: never the private split's (a hash of private data)."""
+        return {name: value for name, value in self._fingerprints.items() if name != "private"}
+
     @cached_property
     def _fingerprints(self) -> dict[str, str]:  # hashing every pixel once per loaded dataset is enough
         return {name: self.split(name).fingerprint() for name in SPLITS}

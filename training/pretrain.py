@@ -118,7 +118,7 @@ def pretrain_classifier(dataset: Dataset, config: PretrainConfig, device: torch.
         "class_names": list(dataset.classes),
         "normalization": {"mean": mean, "std": std, "note": "applied inside the model; inputs are [0,1] pixels"},
         "dataset": {"name": dataset.name, "split_seed": dataset.split_seed, "trained_on": "public",
-                    "fingerprints": dataset.fingerprints(), "source": dataset.source},
+                    "fingerprints": dataset.released_fingerprints(), "source": dataset.source},
         "test_accuracy": history[-1]["test_accuracy"],
         "train": {"config": asdict(config) | {"architecture": arch}, "seed": seed, "seconds": seconds,
                   "device": str(device), "history": history},

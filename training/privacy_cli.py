@@ -167,7 +167,9 @@ CLASSICAL_LABEL = "classical sqrt(2 ln(1.25/delta)) S / epsilon (Dwork & Roth): 
 
 # ---------------------------------------------------------------------------------------------- printing
 
-def _number(value: float) -> str:
+def _number(value: float | None) -> str:
+    if value is None:
+        return "n/a"
     return "inf" if math.isinf(value) else f"{value:.4g}" if value < 1e4 else f"{value:.3e}"
 
 

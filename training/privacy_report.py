@@ -27,6 +27,26 @@ MMGA_CAVEAT = ("The MMGA figure is NOT a data-independent guarantee: it assumes 
                "the private batch leak nothing.")
 
 
+NO_DATA_INDEPENDENT_LABEL = ("data-independent guarantee: none established. Algorithm 1 chooses each step's "
+                             "explicit noise from the private batch (line 8's split and S_min); no data-independent "
+                             "analysis bounds what that choice reveals, so no data-independent epsilon is claimed")
+# What the private training record holds and a release never carries (docs/PRIVACY.md explains each).
+NOT_RELEASED = (
+    "per-step Poisson batch sizes and the number of empty batches",
+    "training losses on the private split (per step and per epoch)",
+    "Algorithm 1's per-step group sizes, S_min values, input-noise and explicit-noise multipliers, and the "
+    "epsilon computed from those data-dependent multipliers",
+    "training time per epoch",
+    "the fingerprint (hash) of the private split",
+    "the noise generator's state and the optimiser state",
+)
+# Keys of a full report that a release keeps: public settings and data-independent quantities only.
+RELEASED_KEYS = ("arm", "sigma", "clip_norm", "xi_low", "xi_up", "sample_rate", "num_examples",
+                 "expected_batch_size", "delta", "steps_planned", "steps_done", "complete", "units",
+                 "target_epsilon", "calibration_accountant", "noise", "privacy_claim")
+DATA_INDEPENDENT_GUARANTEES = ("sepdp", "mmga")  # epsilons computed from settings fixed in advance only
+
+
 def json_safe(value: Any) -> Any:
     """Replace inf by the string "inf" and nan by None, recursively (JSON has neither)."""
     if isinstance(value, float):
@@ -59,9 +79,15 @@ def distribution(values: np.ndarray) -> dict[str, Any] | None:
 def build_privacy_report(*, arm: str, sigma: float, clip_norm: float, xi_low: float, xi_up: float,
                          sample_rate: float, num_examples: int, expected_batch_size: float, delta: float,
                          steps_planned: int, history: dict[str, np.ndarray], smin_methods: list[str],
-                         max_smin_dim: int, num_parameters: int, target_epsilon: float | None = None,
+                         max_smin_dim: int, num_parameters: int, noise: dict[str, Any] | None = None,
+                         target_epsilon: float | None = None,
                          calibration_accountant: str | None = None) -> dict[str, Any]:
-    """Assemble the report from the per-step history (arrays of length steps done)."""
+    """Assemble the FULL report from the per-step history (arrays of length steps done).
+
+    The full report includes statistics of the private data (batch sizes, S_min, per-step noise): it belongs
+    in the private training record. :func:`released_privacy_report` makes the version a release may carry.
+    ``noise``: how the noise was drawn (``{"mode": "secret"|"reproducible", ...}``).
+    """
     steps_done = int(len(history["batch_size"]))
     batch = np.asarray(history["batch_size"], dtype=np.int64)
     report: dict[str, Any] = {
@@ -72,6 +98,7 @@ def build_privacy_report(*, arm: str, sigma: float, clip_norm: float, xi_low: fl
         "units": "noise multipliers = std of Gaussian noise on the SUMMED clipped gradient / C; pixels in [0,1]",
         "empty_batches": int((batch == 0).sum()) if arm != "nodp" else 0,
         "target_epsilon": target_epsilon, "calibration_accountant": calibration_accountant,
+        "noise": noise if noise is not None else {"mode": "unknown"},
         "guarantees": [],
     }
     if arm == "nodp":
@@ -120,8 +147,33 @@ def build_privacy_report(*, arm: str, sigma: float, clip_norm: float, xi_low: fl
     return json_safe(report)
 
 
+def released_privacy_report(report: dict[str, Any]) -> dict[str, Any]:
+    """The part of a full report a release may carry: public settings and data-independent epsilons only.
+
+    Kept: the settings fixed before training (sigma, C, xi_low, xi_up, q, N, B, delta, the planned steps),
+    how the noise was drawn, and the guarantees computed from those alone (sepdp's DP-SGD epsilon; the MMGA
+    figure, which uses xi_up and the step count only but rests on a data-dependent, unproven analysis and says
+    so). Dropped: everything computed from the private batches (see :data:`NOT_RELEASED`). For the
+    transdenoiser arm a ``data_independent`` entry states that no data-independent epsilon is established.
+    """
+    out = {key: report[key] for key in RELEASED_KEYS if key in report}
+    guarantees = [g for g in report.get("guarantees", []) if g.get("name") in DATA_INDEPENDENT_GUARANTEES]
+    if report.get("arm") == "transdenoiser" and guarantees:
+        guarantees.append({"name": "data_independent", "label": NO_DATA_INDEPENDENT_LABEL, "data_independent": True,
+                           "epsilon": {"rdp": "inf", "pld": "inf", "gdp_mu": "inf", "gdp_epsilon": "inf",
+                                       "delta": report["delta"], "analyses": {}}})
+    out["guarantees"] = guarantees
+    if report.get("noise", {}).get("mode") == "reproducible":
+        out["privacy_claim"] = f"{report['noise']['warning']} {out.get('privacy_claim', '')}".strip()
+    if report.get("arm") != "nodp":
+        out["not_released"] = list(NOT_RELEASED)
+    return json_safe(out)
+
+
 def _eps(value) -> str:
-    if value in ("inf", None) or (isinstance(value, float) and math.isinf(value)):
+    if value is None:
+        return "not computed"
+    if value == "inf" or (isinstance(value, float) and math.isinf(value)):
         return "inf"
     return f"{value:.4g}"
 
@@ -144,6 +196,11 @@ def format_privacy_report(report: dict[str, Any]) -> str:
              f"  Poisson sample rate q {report['sample_rate']:.5g} (expected batch {report['expected_batch_size']:g} "
              f"of N {report['num_examples']}), steps {report['steps_done']} of {report['steps_planned']}, "
              f"delta {report['delta']:g}"]
+    noise = report.get("noise") or {}
+    if noise.get("mode") == "reproducible" and noise["warning"] not in report.get("privacy_claim", ""):
+        lines.insert(1, f"  {noise['warning']}")
+    elif noise.get("mode") == "secret":
+        lines.append("  noise: secret (" + noise["source"] + ")")
     if report["arm"] == "nodp":
         return "\n".join([lines[0], f"  input noise sigma {report['sigma']} (pixels in [0,1]); "
                            f"{report['steps_done']} steps", f"  {report['privacy_claim']}"])
@@ -154,6 +211,9 @@ def format_privacy_report(report: dict[str, Any]) -> str:
     for g in report["guarantees"]:
         eps = g["epsilon"]
         lines.append(f"  [{g['name']}] {g['label']}")
+        if g["name"] == "data_independent":
+            lines.append("     epsilon: none established (inf)")
+            continue
         lines.append(f"     epsilon at delta {eps['delta']:g}: RDP (moments accountant) {_eps(eps['rdp'])}; "
                      f"PLD {_eps(eps['pld'])}; GDP mu {_eps(eps['gdp_mu'])} -> epsilon {_eps(eps['gdp_epsilon'])} "
                      "(GDP: CLT approximation, can underestimate)")
@@ -171,6 +231,9 @@ def format_privacy_report(report: dict[str, Any]) -> str:
         lines.append(f"  sigma_bar (line 16): {_dist(td['sigma_bar'])}")
         lines.append(f"  share of steps where input noise reduced the explicit noise: "
                      f"{100 * td['share_steps_input_noise_reduced_explicit_noise']:.1f}%")
-    if report["arm"] != "nodp":
+    if "empty_batches" in report:
         lines.append(f"  empty Poisson batches (noise still added, step counted): {report['empty_batches']}")
+    if report.get("not_released"):
+        lines.append("  not released (kept in the private training record only): "
+                     + "; ".join(report["not_released"]))
     return "\n".join(lines)

@@ -14,7 +14,9 @@ per-step privacy history), so an interruption never loses or double-counts priva
 """
 from __future__ import annotations
 
+import json
 import math
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
@@ -25,7 +27,18 @@ import numpy as np
 import torch
 from torch import nn
 
-from training.checkpoint import Checkpoint, load_checkpoint, load_extra_tensors, read_metadata, save_checkpoint
+from training.checkpoint import (
+    Checkpoint,
+    load_checkpoint,
+    load_tensors,
+    read_metadata,
+    recover_interrupted_save,
+    replace_directory,
+    save_checkpoint,
+    save_tensors,
+    write_json,
+    write_text,
+)
 from training.datasets import Dataset
 from training.denoisers import ACTIVATIONS, DENOISERS, check_denoiser_fits, denoiser_kwargs
 from training.dp import (
@@ -39,7 +52,13 @@ from training.dp import (
     per_example_norms,
 )
 from training.models import build_model, count_parameters
-from training.privacy_report import build_privacy_report, format_privacy_report, json_safe
+from training.privacy_report import (
+    NOT_RELEASED,
+    build_privacy_report,
+    format_privacy_report,
+    json_safe,
+    released_privacy_report,
+)
 from training.smin import DEFAULT_CHUNK_SIZE, DEFAULT_MAX_DIM, METHODS, smin_lower_bound
 from transdenoiser.errors import UserError
 from transdenoiser.progress import Track, silent
@@ -85,7 +104,11 @@ class TrainConfig:
     max_smin_dim: int = DEFAULT_MAX_DIM
     smin_chunk_size: int = DEFAULT_CHUNK_SIZE
     grad_chunk_size: int = 32  # per-example gradients in near-equal chunks of at most this many; 0: one vmap
-    seed: int = 0
+    seed: int = 0  # initial weights; also the DP noise and Poisson sampling, but only with reproducible_noise
+    # False (default): DP noise and Poisson sampling draw from a generator seeded from the OS CSPRNG, a seed that
+    # is never written anywhere. True: they draw from ``seed`` (research only: anyone with the seed can subtract
+    # the noise, so no epsilon holds against them; every report says so).
+    reproducible_noise: bool = False
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> TrainConfig:
@@ -121,6 +144,8 @@ class TrainConfig:
             (self.smin_chunk_size >= 1, f"smin_chunk_size must be >= 1, got {self.smin_chunk_size}"),
             (self.grad_chunk_size >= 0, f"grad_chunk_size must be >= 0, got {self.grad_chunk_size}"),
             (isinstance(self.denoiser_kwargs, dict), "denoiser_kwargs must be a table"),
+            (isinstance(self.reproducible_noise, bool),
+             f"reproducible_noise must be true or false, got {self.reproducible_noise!r}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -454,16 +479,31 @@ def check_classifier_fits(classifier: Checkpoint, dataset: Dataset) -> None:
                         f"{dataset.name} has {dataset.num_classes}")
 
 
+def noise_generator(config: TrainConfig) -> torch.Generator:
+    """The CPU generator that draws the DP noise, the input noise and the Poisson batches.
+
+    Secret by default: seeded from the operating system's CSPRNG with a seed that is never stored (its state
+    lives only in the private training record, for ``resume``). With ``reproducible_noise`` it is seeded from
+    ``config.seed``, which every release then records and flags.
+    """
+    seed = config.seed if config.reproducible_noise else secrets.randbits(63)
+    return torch.Generator().manual_seed(seed)
+
+
 def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint, device: torch.device,
                    track: Track = silent, *, checkpoint_dir: str | Path | None = None, resume: bool = False,
                    on_epoch: Callable[[dict], None] | None = None,
                    stop_after_epochs: int | None = None) -> tuple[nn.Module, dict[str, Any]]:
     """Train a denoiser on ``dataset.private`` in front of the frozen ``classifier``; return (model, metadata).
 
-    ``checkpoint_dir``: written after every epoch (weights, optimiser, RNG, per-step privacy history,
-    metadata with the privacy report, and ``privacy_report.txt``). ``resume``: continue the run saved there
-    (its config must equal ``config``). ``on_epoch(metrics)``: called after each epoch. ``stop_after_epochs``:
-    stop (with a checkpoint) after that many epochs in total, as if interrupted.
+    ``metadata`` is what a release may carry (see :func:`released_metadata`): public settings, the privacy
+    report's data-independent figures, and evaluation on the test split. ``checkpoint_dir``: written after
+    every epoch, crash-safely: the released files (``weights.safetensors``, ``metadata.json``,
+    ``privacy_report.txt``) and the private training record in ``private/`` (optimiser and generator state,
+    per-step history, losses: never released; :func:`load_private_record` reads it). ``resume``: continue
+    the run saved there (its config must equal ``config``). ``on_epoch(row)``: called after each epoch with
+    the epoch's test metrics plus its private ``train_loss`` and ``seconds`` (for the trainer's console).
+    ``stop_after_epochs``: stop (with a checkpoint) after that many epochs in total, as if interrupted.
     """
     train_split = _subset(dataset.private, config.train_examples)
     config.validate(len(train_split))
@@ -473,20 +513,22 @@ def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint
     num_examples = len(train_split)
     schedule = plan(config, num_examples)
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
-    if checkpoint_dir is not None and not resume and (checkpoint_dir / "metadata.json").exists():
-        raise UserError(f"{checkpoint_dir} already holds a checkpoint; pass --resume to continue it or choose "
-                        "another --out (nothing is overwritten silently)")
     if resume and checkpoint_dir is None:
         raise UserError("resume needs a checkpoint directory")
+    if checkpoint_dir is not None:
+        recover_interrupted_save(checkpoint_dir)
+        if not resume and (checkpoint_dir / "metadata.json").exists():
+            raise UserError(f"{checkpoint_dir} already holds a checkpoint; pass --resume to continue it or choose "
+                            "another --out (nothing is overwritten silently)")
 
     torch.manual_seed(config.seed)
     kwargs = denoiser_kwargs(config.denoiser, dataset.image_shape[0], config.activation, config.denoiser_kwargs)
     model = build_model(config.denoiser, **kwargs).to(device)
     check_denoiser_fits(model, dataset.image_shape)
     optimizer = _optimizer(config, model)
-    generator = torch.Generator().manual_seed(config.seed)
+    generator = noise_generator(config)
     records: list[StepRecord] = []
-    metrics: list[dict[str, Any]] = []
+    metrics: list[dict[str, Any]] = []  # per epoch: test metrics + the private train_loss and seconds
     epochs_done, seconds_before = 0, 0.0
     if resume:
         epochs_done, records, metrics, seconds_before = _resume(checkpoint_dir, config, dataset, classifier, model,
@@ -505,8 +547,8 @@ def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint
     sampler = PoissonSampler(num_examples, schedule["sample_rate"]) if config.arm != "nodp" else None
     last_epoch = config.epochs if stop_after_epochs is None else min(config.epochs, stop_after_epochs)
     started = time.perf_counter()
-    epochs_before_loop = epochs_done
     model.train()
+    run = _RunFacts(config, dataset, classifier, schedule, baselines, kwargs, device, count_parameters(model))
     for epoch in range(epochs_done, last_epoch):
         epoch_started = time.perf_counter()
         if sampler is None:
@@ -525,74 +567,158 @@ def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint
             optimizer.zero_grad(set_to_none=True)
             records.append(record)
         losses = [r.mean_loss for r in records[-schedule["steps_per_epoch"]:] if not math.isnan(r.mean_loss)]
-        row = {"epoch": epoch + 1, "train_loss": float(np.mean(losses)) if losses else math.nan,
+        row = {"epoch": epoch + 1,
                **evaluate(model, classifier_model, x_test, y_test, config.sigma, config.eval_noise_seed),
+               "train_loss": float(np.mean(losses)) if losses else math.nan,
                "seconds": time.perf_counter() - epoch_started}
         metrics.append(row)
         epochs_done = epoch + 1
-        metadata = _metadata(config, dataset, classifier, model, schedule, records, metrics, baselines, kwargs,
-                             epochs_done, seconds_before + time.perf_counter() - started, device)
         if checkpoint_dir is not None:
-            _save(checkpoint_dir, model, optimizer, generator, records, metadata)
+            _save(checkpoint_dir, model, optimizer, generator, records,
+                  run.released(records, metrics, epochs_done),
+                  run.private(records, metrics, epochs_done, seconds_before + time.perf_counter() - started))
         if on_epoch is not None:
             on_epoch(row)
     if not metrics:
         raise UserError("no epoch was trained")
-    if epochs_done == epochs_before_loop:  # nothing trained now (resuming a finished run): describe it as it is
-        metadata = _metadata(config, dataset, classifier, model, schedule, records, metrics, baselines, kwargs,
-                             epochs_done, seconds_before, device)
     model.eval()
-    return model, metadata
+    return model, run.released(records, metrics, epochs_done)
 
 
-def _metadata(config, dataset, classifier, model, schedule, records, metrics, baselines, kwargs, epochs_done,
-              seconds, device) -> dict[str, Any]:
-    num_examples = len(dataset.private) if not config.train_examples else min(config.train_examples,
-                                                                               len(dataset.private))
-    report = build_privacy_report(
-        arm=config.arm, sigma=config.sigma, clip_norm=config.clip_norm, xi_low=config.xi_low,
-        xi_up=schedule["xi_up"] if schedule["xi_up"] is not None else config.xi_up,
-        sample_rate=schedule["sample_rate"] or config.batch_size / num_examples, num_examples=num_examples,
-        expected_batch_size=float(config.batch_size), delta=config.delta, steps_planned=schedule["total_steps"],
-        history=_history_arrays(records), smin_methods=[r.smin_method for r in records],
-        max_smin_dim=config.max_smin_dim, num_parameters=count_parameters(model),
-        target_epsilon=config.target_epsilon if config.arm != "nodp" else None,
-        calibration_accountant=config.calibration_accountant
-        if config.target_epsilon is not None and config.arm != "nodp" else None)
+# ------------------------------------------------------------------------------------------------ released vs private
+
+PRIVATE_DIR = "private"  # the private training record, beside the released files; never copied by bundle/serve
+RECORD_FILE = "record.json"
+RECORD_FORMAT = "transdenoiser-private-training-record"
+RELEASED_METRICS = ("epoch", "mse", "psnr", "accuracy_denoised")  # test split, computed from the released model
+PRIVATE_RECORD_NOTE = ("PRIVATE: statistics of the private training data computed without noise, and the state "
+                       "that would let anyone recompute the DP noise. Never release this directory; the released "
+                       "files (weights.safetensors, metadata.json, privacy_report.txt) do not depend on it.")
+
+
+class _RunFacts:
+    """What a run's metadata is built from; splits it into the released metadata and the private record."""
+
+    def __init__(self, config, dataset, classifier, schedule, baselines, kwargs, device, num_parameters):
+        self.config, self.dataset, self.classifier = config, dataset, classifier
+        self.num_parameters = num_parameters
+        self.schedule, self.baselines, self.kwargs, self.device = schedule, baselines, kwargs, device
+        self.num_examples = (len(dataset.private) if not config.train_examples
+                             else min(config.train_examples, len(dataset.private)))
+
+    def full_report(self, records: list[StepRecord]) -> dict[str, Any]:
+        config, schedule = self.config, self.schedule
+        return build_privacy_report(
+            arm=config.arm, sigma=config.sigma, clip_norm=config.clip_norm, xi_low=config.xi_low,
+            xi_up=schedule["xi_up"] if schedule["xi_up"] is not None else config.xi_up,
+            sample_rate=schedule["sample_rate"] or config.batch_size / self.num_examples,
+            num_examples=self.num_examples, expected_batch_size=float(config.batch_size), delta=config.delta,
+            steps_planned=schedule["total_steps"], history=_history_arrays(records),
+            smin_methods=[r.smin_method for r in records], max_smin_dim=config.max_smin_dim,
+            num_parameters=self.num_parameters, noise=noise_description(config),
+            target_epsilon=config.target_epsilon if config.arm != "nodp" else None,
+            calibration_accountant=config.calibration_accountant
+            if config.target_epsilon is not None and config.arm != "nodp" else None)
+
+    def released(self, records, metrics, epochs_done) -> dict[str, Any]:
+        return released_metadata(self, records, metrics, epochs_done)
+
+    def private(self, records, metrics, epochs_done, seconds) -> dict[str, Any]:
+        return json_safe({
+            "format": RECORD_FORMAT, "released": False, "note": PRIVATE_RECORD_NOTE,
+            "noise": noise_description(self.config),
+            "dataset_fingerprints": self.dataset.fingerprints(),
+            "epochs": [{k: row[k] for k in ("epoch", "train_loss", "seconds")} for row in metrics],
+            "epochs_done": epochs_done, "steps_done": len(records), "seconds": seconds,
+            "privacy": self.full_report(records),
+        })
+
+
+def noise_description(config: TrainConfig) -> dict[str, Any]:
+    """How the DP noise was drawn, as every report states it."""
+    if config.reproducible_noise:
+        return {"mode": "reproducible", "seed": config.seed,
+                "warning": ("REPRODUCIBLE NOISE: the DP noise and the Poisson batches can be recomputed from the "
+                            f"recorded seed ({config.seed}); no epsilon in this report holds against anyone who "
+                            "has the seed. For research only: train without --reproducible-noise to release.")}
+    return {"mode": "secret", "seed": None,
+            "source": ("a generator seeded from the operating system's CSPRNG; the seed is not recorded anywhere "
+                       "and the generator state lives only in the private training record")}
+
+
+def released_metadata(run: _RunFacts, records: list[StepRecord], metrics: list[dict],
+                      epochs_done: int) -> dict[str, Any]:
+    """The metadata a release carries: public settings, the data-independent privacy report, test-split metrics.
+
+    Nothing here is computed from the private split without noise: no losses, batch sizes, S_min or
+    per-step noise levels, no timing, no fingerprint of the private split (see docs/PRIVACY.md, "What the
+    released model reveals"). The steps counted are the planned schedule's, which do not depend on the data.
+    """
+    config, dataset = run.config, run.dataset
     return json_safe({
-        "kind": "denoiser", "architecture": config.denoiser, "arch_kwargs": kwargs,
+        "kind": "denoiser", "architecture": config.denoiser, "arch_kwargs": run.kwargs,
         "input_shape": list(dataset.image_shape),
-        "classifier": _classifier_summary(classifier),
+        "classifier": _classifier_summary(run.classifier),
         "dataset": {"name": dataset.name, "split_seed": dataset.split_seed, "trained_on": "private",
-                    "train_examples": num_examples, "fingerprints": dataset.fingerprints(), "source": dataset.source},
+                    "train_examples": run.num_examples,
+                    "fingerprints": dataset.released_fingerprints(),
+                    "source": dataset.source},
         "sigma": config.sigma,
-        "config": asdict(config), "schedule": schedule, "epochs_done": epochs_done, "steps_done": len(records),
-        "complete": epochs_done == config.epochs, "metrics": metrics, "baselines": baselines,
-        "privacy": report, "seconds": seconds, "device": str(device),
-        "hardware": hardware_description(torch.device(device)),
+        "config": asdict(config), "schedule": run.schedule, "epochs_done": epochs_done, "steps_done": len(records),
+        "complete": epochs_done == config.epochs,
+        "metrics": [{k: row[k] for k in RELEASED_METRICS} for row in metrics],
+        "baselines": run.baselines,
+        "privacy": released_privacy_report(run.full_report(records)),
+        "private_record": {"path": f"{PRIVATE_DIR}/{RECORD_FILE}", "released": False,
+                           "holds": list(NOT_RELEASED)},
+        "device": str(run.device),
+        "hardware": hardware_description(torch.device(run.device)),
     })
 
 
-def _save(directory: Path, model, optimizer, generator, records, metadata) -> None:
+def load_private_record(directory: str | Path) -> dict[str, Any]:
+    """The private training record of a run saved by :func:`train_denoiser` (not part of any release)."""
+    path = Path(directory) / PRIVATE_DIR / RECORD_FILE
+    if not path.is_file():
+        raise UserError(f"{directory}: no private training record ({PRIVATE_DIR}/{RECORD_FILE}); a released "
+                        "model directory does not carry one")
+    try:
+        record = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
+        raise UserError(f"{path}: not a {RECORD_FORMAT} file")
+    return record
+
+
+def _save(directory: Path, model, optimizer, generator, records, metadata, record) -> None:
+    """One epoch's checkpoint, written to a staging directory and renamed into place (crash-safe)."""
     opt_tensors, layout = _optimizer_tensors(optimizer)
     state = {"rng.cpu": generator.get_state(), **opt_tensors, **_history_tensors(records)}
-    meta = dict(metadata)
-    meta["resume_state"] = {"optimizer_layout": layout,
-                            "optimizer_param_groups": optimizer.state_dict()["param_groups"]}
-    save_checkpoint(directory, model, meta, extra_tensors={STATE_FILE: state})
-    (directory / REPORT_FILE).write_text(format_privacy_report(metadata["privacy"]) + "\n")
+
+    def write(staging: Path) -> None:
+        save_checkpoint(staging, model, metadata)
+        write_text(staging / REPORT_FILE, format_privacy_report(metadata["privacy"]) + "\n")
+        sha = save_tensors(staging / PRIVATE_DIR / f"{STATE_FILE}.safetensors", state)
+        write_json(staging / PRIVATE_DIR / RECORD_FILE, {
+            **record, "resume_state": {"optimizer_layout": layout,
+                                       "optimizer_param_groups": optimizer.state_dict()["param_groups"]},
+            "files": {f"{STATE_FILE}.safetensors": sha}})
+
+    replace_directory(directory, write)
 
 
 def _resume(directory: Path, config, dataset, classifier, model, optimizer, generator, device):
     meta = read_metadata(directory)
     if meta.get("kind") != "denoiser":
         raise UserError(f"{directory} holds a {meta.get('kind')}, not a denoiser training run")
+    record = load_private_record(directory)
     stored = TrainConfig.from_dict(meta["config"], source=f"{directory}/metadata.json")
     if asdict(stored) != asdict(config):
         diff = [f"{k}: saved {v!r}, now {asdict(config)[k]!r}" for k, v in asdict(stored).items()
                 if asdict(config)[k] != v]
         raise UserError(f"--resume needs the saved configuration unchanged; differs in {'; '.join(diff)}")
-    if meta["dataset"]["fingerprints"] != dataset.fingerprints():
+    if record.get("dataset_fingerprints") != dataset.fingerprints():
         raise UserError(f"--resume: the data differs from the run saved in {directory} (split fingerprints)")
     saved_sha = meta["classifier"].get("weights_sha256")
     if saved_sha != classifier.metadata.get("files", {}).get("weights.safetensors"):
@@ -600,9 +726,13 @@ def _resume(directory: Path, config, dataset, classifier, model, optimizer, gene
                         f"({meta['classifier'].get('path')})")
     saved = load_checkpoint(directory, kind="denoiser", map_location=device)
     model.load_state_dict(saved.model.state_dict())
-    tensors = load_extra_tensors(directory, STATE_FILE)
-    _restore_optimizer(optimizer, tensors, meta["resume_state"]["optimizer_layout"],
-                       meta["resume_state"]["optimizer_param_groups"], device)
+    name = f"{STATE_FILE}.safetensors"
+    tensors = load_tensors(directory / PRIVATE_DIR / name, (record.get("files") or {}).get(name))
+    resume_state = record["resume_state"]
+    _restore_optimizer(optimizer, tensors, resume_state["optimizer_layout"],
+                       resume_state["optimizer_param_groups"], device)
     generator.set_state(tensors["rng.cpu"])
     records = _records_from_tensors(tensors)
-    return int(meta["epochs_done"]), records, list(meta["metrics"]), float(meta.get("seconds", 0.0))
+    test_metrics = {row["epoch"]: row for row in meta["metrics"]}
+    metrics = [{**test_metrics[row["epoch"]], **row} for row in record["epochs"]]
+    return int(meta["epochs_done"]), records, metrics, float(record.get("seconds", 0.0))

@@ -22,7 +22,8 @@ FLAG_FIELDS = {"arm": "arm", "sigma": "sigma", "clip_norm": "clip_norm", "xi_up"
                "target_epsilon": "target_epsilon", "delta": "delta", "batch_size": "batch_size", "epochs": "epochs",
                "optimizer": "optimizer", "lr": "learning_rate", "momentum": "momentum", "denoiser": "denoiser",
                "activation": "activation", "train_examples": "train_examples", "eval_examples": "eval_examples",
-               "max_smin_dim": "max_smin_dim", "calibration_accountant": "calibration_accountant"}
+               "max_smin_dim": "max_smin_dim", "calibration_accountant": "calibration_accountant",
+               "reproducible_noise": "reproducible_noise"}
 
 
 def register(subparsers, common) -> None:
@@ -63,6 +64,10 @@ def register(subparsers, common) -> None:
     g.add_argument("--calibration-accountant", choices=("rdp", "pld"), default=None,
                    help="accountant for --target-epsilon (default: rdp, the looser: errs toward more noise)")
     g.add_argument("--delta", type=open_unit_interval, default=None, help="delta, must be < 1/N (default: 1e-5)")
+    g.add_argument("--reproducible-noise", action="store_const", const=True, default=None,
+                   help="draw the DP noise and Poisson batches from --seed (research only: the seed is recorded and "
+                        "anyone who has it can subtract the noise, so no epsilon holds; every report says so). "
+                        "Default: a secret generator seeded from the OS, its seed never stored")
     g = p.add_argument_group("optimisation")
     g.add_argument("--batch-size", type=positive_int, default=None,
                    help="expected batch size B; Poisson rate q = B/N for the DP arms (default: 64)")
@@ -123,7 +128,7 @@ def config_from_args(args, base: dict | None = None):
 def cmd_train(args) -> int:
     import json
 
-    from training.checkpoint import load_checkpoint, read_metadata
+    from training.checkpoint import load_checkpoint, read_metadata, recover_interrupted_save
     from training.cli import load_dataset_from_args
     from training.privacy_report import format_privacy_report
     from training.private_train import train_denoiser
@@ -131,6 +136,9 @@ def cmd_train(args) -> int:
     device = resolve_device(args.device)
     base = None
     if args.resume:
+        recovered = recover_interrupted_save(args.out)
+        if recovered:
+            print(f"note: {args.out}: an interrupted save was found: {recovered}", file=sys.stderr)
         saved = read_metadata(args.out)
         if saved.get("kind") != "denoiser" or "config" not in saved:
             raise UserError(f"--resume: {args.out} does not hold a denoiser training run")
@@ -148,6 +156,9 @@ def cmd_train(args) -> int:
                     else min(config.train_examples, len(dataset.private)))
     print(f"train {config.arm}: {config.denoiser} ({config.activation}) on {dataset.name} private split, "
           f"sigma {config.sigma}, device {hardware_description(device)}", file=sys.stderr)
+    if config.reproducible_noise and config.arm != "nodp":
+        print(f"WARNING: --reproducible-noise: the DP noise is drawn from seed {config.seed}, which is recorded; "
+              "the epsilon does not hold against anyone who has it (every report says so)", file=sys.stderr)
     if config.target_epsilon is not None and config.arm != "nodp":
         print(f"note: xi_up will be calibrated for target epsilon {config.target_epsilon} "
               f"({config.calibration_accountant} accountant); the configured xi_up {config.xi_up:g} is not used",
@@ -166,12 +177,15 @@ def cmd_train(args) -> int:
     base_acc = meta["baselines"]
     last = meta["metrics"][-1]
     print(f"denoiser {meta['architecture']} ({sum(p.numel() for p in model.parameters())} parameters), "
-          f"{meta['epochs_done']} epochs, {meta['seconds']:.0f} s")
+          f"{meta['epochs_done']} epochs")
     print(f"classifier accuracy on test images + N(0, {config.sigma}^2): with denoiser "
           f"{last['accuracy_denoised']:.4f}; without {base_acc['accuracy_noisy_no_denoiser']:.4f}; "
           f"clean {base_acc['accuracy_clean']:.4f}")
     print(f"reconstruction: MSE {last['mse']:.5f}, PSNR {last['psnr']:.2f} dB")
     print(format_privacy_report(meta["privacy"]))
     print(f"checkpoint: {args.out}  (privacy report also in {args.out}/privacy_report.txt)")
+    if config.arm != "nodp":
+        print(f"private training record (never release it; `transdenoiser bundle`/serve never copy it): "
+              f"{args.out}/private/  (losses, batch sizes, per-step noise, S_min, generator state)")
     return 0
 

@@ -30,7 +30,9 @@ def common_parser() -> argparse.ArgumentParser:
     group = common.add_argument_group("common options")
     group.add_argument("--device", type=_device, default="auto",
                        help="where to compute: auto (CUDA when present), cpu, cuda or cuda:N (default: auto)")
-    group.add_argument("--seed", type=int, default=0, help="random seed; same seed, same result (default: 0)")
+    group.add_argument("--seed", type=int, default=0,
+                       help="random seed; same seed, same result, except the DP noise of `train`, which is secret "
+                            "unless --reproducible-noise (default: 0)")
     return common
 
 

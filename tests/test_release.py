@@ -1,0 +1,290 @@
+"""What a released denoiser reveals: secret noise, no private statistics in released files, crash-safe saves,
+checkpoint integrity, the model card's privacy section, and the accountant's answers at the edges of its range."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import training.checkpoint as checkpoint_module
+from training.checkpoint import load_checkpoint, read_metadata
+from training.datasets import Split
+from training.private_train import (
+    PRIVATE_DIR,
+    TrainConfig,
+    _subset,
+    evaluate,
+    load_private_record,
+    train_denoiser,
+)
+from transdenoiser.errors import UserError
+
+FAST = dict(denoiser="tiny", denoiser_kwargs={"width": 2}, activation="silu", epochs=1, batch_size=16,
+            train_examples=64, eval_examples=50, max_smin_dim=10, learning_rate=0.05, delta=1e-3)
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def clf(classifier_dir):
+    return load_checkpoint(classifier_dir, kind="classifier")
+
+
+def cfg(**overrides) -> TrainConfig:
+    return TrainConfig(**{**FAST, **overrides})
+
+
+def _weights(directory) -> dict[str, torch.Tensor]:
+    return load_checkpoint(directory, kind="denoiser").model.state_dict()
+
+
+def _released_files(directory) -> list:
+    return sorted(p for p in directory.rglob("*") if p.is_file() and PRIVATE_DIR not in p.relative_to(directory).parts)
+
+
+# ------------------------------------------------------------------------------------------------ secret noise
+
+def test_default_noise_is_secret_and_no_seed_is_released(mnist10k, clf, tmp_path):
+    train_denoiser(cfg(arm="sepdp"), mnist10k, clf, CPU, checkpoint_dir=tmp_path / "a")
+    train_denoiser(cfg(arm="sepdp"), mnist10k, clf, CPU, checkpoint_dir=tmp_path / "b")
+    a, b = _weights(tmp_path / "a"), _weights(tmp_path / "b")
+    # Same settings and seed, different noise: nothing recorded determines the noise.
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+    meta = read_metadata(tmp_path / "a")
+    assert meta["privacy"]["noise"]["mode"] == "secret" and meta["privacy"]["noise"]["seed"] is None
+    text = (tmp_path / "a" / "privacy_report.txt").read_text()
+    assert "noise: secret" in text and "REPRODUCIBLE" not in text
+    # the generator state exists only in the private record
+    assert (tmp_path / "a" / PRIVATE_DIR / "training_state.safetensors").is_file()
+    assert all("training_state" not in p.name for p in _released_files(tmp_path / "a"))
+
+
+def test_reproducible_noise_is_reproducible_and_says_so_everywhere(mnist10k, clf, tmp_path):
+    from serving.card import privacy_section
+
+    config = cfg(arm="sepdp", reproducible_noise=True, seed=7)
+    train_denoiser(config, mnist10k, clf, CPU, checkpoint_dir=tmp_path / "a")
+    train_denoiser(config, mnist10k, clf, CPU, checkpoint_dir=tmp_path / "b")
+    a, b = _weights(tmp_path / "a"), _weights(tmp_path / "b")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    meta = read_metadata(tmp_path / "a")
+    assert meta["privacy"]["noise"] == {**meta["privacy"]["noise"], "mode": "reproducible", "seed": 7}
+    assert meta["privacy"]["privacy_claim"].startswith("REPRODUCIBLE NOISE")
+    assert "REPRODUCIBLE NOISE" in (tmp_path / "a" / "privacy_report.txt").read_text()
+    card = privacy_section(meta["privacy"])
+    assert card["noise"]["mode"] == "reproducible" and card["statement"].startswith("REPRODUCIBLE NOISE")
+
+
+# ------------------------------------------------------------------------------------------------ released vs private
+
+def _weight_derived(meta: dict) -> dict:
+    """Released metadata minus what is computed from the released weights (hash, test-split metrics)."""
+    return {k: v for k, v in meta.items() if k not in ("files", "metrics")}
+
+
+@pytest.mark.parametrize("arm", ["sepdp", "transdenoiser"])
+def test_released_files_do_not_depend_on_the_private_data(arm, mnist10k, clf, tmp_path):
+    """Two runs whose private splits differ (same size, same seed, reproducible noise): every released number
+    other than the weights and what is computed from them on the test split is identical, and those
+    test-split figures are recomputed here from the released weights alone."""
+    private = mnist10k.private
+    altered = dataclasses.replace(mnist10k, private=Split(255 - private.images, private.labels))
+    config = cfg(arm=arm, reproducible_noise=True, max_smin_dim=4096, sigma=0.5,  # S_min computed (w = 77)
+                 train_examples=24, batch_size=8)
+    train_denoiser(config, mnist10k, clf, CPU, checkpoint_dir=tmp_path / "a")
+    train_denoiser(config, altered, clf, CPU, checkpoint_dir=tmp_path / "b")
+    meta_a, meta_b = read_metadata(tmp_path / "a"), read_metadata(tmp_path / "b")
+    assert _weight_derived(meta_a) == _weight_derived(meta_b)
+    assert (tmp_path / "a" / "privacy_report.txt").read_text() == (tmp_path / "b" / "privacy_report.txt").read_text()
+    # the comparison has power: the private records do differ (losses, S_min, batch statistics)
+    record_a, record_b = load_private_record(tmp_path / "a"), load_private_record(tmp_path / "b")
+    assert record_a["epochs"] != record_b["epochs"]
+    assert record_a["dataset_fingerprints"]["private"] != record_b["dataset_fingerprints"]["private"]
+    for directory, meta in ((tmp_path / "a", meta_a), (tmp_path / "b", meta_b)):
+        model = load_checkpoint(directory, kind="denoiser").model
+        x, y = _subset(mnist10k.test, config.eval_examples).tensors()
+        again = evaluate(model, clf.model, x, y, config.sigma, config.eval_noise_seed)
+        assert again == pytest.approx({k: meta["metrics"][-1][k] for k in again}, rel=1e-6)
+        assert set(meta["metrics"][-1]) == {"epoch", "mse", "psnr", "accuracy_denoised"}
+    assert "private" not in meta_a["dataset"]["fingerprints"]
+    assert "seconds" not in meta_a and "train_loss" not in json.dumps(meta_a)
+
+
+def test_bundle_never_copies_the_private_record(mnist10k, clf, classifier_dir, tmp_path):
+    from serving.bundle import write_model_dir
+
+    train_denoiser(cfg(arm="sepdp"), mnist10k, clf, CPU, checkpoint_dir=tmp_path / "run")
+    out = write_model_dir(tmp_path / "serve", classifier_dir, tmp_path / "run", sigma=0.25)
+    names = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    assert names == {"serving.toml", "classifier/weights.safetensors", "classifier/metadata.json",
+                     "denoiser/weights.safetensors", "denoiser/metadata.json"}
+    meta = json.loads((out / "denoiser" / "metadata.json").read_text())
+    assert meta["private_record"]["released"] is False and meta["privacy"]["not_released"]
+
+
+# ------------------------------------------------------------------------------------------------ crash safety
+
+class _Crash(Exception):
+    pass
+
+
+def test_a_crash_at_any_write_leaves_a_resumable_run(mnist10k, clf, tmp_path, monkeypatch):
+    config = cfg(arm="sepdp", epochs=2, reproducible_noise=True, train_examples=32, eval_examples=20)
+    train_denoiser(config, mnist10k, clf, CPU, checkpoint_dir=tmp_path / "full")
+    expected = _weights(tmp_path / "full")
+    writes: list[str] = []
+    train_denoiser(config, mnist10k, clf, CPU, checkpoint_dir=tmp_path / "count", stop_after_epochs=1)
+    monkeypatch.setattr(checkpoint_module, "_after_write", writes.append)
+    train_denoiser(config, mnist10k, clf, CPU, checkpoint_dir=tmp_path / "count", resume=True)
+    per_save = len(writes)
+    # weights, metadata, report, private state, private record, rename old away, rename new in, remove old
+    assert per_save == 8, writes
+    for crash_at in range(per_save):
+        run = tmp_path / f"crash{crash_at}"
+        monkeypatch.setattr(checkpoint_module, "_after_write", lambda what: None)
+        train_denoiser(config, mnist10k, clf, CPU, checkpoint_dir=run, stop_after_epochs=1)
+        count = iter(range(10 ** 6))
+
+        def crash(what, crash_at=crash_at, count=count):
+            if next(count) == crash_at:
+                raise _Crash(what)
+
+        monkeypatch.setattr(checkpoint_module, "_after_write", crash)
+        with pytest.raises(_Crash):
+            train_denoiser(config, mnist10k, clf, CPU, checkpoint_dir=run, resume=True)
+        monkeypatch.setattr(checkpoint_module, "_after_write", lambda what: None)
+        train_denoiser(config, mnist10k, clf, CPU, checkpoint_dir=run, resume=True)  # resumable, whatever the point
+        got = _weights(run)
+        assert all(torch.equal(got[k], expected[k]) for k in expected), f"crash after write {crash_at}"
+        assert read_metadata(run)["privacy"] == read_metadata(tmp_path / "full")["privacy"]
+        assert not list(run.parent.glob(f".{run.name}.*"))  # no staging or previous copy left behind
+
+
+# ------------------------------------------------------------------------------------------------ integrity
+
+def _tamper(directory, edit) -> None:
+    path = directory / "metadata.json"
+    meta = json.loads(path.read_text())
+    edit(meta)
+    path.write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda m: m["files"].__setitem__("weights.safetensors", None), "no valid SHA-256"),
+    (lambda m: m["files"].__setitem__("weights.safetensors", "00"), "no valid SHA-256"),
+    (lambda m: m.pop("architecture"), "'architecture'"),
+    (lambda m: m.__setitem__("architecture", 3), "'architecture'"),
+    (lambda m: m.pop("files"), "'files'"),
+    (lambda m: m.__setitem__("arch_kwargs", [1]), "arch_kwargs"),
+    (lambda m: m.__setitem__("arch_kwargs", {"nonsense": 1}), "bad arguments"),
+])
+def test_malformed_metadata_is_refused_with_one_line(edit, message, classifier_dir, tmp_path):
+    import shutil
+
+    copy = tmp_path / "c"
+    shutil.copytree(classifier_dir, copy)
+    _tamper(copy, edit)
+    with pytest.raises(UserError, match=message) as exc:
+        load_checkpoint(copy)
+    assert "\n" not in str(exc.value)
+
+
+def test_null_hash_no_longer_lets_altered_weights_load(classifier_dir, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    copy = tmp_path / "c"
+    shutil.copytree(classifier_dir, copy)
+    state = load_file(copy / "weights.safetensors")
+    state = {k: v + 1 if v.is_floating_point() else v for k, v in state.items()}
+    save_file(state, copy / "weights.safetensors")
+    _tamper(copy, lambda m: m["files"].__setitem__("weights.safetensors", None))
+    with pytest.raises(UserError, match="SHA-256"):
+        load_checkpoint(copy)
+
+
+# ------------------------------------------------------------------------------------------------ model card
+
+def test_card_lists_every_epsilon_with_analysis_delta_and_independence(mnist10k, clf, tmp_path):
+    from serving.card import privacy_section
+
+    train_denoiser(cfg(arm="transdenoiser"), mnist10k, clf, CPU, checkpoint_dir=tmp_path / "td")
+    section = privacy_section(read_metadata(tmp_path / "td")["privacy"])
+    by_name = {(s["guarantee"], s["analysis"].split("/")[1]): s for s in section["epsilons"]}
+    assert set(by_name) == {(g, a) for g in ("mmga", "data_independent") for a in ("rdp", "pld", "gdp_epsilon")}
+    assert by_name[("mmga", "rdp")]["data_independent"] is False and by_name[("mmga", "rdp")]["delta"] == 1e-3
+    assert by_name[("mmga", "rdp")]["epsilon"] > 0
+    assert by_name[("data_independent", "rdp")]["epsilon"] == "inf"
+    assert section["noise"]["mode"] == "secret" and section["not_released"]
+    assert "S_min" in " ".join(section["not_released"])
+
+
+# ------------------------------------------------------------------------------------------------ accountant edges
+
+@pytest.mark.parametrize("q,z,steps", [(0.01, 1e-170, 100), (1e-320, 1.0, 100), (0.01, 1e-3, 100),
+                                       (0.01, 1.0, 10 ** 9), (1.0, 0.5, 10 ** 5), (5e-324, 5e-324, 1)])
+def test_calculator_edge_cases_answer_quickly(q, z, steps):
+    from training.accounting import epsilon_report
+
+    started = time.perf_counter()
+    report = epsilon_report(q, z, steps, 1e-5)
+    assert time.perf_counter() - started < 10
+    assert report["rdp"] >= 0 and (report["pld"] is None or report["pld"] >= 0)
+    if z < 0.01:
+        assert math.isinf(report["rdp"]) and "no finite epsilon" in report["analyses"]["note"]
+
+
+def test_tiny_sample_rates_are_rounded_up_never_down():
+    from training.accounting import MIN_SAMPLE_RATE, epsilon_report
+
+    tiny = epsilon_report(1e-300, 0.5, 1000, 1e-5)
+    floor = epsilon_report(MIN_SAMPLE_RATE, 0.5, 1000, 1e-5)
+    assert tiny["sample_rate"] == MIN_SAMPLE_RATE and tiny["rdp"] == floor["rdp"]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(q=st.floats(min_value=0, max_value=1, exclude_min=True),
+       z=st.one_of(st.just(0.0), st.floats(min_value=0, max_value=1e6)),
+       steps=st.integers(min_value=1, max_value=10 ** 12),
+       delta=st.floats(min_value=0, max_value=1, exclude_min=True, exclude_max=True))
+def test_every_valid_input_gets_an_answer_in_seconds(q, z, steps, delta):
+    from training.accounting import epsilon_report
+
+    started = time.perf_counter()
+    report = epsilon_report(q, z, steps, delta)
+    assert time.perf_counter() - started < 10, (q, z, steps, delta)
+    for key in ("rdp", "gdp_epsilon"):
+        assert report[key] >= 0 and not math.isnan(report[key])
+    if z == 0:
+        assert math.isinf(report["rdp"])
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(target=st.floats(min_value=1e-3, max_value=1e6), q=st.floats(min_value=1e-6, max_value=1),
+       steps=st.integers(min_value=1, max_value=10 ** 6), accountant=st.sampled_from(["rdp", "pld", "gdp"]))
+def test_calibration_answers_or_refuses_in_seconds(target, q, steps, accountant):
+    from training.accounting import epsilon_for_accountant, noise_multiplier_for_epsilon
+
+    started = time.perf_counter()
+    try:
+        z = noise_multiplier_for_epsilon(target, q, steps, 1e-5, accountant=accountant)
+    except UserError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert time.perf_counter() - started < 30, (target, q, steps, accountant)
+    assert np.isfinite(z) and z > 0
+    if accountant == "pld":
+        try:
+            achieved = epsilon_for_accountant("pld", q, z, steps, 1e-5)
+        except UserError:  # beyond the PLD accountant's range: calibrated on its upper bound, the RDP epsilon
+            achieved = epsilon_for_accountant("rdp", q, z, steps, 1e-5)
+    else:
+        achieved = epsilon_for_accountant(accountant, q, z, steps, 1e-5)
+    assert achieved <= target
