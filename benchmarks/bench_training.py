@@ -135,7 +135,7 @@ def activation_study(classifier_dir: Path, activations: list[str], device) -> di
 
     from training.checkpoint import load_checkpoint
     from training.datasets import load_dataset
-    from training.private_train import TrainConfig, train_denoiser
+    from training.private_train import TrainConfig, load_private_record, train_denoiser
 
     dataset = load_dataset("mnist10k")
     classifier = load_checkpoint(classifier_dir, kind="classifier", map_location=device)
@@ -147,7 +147,7 @@ def activation_study(classifier_dir: Path, activations: list[str], device) -> di
         started = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:
             model, meta = train_denoiser(config, dataset, classifier, device, checkpoint_dir=Path(tmp) / "d")
-        td = meta["privacy"]["transdenoiser"]
+            td = load_private_record(Path(tmp) / "d")["privacy"]["transdenoiser"]  # private statistics
         rows[activation] = {"seconds": time.perf_counter() - started, "w": count_parameters(model),
                             "steps": meta["privacy"]["steps_done"], "nonnegative_share": td["nonnegative_share"],
                             "smin": td["smin"], "smin_methods": td["smin_methods"],
