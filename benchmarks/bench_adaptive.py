@@ -5,6 +5,8 @@
 
 Sides, each on the same images with the same per-image generators (seed, idx), so every side selects
 its class from the same n0 noise draws:
+Images: ``--images`` evenly spaced over the test split, visited interleaved (0, 10 stride, 20 stride, ...)
+so that each chunk spans all classes and a run stopped early is still spread over the split.
 - ``fixed_n10000`` / ``fixed_n100000``: Cohen's CERTIFY (``Smooth.certify_many``) with n = 10,000 / 100,000;
   n = 100,000 runs on every k-th image only (``--images-100k``), and its figures say on how many;
 - ``decide_r{R}``: ``Smooth.decide_many`` at each radius R of ``--radii``, budget ``--n-max``;
@@ -88,12 +90,17 @@ def main(argv: list[str] | None = None) -> int:
     pipeline = load_pipeline(args.classifier, denoiser, device)
     images, labels = load_dataset("mnist10k").test.tensors("cpu")
     step = max(1, len(images) // args.images)
-    indices = list(range(0, len(images), step))[:args.images]
+    spread = list(range(0, len(images), step))[:args.images]
+    # mnist10k's test split is ordered by class: interleave, so that every chunk (and so a partial run)
+    # covers the whole split rather than one or two classes
+    stride = max(1, len(spread) // 10)
+    indices = [spread[k + stride * j] for k in range(stride) for j in range(10) if k + stride * j < len(spread)]
+    indices += [i for i in spread if i not in set(indices)]
     big = max(args.fixed)
-    every = max(1, round(len(indices) / max(1, args.images_100k)))
-    big_indices = set(indices[::every][:args.images_100k])
-    estimate_indices = set(indices if args.estimate_images is None else
-                           indices[::max(1, round(len(indices) / args.estimate_images))][:args.estimate_images])
+    every = max(1, round(len(spread) / max(1, args.images_100k)))  # evenly over the split, hence over classes
+    big_indices = set(spread[::every][:args.images_100k])
+    estimate_indices = set(spread if args.estimate_images is None else
+                           spread[::max(1, round(len(spread) / args.estimate_images))][:args.estimate_images])
     smooth = Smooth(pipeline.classifier, pipeline.num_classes, args.sigma, pipeline.denoiser, args.batch, device,
                     workers=args.workers)
     rows: dict[str, list[dict]] = {f"fixed_n{n}": [] for n in args.fixed}
