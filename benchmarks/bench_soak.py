@@ -61,8 +61,9 @@ def malformed_requests(image: list, payload_limit: int = PAYLOAD_LIMIT) -> list[
 
 
 def run_soak(url: str, images: np.ndarray, clients: int, seconds: float, memory_of=None,
-             warm_up_fraction: float = 0.2, payload_limit: int = PAYLOAD_LIMIT) -> dict:
-    """Drive ``url`` with ``clients`` threads for ``seconds``; return the figures (see the module docstring)."""
+             warm_up_fraction: float = 0.2, payload_limit: int = PAYLOAD_LIMIT, malformed_every: int = 10) -> dict:
+    """Drive ``url`` with ``clients`` threads for ``seconds``; return the figures (see the module docstring).
+    Request ``i`` (counted over all clients) is malformed when ``i % malformed_every == malformed_every - 1``."""
     bad = malformed_requests(images[0].tolist(), payload_limit)
     latencies: dict[str, list[float]] = defaultdict(list)
     statuses: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -75,8 +76,8 @@ def run_soak(url: str, images: np.ndarray, clients: int, seconds: float, memory_
     memory: list[tuple[float, int]] = []
 
     def request_for(index: int) -> tuple[str, dict]:
-        if index % 10 == 9:
-            return "malformed", bad[(index // 10) % len(bad)]
+        if index % malformed_every == malformed_every - 1:
+            return "malformed", bad[(index // malformed_every) % len(bad)]
         kind = ("small", "batch", "png")[index % 3]
         pick = images[index % len(images)]
         if kind == "small":
