@@ -127,13 +127,14 @@ def main(argv: list[str] | None = None) -> int:
             certs = smooth.decide_many(batch, radius, args.n0, args.n_max, args.alpha, generators(unit), args.method)
             elapsed = time.perf_counter() - start
             total = sum(c.samples for c in certs)
-            rows[f"decide_r{radius:g}"] += [_record(i, y, c.prediction, c.radius, c.samples, elapsed * c.samples / total)
-                                            for i, y, c in zip(unit, unit_labels, certs, strict=True)]
+            rows[f"decide_r{radius:g}"] += [
+                _record(i, y, c.prediction, c.radius, c.samples, elapsed * c.samples / total)
+                for i, y, c in zip(unit, unit_labels, certs, strict=True)]
         part = [i for i in unit if i in estimate_indices]
         if part:
             start = time.perf_counter()
-            certs = smooth.certify_adaptive_many(images[part], args.n0, args.estimate_n_max, args.alpha, generators(part),
-                                                 args.tolerance, args.method)
+            certs = smooth.certify_adaptive_many(images[part], args.n0, args.estimate_n_max, args.alpha,
+                                                 generators(part), args.tolerance, args.method)
             elapsed = time.perf_counter() - start
             total = sum(c.samples for c in certs)
             rows["estimate"] += [_record(i, int(labels[i]), c.prediction, c.radius, c.samples,

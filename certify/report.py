@@ -188,8 +188,9 @@ def _samples_line(summary: dict[str, Any]) -> str:
             else f"estimate, tolerance {summary['tolerance']:g}")
     samples = summary["samples_per_image"]
     return (f"  adaptive ({what}, {summary['sequential']['method']}): mean {samples['mean']:,.0f}, median "
-            f"{samples['median']:,.0f} noisy samples per image (n0 included) against {summary['fixed_n_samples_per_image']:,} "
-            f"for fixed n = {summary['n']:,}: {summary['saving_vs_fixed_n']:.1f}x fewer")
+            f"{samples['median']:,.0f} noisy samples per image (n0 included) against "
+            f"{summary['fixed_n_samples_per_image']:,} for fixed n = {summary['n']:,}: "
+            f"{summary['saving_vs_fixed_n']:.1f}x fewer")
 
 
 def format_prediction_summary(summary: dict[str, Any]) -> str:
@@ -346,7 +347,8 @@ def finalize_run(run_dirs: Sequence[Path], out_dir: Path | None = None) -> dict[
         write_json(out_dir / MODELS_FILE, models)
     if task == "certify":
         adaptive = settings if settings.get("mode") else None
-        summary = summarize(rows, settings["sigma"], settings["n0"], settings["n"], settings["alpha"], adaptive=adaptive)
+        summary = summarize(rows, settings["sigma"], settings["n0"], settings["n"], settings["alpha"],
+                            adaptive=adaptive)
     else:
         summary = summarize_predictions(rows, settings["sigma"], settings["n"], settings["alpha"])
     sessions = [s for status in statuses for s in status.get("sessions", [])]

@@ -185,18 +185,23 @@ def test_estimate_radius_holds_at_alpha_and_stops_early_where_the_radius_is_sett
     assert np.mean(radius_of(result.p_lower, SIGMA) >= SIGMA * norm.ppf(p) - 0.05 - 0.02) > 0.9
 
 
+def replay(votes: np.ndarray):
+    """A draw for one stream that hands out ``votes`` in order: the votes among the next m samples."""
+    position = [0]
+
+    def draw(active, m):
+        start = position[0]
+        position[0] += m
+        return np.array([votes[start:start + m].sum()])
+
+    return draw
+
+
 def test_counts_fed_one_look_at_a_time_give_the_driver_s_answer():
     cs = confidence_sequence("union-cp", 10_000, 0.001)
     for rule in (DecideRule(cs, 0.5, SIGMA), EstimateRule(cs, SIGMA, 0.05)):
-        rng = np.random.default_rng(11)
-        votes = rng.binomial(1, 0.985, size=10_000)
-        drawn = [0]
-
-        def draw(active, m):
-            start, drawn[0] = drawn[0], drawn[0] + m
-            return np.array([votes[start:start + m].sum()])
-
-        batch = run_streams(rule, draw, 1)
+        votes = np.random.default_rng(11).binomial(1, 0.985, size=10_000)
+        batch = run_streams(rule, replay(votes), 1)
         test = SequentialTest(rule)
         while not test.done:
             need = test.samples_needed
