@@ -1,10 +1,11 @@
-"""Load test of the prediction API: requests/s and p50/p99 latency, adaptive batching vs one request at a time.
+"""Load test of the prediction API: requests/s and p50/p99 latency, shared passes vs one request's round per pass.
 
     python -m benchmarks.bench_serving [--classifier-dir runs/classifier] [--n 1000] [--clients 1,16]
 
 For each mode a real server (``transdenoiser serve``) starts on 127.0.0.1 from a model directory built in a
-temporary folder: ``batching = true`` (adaptive batching across requests) or ``batching = false`` (each
-request certified alone, one at a time). Each phase sends one-image requests from C concurrent clients,
+temporary folder: ``batching = true`` (a forward pass gathers the rounds of several requests) or
+``batching = false`` (a pass is one request's round; requests take turns, serving.scheduler). Each phase
+sends one-image requests from C concurrent clients,
 at most ``max(--min-requests, C * --requests-per-client)`` requests and no new request after
 ``--max-seconds``; throughput counts completed requests over the phase's wall time. Loopback only.
 """
