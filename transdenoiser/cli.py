@@ -16,7 +16,7 @@ from transdenoiser.runtime import DEVICE_CHOICES, keep_freed_memory
 
 # Modules that add subcommands, in --help order.
 SUBCOMMAND_MODULES = ("training.cli", "training.train_cli", "training.privacy_cli", "certify.cli", "certify.attack_cli",
-                      "serving.cli", "transdenoiser.demo", "training.head_cli")
+                      "serving.cli", "transdenoiser.demo", "training.head_cli", "training.privacy.audit_cli")
 
 
 def _device(value: str) -> str:

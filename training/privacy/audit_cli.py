@@ -1,0 +1,144 @@
+"""Subcommand ``privacy-audit``: a one-run empirical privacy audit of a training configuration.
+
+Exit status: 0 when every lower bound stays at or below every claimed epsilon (or nothing is claimed),
+1 when a lower bound exceeds a claim (printed loudly: it means a bug or a false claim), 2 on bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from transdenoiser.argtypes import float_list, nonnegative_int, open_unit_interval, positive_float, positive_int
+
+# flag destination -> TrainConfig field (the training flags `train` has that an audit needs)
+FLAG_FIELDS = {"arm": "arm", "sigma": "sigma", "clip_norm": "clip_norm", "xi_up": "xi_up", "xi_low": "xi_low",
+               "target_epsilon": "target_epsilon", "delta": "delta", "batch_size": "batch_size", "epochs": "epochs",
+               "optimizer": "optimizer", "lr": "learning_rate", "denoiser": "denoiser", "activation": "activation",
+               "train_examples": "train_examples", "eval_examples": "eval_examples", "max_smin_dim": "max_smin_dim",
+               "reproducible_noise": "reproducible_noise"}
+
+
+def register(subparsers, common) -> None:
+    from training.cli import add_dataset_args
+
+    p = subparsers.add_parser(
+        "privacy-audit", parents=[common],
+        help="train with canaries and measure an empirical epsilon lower bound beside the claimed epsilon",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train a denoiser (any arm) with m canaries, each included with probability 1/2, guess which "
+                    "were included, and report the empirical epsilon LOWER bound at 95% confidence by Steinke, "
+                    "Nasr & Jagielski (2023) and by the Gaussian f-DP analysis of Mahloujifar, Melis & Chaudhuri "
+                    "(2025), beside every epsilon the run claims; then membership inference (loss threshold and "
+                    "calibrated against reference models trained on public data).\n"
+                    "  whitebox  gradient canaries C*u_j inserted into the summed clipped gradient before the "
+                    "arm's noise\n"
+                    "  blackbox  canary images added to the private split; score = reconstruction loss\n"
+                    "A lower bound above a claimed epsilon is a FAILURE (exit status 1). The output directory holds "
+                    "a model trained with canaries and scores computed from the private split: it is not a "
+                    "release. See docs/AUDIT.md.",
+        epilog="example: transdenoiser privacy-audit --classifier runs/classifier --arm sepdp --target-epsilon 8 "
+               "--mode whitebox --canaries 1000 --out runs/audit-sepdp")
+    p.add_argument("--config", type=Path, default=None, help="TOML file of training settings (see configs/)")
+    p.add_argument("--classifier", type=Path, required=True, help="frozen classifier checkpoint directory")
+    p.add_argument("--out", type=Path, required=True, help="audit output directory (not a release)")
+    add_dataset_args(p)
+    g = p.add_argument_group("audit")
+    g.add_argument("--mode", choices=("whitebox", "blackbox"), default="whitebox", help="canary kind (default: whitebox)")
+    g.add_argument("--canaries", type=positive_int, default=1000, help="number of canaries m (default: 1000)")
+    g.add_argument("--audit-seed", type=nonnegative_int, default=0,
+                   help="seed of the canaries and their inclusion (not of the training noise) (default: 0)")
+    g.add_argument("--whitebox-score", choices=("known_others", "update"), default="known_others",
+                   help="known_others: the update minus the real examples' clipped sum, projected on the canary "
+                        "(the DP adversary who knows everyone else); update: the noisy update's projection "
+                        "(default: known_others)")
+    g.add_argument("--confidence", type=open_unit_interval, default=0.95, help="confidence level (default: 0.95)")
+    g.add_argument("--guess-fractions", type=float_list, default=None,
+                   help="guess counts r = k+ + k- tried, as fractions of m, comma-separated, Bonferroni-corrected "
+                        "(default: 0.02,0.05,0.1,0.2,0.5,1)")
+    g.add_argument("--loss-draws", type=positive_int, default=4,
+                   help="input-noise draws per reconstruction loss (black-box scores, membership) (default: 4)")
+    g.add_argument("--reference-models", type=nonnegative_int, default=1,
+                   help="reference denoisers trained on public data for the calibrated membership attack; 0 skips "
+                        "it (default: 1)")
+    g.add_argument("--no-membership", action="store_true", help="skip membership inference")
+    g = p.add_argument_group("training (as for `train`)")
+    g.add_argument("--arm", choices=("nodp", "sepdp", "transdenoiser"), default=None)
+    g.add_argument("--sigma", type=positive_float, default=None)
+    g.add_argument("--clip-norm", type=positive_float, default=None)
+    g.add_argument("--xi-up", type=positive_float, default=None)
+    g.add_argument("--xi-low", type=positive_float, default=None)
+    g.add_argument("--target-epsilon", type=positive_float, default=None)
+    g.add_argument("--delta", type=open_unit_interval, default=None)
+    g.add_argument("--batch-size", type=positive_int, default=None)
+    g.add_argument("--epochs", type=positive_int, default=None)
+    g.add_argument("--optimizer", choices=("sgd", "adam"), default=None)
+    g.add_argument("--lr", type=positive_float, default=None)
+    g.add_argument("--denoiser", default=None)
+    g.add_argument("--activation", default=None)
+    g.add_argument("--denoiser-width", type=positive_int, default=None)
+    g.add_argument("--train-examples", type=nonnegative_int, default=None)
+    g.add_argument("--eval-examples", type=nonnegative_int, default=None)
+    g.add_argument("--max-smin-dim", type=positive_int, default=None)
+    g.add_argument("--reproducible-noise", action="store_const", const=True, default=None,
+                   help="draw the training noise from --seed (research only; the default is secret noise)")
+    p.add_argument("--json", action="store_true", help="print the audit summary as JSON")
+    p.set_defaults(handler=cmd_privacy_audit)
+
+
+def _config(args):
+    from training.private_train import TrainConfig
+    from transdenoiser.toml import read_toml
+
+    values = dict(read_toml(args.config, "--config")) if args.config is not None else {}
+    for flag, name in FLAG_FIELDS.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            values[name] = value
+    if args.denoiser_width is not None:
+        values["denoiser_kwargs"] = {**values.get("denoiser_kwargs", {}), "width": args.denoiser_width}
+    values["seed"] = args.seed
+    return TrainConfig.from_dict(values, source=str(args.config or "flags"))
+
+
+def cmd_privacy_audit(args) -> int:
+    import json
+
+    from training.checkpoint import load_checkpoint
+    from training.cli import load_dataset_from_args
+    from training.privacy.audit import AuditSettings, format_audit, privacy_audit
+    from training.privacy.bounds import DEFAULT_GUESS_FRACTIONS
+    from transdenoiser.progress import bar
+    from transdenoiser.runtime import hardware_description, resolve_device, seed_everything
+
+    config = _config(args)
+    settings = AuditSettings(mode=args.mode, num_canaries=args.canaries, audit_seed=args.audit_seed,
+                             whitebox_score=args.whitebox_score, beta=1 - args.confidence,
+                             guess_fractions=tuple(args.guess_fractions or DEFAULT_GUESS_FRACTIONS),
+                             loss_draws=args.loss_draws, membership=not args.no_membership,
+                             reference_models=args.reference_models)
+    settings.validate()
+    device = resolve_device(args.device)
+    seed_everything(config.seed)
+    dataset = load_dataset_from_args(args)
+    classifier = load_checkpoint(args.classifier, kind="classifier", map_location=device)
+    print(f"privacy-audit {config.arm} ({settings.mode}, {settings.num_canaries} canaries) on {dataset.name}, "
+          f"device {hardware_description(device)}", file=sys.stderr)
+    if config.reproducible_noise:
+        print("WARNING: --reproducible-noise: the training noise is drawn from --seed", file=sys.stderr)
+    result = privacy_audit(config, dataset, classifier, device, settings, args.out, track=bar)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(format_audit(result))
+        print(f"audit output (NOT a release): {args.out}")
+    if result["verdict"]["status"] == "FAIL":
+        bar_line = "!" * 78
+        print(f"{bar_line}\nPRIVACY AUDIT FAILED: an empirical lower bound exceeds a claimed epsilon "
+              f"({len(result['verdict']['violations'])} violation(s)). This means a bug in the implementation or a "
+              f"false privacy claim.\n{bar_line}", file=sys.stderr)
+        return 1
+    return 0
+
+
+__all__ = ["cmd_privacy_audit", "register"]
