@@ -1,0 +1,140 @@
+"""docs/API.md's examples, run in order as a user would, then checked against independent computations."""
+from __future__ import annotations
+
+import logging
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+API_DOC = Path(__file__).resolve().parents[1] / "docs" / "API.md"
+
+
+def api_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", API_DOC.read_text(), re.S)
+
+
+@pytest.fixture(scope="module")
+def doc():
+    """Every ```python block of docs/API.md executed in one namespace; the classifier's state kept before training."""
+    logging.getLogger("absl").setLevel(logging.ERROR)
+    namespace: dict = {"__name__": "api_doc"}
+    for number, block in enumerate(api_blocks()):
+        if "train_private_denoiser" in block and "classifier_before" not in namespace:
+            namespace["classifier_before"] = {k: v.clone() for k, v in namespace["classifier"].state_dict().items()}
+        exec(compile(block, f"{API_DOC}:block{number}", "exec"), namespace)  # noqa: S102 - our own docs
+    return namespace
+
+
+def test_doc_has_examples_for_each_part():
+    text = "\n".join(api_blocks())
+    for needle in ("Smooth(", ".certify(", ".predict(", ".certify_adaptive(", ".decide(", "PGD(", "FGSM(",
+                   "train_private_denoiser(", "TensorDataset", "epsilon_report(", "noise_multiplier_for_epsilon(",
+                   "load_model("):
+        assert needle in text, needle
+
+
+def test_certificate_is_cohen_certify_from_its_counts(doc):
+    from scipy.stats import norm
+    from statsmodels.stats.proportion import proportion_confint
+
+    cert, label = doc["certificate"], doc["label"]
+    # first certificate of the page (plain classifier) was replaced by the one with the denoiser: check both kinds
+    for certificate, sigma in ((cert, 0.25),):
+        p_lower = proportion_confint(certificate.count, certificate.n, alpha=2 * 0.001, method="beta")[0]
+        if p_lower > 0.5:
+            assert certificate.prediction == label
+            assert certificate.radius == pytest.approx(sigma * norm.ppf(p_lower), rel=1e-9)
+        else:
+            assert certificate.prediction == doc["transdenoiser"].ABSTAIN
+    cap = doc["transdenoiser"].max_certifiable_radius(sigma=0.25, n=1000, alpha=0.001)
+    assert cap == pytest.approx(0.25 * norm.ppf(0.001 ** (1 / 1000)), rel=1e-9)  # all n votes for one class
+    assert doc["adaptive"].prediction == label and doc["adaptive"].n <= 5000
+    assert doc["decision"].outcome == "certified"
+
+
+def test_attacks_stay_in_budget_and_shrink_the_margin(doc):
+    x, y = doc["test_images"][:16], doc["test_labels"][:16]
+    for x_adv, norm, eps in ((doc["x_adv"], 2, 1.0), (doc["x_fgsm"], math.inf, 0.1)):
+        assert x_adv.min() >= 0 and x_adv.max() <= 1
+        assert (x_adv - x).flatten(1).norm(p=norm, dim=1).max() <= eps
+    smooth_adv = doc["x_smooth_adv"]
+    assert (smooth_adv - x[:4]).flatten(1).norm(dim=1).max() <= 1.0
+    classifier = doc["classifier"]
+
+    def margin(images):  # logit of the label minus the largest other logit
+        with torch.no_grad():
+            logits = classifier(images)
+        label_logit = logits.gather(1, y.view(-1, 1)).squeeze(1)
+        return label_logit - logits.scatter(1, y.view(-1, 1), -math.inf).amax(dim=1)
+
+    assert margin(doc["x_adv"]).mean() < margin(x).mean()
+
+
+def test_private_denoiser_epsilon_matches_dp_accounting_and_classifier_untouched(doc):
+    from dp_accounting import GaussianDpEvent, PoissonSampledDpEvent, SelfComposedDpEvent
+    from dp_accounting.rdp import RdpAccountant
+
+    privacy = doc["privacy"]
+    assert privacy["arm"] == "sepdp" and privacy["sample_rate"] == pytest.approx(16 / 256)
+    assert privacy["steps_planned"] == 16 and privacy["xi_up"] == 1.0
+    (guarantee,) = [g for g in privacy["guarantees"] if g["name"] == "sepdp"]
+    assert guarantee["data_independent"] is True
+    library = RdpAccountant()  # dp-accounting's default orders; ours adds orders, so it may only be smaller
+    library.compose(SelfComposedDpEvent(PoissonSampledDpEvent(16 / 256, GaussianDpEvent(1.0)), 16))
+    expected = library.get_epsilon(1e-4)
+    assert 0.95 * expected <= guarantee["epsilon"]["rdp"] <= expected * (1 + 1e-9)
+
+    classifier = doc["classifier"]
+    assert all(p.requires_grad for p in classifier.parameters())
+    assert not classifier.training
+    for key, value in classifier.state_dict().items():
+        assert torch.equal(value, doc["classifier_before"][key]), key
+    denoiser = doc["denoiser"]
+    with torch.no_grad():
+        out = denoiser(doc["test_images"][:2])
+    assert out.shape == (2, 1, 16, 16)
+    reloaded = doc["reloaded"]
+    assert sum(p.numel() for p in reloaded.parameters()) == sum(p.numel() for p in denoiser.parameters())
+
+
+def test_accountant_example_meets_its_target(doc):
+    from dp_accounting import GaussianDpEvent, PoissonSampledDpEvent, SelfComposedDpEvent
+    from dp_accounting.rdp import RdpAccountant
+
+    epsilons, multiplier, steps, q = doc["epsilons"], doc["multiplier"], doc["steps"], doc["sample_rate"]
+    assert epsilons["rdp"] <= 1.0
+    library = RdpAccountant()
+    library.compose(SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(multiplier)), steps))
+    assert epsilons["rdp"] <= library.get_epsilon(1e-5) * (1 + 1e-9)
+    assert steps == 2 * round(1 / q)  # round(1/q) steps per epoch, as the training loop takes
+
+
+def test_api_refuses_bad_input_in_one_line():
+    from torch import nn
+
+    from transdenoiser import api
+    from transdenoiser.errors import UserError
+
+    model = nn.Sequential(nn.Flatten(), nn.Linear(4, 2))
+    with pytest.raises(UserError, match="sigma="):
+        api.PGD(model, eps=0.5, norm="l2", threat="smoothed")
+    with pytest.raises(UserError, match="alone"):
+        api.FGSM(model, eps=0.1, denoiser=nn.Identity())
+    images = torch.rand(8, 1, 2, 2)
+    with pytest.raises(UserError, match="labels are needed"):
+        api.train_private_denoiser(model, images, test=images)
+    with pytest.raises(UserError, match=r"\[0, 1\]"):
+        api.train_private_denoiser(model, images * 3, test=(images, torch.zeros(8, dtype=torch.long)))
+
+
+def test_package_names_load_lazily():
+    code = ("import sys, transdenoiser; assert 'torch' not in sys.modules, 'imported torch'; "
+            "import transdenoiser.api as api; assert sorted(api.__all__) == sorted(transdenoiser._API_NAMES); "
+            "assert transdenoiser.Smooth is api.Smooth and transdenoiser.PGD is api.PGD")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr

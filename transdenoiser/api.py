@@ -1,0 +1,270 @@
+"""The Python API: certify, predict, attack and train a private denoiser with any ``torch.nn.Module``.
+
+Everything here works on plain modules and tensors (pixels in [0, 1], shape (N, C, H, W)); no checkpoint
+format is needed. The command line is a layer over the same functions. Examples: docs/API.md.
+
+- :class:`Smooth` (randomized smoothing, Cohen et al. 2019): ``predict``, ``certify`` and the adaptive
+  ``certify_adaptive`` / ``decide``; ``ABSTAIN`` marks an abstention.
+- :class:`FGSM`, :class:`IFGSM`, :class:`MIM`, :class:`PGD`: attacks in the style of torchattacks,
+  ``attack = PGD(model, eps=0.5, norm="l2"); x_adv = attack(x, y)``, against the classifier alone or,
+  with ``threat="pipeline"`` or ``"smoothed"``, through the noise and an optional denoiser.
+- :func:`train_private_denoiser`: a denoiser trained with differential privacy in front of a frozen classifier
+  on your tensors or ``torch.utils.data.Dataset``; returns the denoiser and its privacy report.
+- The accountant and calculator: :func:`epsilon_report`, :func:`noise_multiplier_for_epsilon`,
+  :func:`steps_for_epochs`, :func:`analytic_gaussian_sigma`, :func:`classical_gaussian_sigma`.
+- :func:`load_model`: the module stored in a checkpoint directory written by the command line.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from certify import attacks as _attacks
+from certify.core import ABSTAIN, AdaptiveCertificate, Certificate, Smooth, max_certifiable_radius
+from certify.threats import build_threat
+from training.accounting import (
+    analytic_gaussian_sigma,
+    classical_gaussian_sigma,
+    epsilon_for_accountant,
+    epsilon_report,
+    noise_multiplier_for_epsilon,
+    steps_for_epochs,
+)
+from training.privacy_report import format_privacy_report
+from transdenoiser.errors import UserError
+from transdenoiser.progress import Track, silent
+
+__all__ = [
+    "ABSTAIN", "AdaptiveCertificate", "Certificate", "Smooth", "max_certifiable_radius",
+    "FGSM", "IFGSM", "MIM", "PGD",
+    "train_private_denoiser", "format_privacy_report",
+    "epsilon_report", "epsilon_for_accountant", "noise_multiplier_for_epsilon", "steps_for_epochs",
+    "analytic_gaussian_sigma", "classical_gaussian_sigma",
+    "load_model",
+]
+
+IN_MEMORY = "<in memory>"
+
+
+# ----------------------------------------------------------------------------------------------- attacks
+
+def _threat(model: nn.Module, threat: str, denoiser: nn.Module | None, sigma: float | None, m: int):
+    if not isinstance(model, nn.Module):
+        raise UserError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if threat == "classifier":
+        if denoiser is not None or sigma is not None:
+            raise UserError("threat 'classifier' attacks the classifier alone (no noise, no denoiser); pass "
+                            "threat='pipeline' or threat='smoothed' to attack through sigma and the denoiser")
+        return build_threat("classifier", model)
+    if sigma is None:
+        raise UserError(f"threat {threat!r} adds Gaussian noise before the denoiser: pass sigma=")
+    return build_threat(threat, model, denoiser, sigma, m)
+
+
+class FGSM(_attacks.FGSM):
+    """FGSM on ``model`` (a classifier module taking [0,1] pixels): ``FGSM(model, eps=0.1)(x, y)``.
+
+    ``norm``: ``"linf"`` (default, as in torchattacks) or ``"l2"``; ``eps`` in [0,1]-pixel units.
+    ``threat``: ``"classifier"`` (the model alone), ``"pipeline"`` (EOT over ``m`` noise draws at ``sigma``,
+    through ``denoiser`` if given) or ``"smoothed"`` (SmoothAdv). See docs/ATTACKS.md.
+    """
+
+    def __init__(self, model: nn.Module, eps: float | torch.Tensor, norm: str = "linf", *,
+                 threat: str = "classifier", denoiser: nn.Module | None = None, sigma: float | None = None,
+                 m: int = 8, targeted: bool = False, device: torch.device | str | None = None):
+        super().__init__(_threat(model, threat, denoiser, sigma, m), norm, eps, targeted, device)
+
+
+class _IterativeApi:
+    def __init__(self, model: nn.Module, eps: float | torch.Tensor, norm: str = "linf", steps: int = 10,
+                 step_size: float | None = None, *, threat: str = "classifier", denoiser: nn.Module | None = None,
+                 sigma: float | None = None, m: int = 8, targeted: bool = False,
+                 device: torch.device | str | None = None, **extra):
+        super().__init__(_threat(model, threat, denoiser, sigma, m), norm, eps, steps, step_size,  # type: ignore[call-arg]
+                         targeted=targeted, device=device, **extra)
+
+
+class IFGSM(_IterativeApi, _attacks.IFGSM):
+    """Iterative FGSM on ``model``: ``IFGSM(model, eps=0.1, steps=10)(x, y)``; arguments as :class:`FGSM`
+    plus ``steps`` and ``step_size`` (default 2.5 * eps / steps)."""
+
+
+class PGD(_IterativeApi, _attacks.PGD):
+    """PGD (random start, then projected steps) on ``model``: ``PGD(model, eps=0.5, norm="l2")(x, y)``;
+    arguments as :class:`IFGSM`."""
+
+
+class MIM(_IterativeApi, _attacks.MIM):
+    """Momentum iterative method on ``model``: ``MIM(model, eps=0.1, decay=1.0)(x, y)``; arguments as
+    :class:`IFGSM` plus ``decay``."""
+
+    def __init__(self, model: nn.Module, eps: float | torch.Tensor, norm: str = "linf", steps: int = 10,
+                 step_size: float | None = None, *, decay: float = _attacks.DEFAULT_MOMENTUM_DECAY,
+                 threat: str = "classifier", denoiser: nn.Module | None = None, sigma: float | None = None,
+                 m: int = 8, targeted: bool = False, device: torch.device | str | None = None):
+        super().__init__(model, eps, norm, steps, step_size, threat=threat, denoiser=denoiser, sigma=sigma, m=m,
+                         targeted=targeted, device=device, decay=decay)
+
+
+# ----------------------------------------------------------------------------------------------- data
+
+def _as_arrays(data, what: str, need_labels: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """(images, labels) as numpy arrays from a tensor, a (images, labels) pair or a torch Dataset."""
+    labels = None
+    if isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data):
+        images, labels = data
+    elif isinstance(data, torch.Tensor):
+        images = data
+    elif isinstance(data, torch.utils.data.Dataset):
+        try:
+            items = [data[i] for i in range(len(data))]  # type: ignore[arg-type]
+        except TypeError:
+            raise UserError(f"{what}: a torch Dataset must have a length and integer indexing") from None
+        if not items:
+            raise UserError(f"{what}: the dataset is empty")
+        first = items[0]
+        if isinstance(first, (tuple, list)):
+            images = torch.stack([torch.as_tensor(item[0]) for item in items])
+            if len(first) > 1:
+                labels = torch.as_tensor([int(item[1]) for item in items])
+        else:
+            images = torch.stack([torch.as_tensor(item) for item in items])
+    else:
+        raise UserError(f"{what}: expected a tensor (N, C, H, W), an (images, labels) pair of tensors or a torch "
+                        f"Dataset, got {type(data).__name__}")
+    if images.dim() != 4:
+        raise UserError(f"{what}: images must have shape (N, C, H, W), got {tuple(images.shape)}")
+    if need_labels and labels is None:
+        raise UserError(f"{what}: labels are needed here: pass (images, labels) or a Dataset of (image, label)")
+    images = images.detach().cpu()
+    if images.dtype == torch.uint8:
+        array = images.numpy()
+    else:
+        array = images.to(torch.float32).numpy()
+        if array.size and not (np.isfinite(array).all() and array.min() >= 0 and array.max() <= 1):
+            raise UserError(f"{what}: pixels must be finite and in [0, 1] (or uint8 in 0..255)")
+    label_array = None
+    if labels is not None:
+        labels = torch.as_tensor(labels).detach().cpu().to(torch.int64).reshape(-1)
+        if len(labels) != len(array):
+            raise UserError(f"{what}: {len(array)} images but {len(labels)} labels")
+        label_array = labels.numpy()
+    return np.ascontiguousarray(array), label_array
+
+
+def _split(images: np.ndarray, labels: np.ndarray):
+    from training.datasets import Split
+
+    if images.dtype == np.uint8:
+        return Split(images, labels)
+    return _FloatSplit(images, labels)
+
+
+def _float_split_class():
+    from training.datasets import Split
+
+    class FloatSplit(Split):
+        """A split of float32 pixels in [0, 1], used as they are (never quantised to 8 bits)."""
+
+        def tensors(self, device="cpu"):
+            return (torch.from_numpy(self.images).to(device=device, dtype=torch.float32),
+                    torch.from_numpy(self.labels).to(device=device, dtype=torch.int64))
+
+        def subset(self, indices):
+            return FloatSplit(self.images[indices], self.labels[indices])
+
+    return FloatSplit
+
+
+_FloatSplit = _float_split_class()
+
+
+def _in_memory_dataset(private: np.ndarray, test_images: np.ndarray, test_labels: np.ndarray, num_classes: int,
+                       name: str):
+    from training.datasets import Dataset
+
+    if private.shape[1:] != test_images.shape[1:]:
+        raise UserError(f"training images have shape {list(private.shape[1:])}, test images "
+                        f"{list(test_images.shape[1:])}")
+    empty = np.zeros((0, *private.shape[1:]), dtype=private.dtype)
+    return Dataset(name=name, classes=tuple(str(c) for c in range(num_classes)),
+                   public=_split(empty, np.zeros(0, dtype=np.int64)),
+                   private=_split(private, np.zeros(len(private), dtype=np.int64)),  # labels are never used
+                   test=_split(test_images, test_labels), source=IN_MEMORY, split_seed=0)
+
+
+# ----------------------------------------------------------------------------------------------- training
+
+def train_private_denoiser(classifier: nn.Module, images, *, test, arm: str = "sepdp", sigma: float = 0.25,
+                           epochs: int = 10, batch_size: int = 64, noise_multiplier: float | None = None,
+                           target_epsilon: float | None = None, delta: float = 1e-5, num_classes: int | None = None,
+                           device: torch.device | str | None = None, out: str | Path | None = None,
+                           track: Track = silent, dataset_name: str = "in-memory",
+                           **settings: Any) -> tuple[nn.Module, dict[str, Any]]:
+    """Train a denoiser on ``images`` with differential privacy, in front of the frozen ``classifier``.
+
+    ``classifier``: any module mapping (N, C, H, W) pixels in [0, 1] to logits; never changed (it is
+    moved to ``device`` and used in eval mode; its ``requires_grad`` flags and mode are restored after).
+    ``images``: the private training images: a tensor (N, C, H, W) of floats in [0, 1] or uint8, or a torch
+    Dataset yielding images or (image, label) pairs (labels are not used). ``test``: (images, labels) or a
+    Dataset of (image, label): the public evaluation set whose metrics the result carries.
+    ``arm``: ``sepdp`` (DP-SGD, a data-independent epsilon), ``transdenoiser`` (Algorithm 1; its epsilon rests
+    on a data-dependent analysis and the report says so) or ``nodp`` (no privacy claim).
+    ``noise_multiplier``: std of the Gaussian noise on the summed clipped gradient over the clipping norm
+    ``clip_norm`` (the paper's xi_up; default 2.0); ``target_epsilon``: calibrate it to this epsilon instead.
+    ``settings``: any other field of ``training.private_train.TrainConfig`` (``clip_norm``, ``xi_up``,
+    ``xi_low``, ``learning_rate``, ``optimizer``, ``denoiser`` (architecture), ``activation``, ...).
+    ``out``: also write the checkpoint there (a directory, as ``transdenoiser train`` writes).
+    Returns (denoiser in eval mode, the released privacy report: format it with :func:`format_privacy_report`).
+    """
+    from training.checkpoint import Checkpoint
+    from training.private_train import TrainConfig, train_denoiser
+
+    if not isinstance(classifier, nn.Module):
+        raise UserError(f"classifier must be a torch.nn.Module, got {type(classifier).__name__}")
+    if noise_multiplier is not None:
+        if "xi_up" in settings:
+            raise UserError("pass noise_multiplier or xi_up (the same setting), not both")
+        settings["xi_up"] = noise_multiplier
+    private, _ = _as_arrays(images, "images", need_labels=False)
+    test_images, test_labels = _as_arrays(test, "test", need_labels=True)
+    if device is None:
+        first = next(iter(classifier.parameters()), None)
+        device = first.device if first is not None else torch.device("cpu")
+    device = torch.device(device)
+    flags = {name: p.requires_grad for name, p in classifier.named_parameters()}
+    was_training = classifier.training
+    try:
+        if num_classes is None:
+            with torch.no_grad():
+                probe = _split(test_images[:1], test_labels[:1]).tensors(device)[0]
+                num_classes = int(classifier.to(device).eval()(probe).shape[-1])
+        if int(test_labels.max(initial=0)) >= num_classes:
+            raise UserError(f"test labels go up to {int(test_labels.max())}, the classifier has {num_classes} classes")
+        dataset = _in_memory_dataset(private, test_images, test_labels, num_classes, dataset_name)
+        metadata = {"kind": "classifier", "architecture": f"python:{type(classifier).__qualname__}",
+                    "input_shape": list(dataset.image_shape), "num_classes": num_classes, "test_accuracy": None,
+                    "dataset": {"name": dataset_name, "source": IN_MEMORY}, "files": {}}
+        config = TrainConfig.from_dict({"arm": arm, "sigma": sigma, "epochs": epochs, "batch_size": batch_size,
+                                        "target_epsilon": target_epsilon, "delta": delta, **settings},
+                                       source="train_private_denoiser")
+        model, released = train_denoiser(config, dataset, Checkpoint(classifier, metadata, Path(IN_MEMORY)), device,
+                                         track, checkpoint_dir=out)
+    finally:
+        for name, p in classifier.named_parameters():
+            p.requires_grad_(flags[name])
+        classifier.train(was_training)
+    return model, released["privacy"]
+
+
+# ----------------------------------------------------------------------------------------------- checkpoints
+
+def load_model(directory: str | Path, device: torch.device | str = "cpu") -> nn.Module:
+    """The model (classifier or denoiser, eval mode) of a checkpoint directory, its hashes checked."""
+    from training.checkpoint import load_checkpoint
+
+    return load_checkpoint(directory, map_location=device).model
