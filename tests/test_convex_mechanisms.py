@@ -177,6 +177,7 @@ def test_grpua_rdp_calibration_meets_its_target():
     release = mech.grpua(X, y, ConvexLoss("huber-svm", 3), 1.0, 1e-5, 0.1, np.random.default_rng(0), steps=400,
                          accountant="rdp")
     assert 0.97 < release.privacy["epsilons"]["rdp"] <= 1.0
+    assert release.privacy["delta_theorem7"] <= 1e-5
 
 
 def test_replace_one_rdp_with_full_sampling_is_the_gaussian_rdp():

@@ -186,8 +186,8 @@ def theorem7_epsilon_delta(step_epsilon: float, step_delta: float, n: int, steps
 
 
 def theorem7_step_delta(delta: float, n: int, steps: int) -> float:
-    """Per-step delta_s with total delta (T + 1) delta_s / n = ``delta`` (at most 1/2)."""
-    return min(delta * n / (steps + 1), 0.5)
+    """Per-step delta_s with total delta (T + 1) delta_s / n <= ``delta`` (at most 1/2; rounded down)."""
+    return min(delta * n / (steps + 1) * (1 - 1e-12), 0.5)
 
 
 def theorem7_step_epsilon(epsilon: float, delta: float, n: int, steps: int) -> float:
