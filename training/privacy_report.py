@@ -27,6 +27,9 @@ MMGA_CAVEAT = ("The MMGA figure is NOT a data-independent guarantee: it assumes 
                "the private batch leak nothing.")
 
 
+SEPDP_EQUIVALENT_LABEL = ("data-independent guarantee: every step added N(0, (xi_up C)^2 I) once to the whole clipped "
+                          "sum (merge_uncredited_noise, and S_min is never computed because the denoiser's parameter "
+                          "count w exceeds max_smin_dim, both fixed before training): the sepdp mechanism exactly")
 NO_DATA_INDEPENDENT_LABEL = ("data-independent guarantee: none established. Algorithm 1 chooses each step's "
                              "explicit noise from the private batch (line 8's split and S_min); no data-independent "
                              "analysis bounds what that choice reveals, so no data-independent epsilon is claimed")
@@ -41,10 +44,12 @@ NOT_RELEASED = (
     "the noise generator's state and the optimiser state",
 )
 # Keys of a full report that a release keeps: public settings and data-independent quantities only.
-RELEASED_KEYS = ("arm", "sigma", "clip_norm", "xi_low", "xi_up", "sample_rate", "num_examples",
+RELEASED_KEYS = ("arm", "sigma", "clip_norm", "xi_low", "xi_up", "merge_uncredited_noise", "sample_rate",
+                 "num_examples",
                  "expected_batch_size", "delta", "steps_planned", "steps_done", "complete", "units",
                  "target_epsilon", "calibration_accountant", "noise", "privacy_claim")
-DATA_INDEPENDENT_GUARANTEES = ("sepdp", "mmga")  # epsilons computed from settings fixed in advance only
+# Guarantees whose epsilon is computed from settings fixed in advance only (mmga's claim is still data-dependent).
+DATA_INDEPENDENT_GUARANTEES = ("sepdp", "mmga", "sepdp_equivalent")
 
 
 def json_safe(value: Any) -> Any:
@@ -80,6 +85,7 @@ def build_privacy_report(*, arm: str, sigma: float, clip_norm: float, xi_low: fl
                          sample_rate: float, num_examples: int, expected_batch_size: float, delta: float,
                          steps_planned: int, history: dict[str, np.ndarray], smin_methods: list[str],
                          max_smin_dim: int, num_parameters: int, noise: dict[str, Any] | None = None,
+                         merge_uncredited_noise: bool = False,
                          target_epsilon: float | None = None,
                          calibration_accountant: str | None = None) -> dict[str, Any]:
     """Assemble the FULL report from the per-step history (arrays of length steps done).
@@ -97,6 +103,7 @@ def build_privacy_report(*, arm: str, sigma: float, clip_norm: float, xi_low: fl
         "complete": steps_done == steps_planned,
         "units": "noise multipliers = std of Gaussian noise on the SUMMED clipped gradient / C; pixels in [0,1]",
         "empty_batches": int((batch == 0).sum()) if arm != "nodp" else 0,
+        "merge_uncredited_noise": merge_uncredited_noise if arm == "transdenoiser" else None,
         "target_epsilon": target_epsilon, "calibration_accountant": calibration_accountant,
         "noise": noise if noise is not None else {"mode": "unknown"},
         "guarantees": [],
@@ -119,6 +126,10 @@ def build_privacy_report(*, arm: str, sigma: float, clip_norm: float, xi_low: fl
     report["guarantees"].append({"name": "mmga", "label": MMGA_LABEL, "data_independent": False,
                                  "noise_multiplier": xi_up,
                                  "epsilon": epsilon_report(sample_rate, xi_up, steps_done, delta)})
+    if merge_uncredited_noise and num_parameters > max_smin_dim:
+        report["guarantees"].append({"name": "sepdp_equivalent", "label": SEPDP_EQUIVALENT_LABEL,
+                                     "data_independent": True, "noise_multiplier": xi_up,
+                                     "epsilon": epsilon_report(sample_rate, xi_up, steps_done, delta)})
     report["guarantees"].append({"name": "explicit_noise_alone", "label": EXPLICIT_LABEL, "data_independent": False,
                                  "noise_multiplier_per_step": distribution(explicit),
                                  "steps_without_explicit_noise": int((explicit == 0).sum()),
@@ -158,7 +169,7 @@ def released_privacy_report(report: dict[str, Any]) -> dict[str, Any]:
     """
     out = {key: report[key] for key in RELEASED_KEYS if key in report}
     guarantees = [g for g in report.get("guarantees", []) if g.get("name") in DATA_INDEPENDENT_GUARANTEES]
-    if report.get("arm") == "transdenoiser" and guarantees:
+    if report.get("arm") == "transdenoiser" and guarantees and not any(g["data_independent"] for g in guarantees):
         guarantees.append({"name": "data_independent", "label": NO_DATA_INDEPENDENT_LABEL, "data_independent": True,
                            "epsilon": {"rdp": "inf", "pld": "inf", "gdp_mu": "inf", "gdp_epsilon": "inf",
                                        "delta": report["delta"], "analyses": {}}})

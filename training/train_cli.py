@@ -23,7 +23,8 @@ FLAG_FIELDS = {"arm": "arm", "sigma": "sigma", "clip_norm": "clip_norm", "xi_up"
                "optimizer": "optimizer", "lr": "learning_rate", "momentum": "momentum", "denoiser": "denoiser",
                "activation": "activation", "train_examples": "train_examples", "eval_examples": "eval_examples",
                "max_smin_dim": "max_smin_dim", "calibration_accountant": "calibration_accountant",
-               "reproducible_noise": "reproducible_noise"}
+               "reproducible_noise": "reproducible_noise", "merge_uncredited_noise": "merge_uncredited_noise",
+               "noise_draws": "noise_draws"}
 
 
 def register(subparsers, common) -> None:
@@ -64,6 +65,12 @@ def register(subparsers, common) -> None:
     g.add_argument("--calibration-accountant", choices=("rdp", "pld"), default=None,
                    help="accountant for --target-epsilon (default: rdp, the looser: errs toward more noise)")
     g.add_argument("--delta", type=open_unit_interval, default=None, help="delta, must be < 1/N (default: 1e-5)")
+    g.add_argument("--merge-uncredited-noise", action=argparse.BooleanOptionalAction, default=None,
+                   help="transdenoiser arm: in a step without input-noise credit add xi_up once to the whole clipped "
+                        "sum (the sepdp step) instead of to each group (default: on; off reproduces the paper)")
+    g.add_argument("--noise-draws", type=positive_int, default=None,
+                   help="sepdp: average each example's gradient over K input-noise draws, then clip once (same "
+                        "privacy cost; less gradient variance) (default: 1)")
     g.add_argument("--reproducible-noise", action="store_const", const=True, default=None,
                    help="draw the DP noise and Poisson batches from --seed (research only: the seed is recorded and "
                         "anyone who has it can subtract the noise, so no epsilon holds; every report says so). "
