@@ -205,3 +205,34 @@ def test_unnormalised_features_are_refused():
     X, y = toy_data()
     with pytest.raises(UserError, match="norm <= 1"):
         mech.opera_solve(2 * X, y, ConvexLoss("logistic", 3), 0.1)
+
+
+def test_the_papers_grpua_noise_is_2n_times_too_small():
+    """Ding et al. Algorithm 2 line 12 calibrates s to L; the query n grad f(w, z_i) has replace-one sensitivity 2nL.
+    For n = 3000, K = 10, delta = 1e-5, T = n^2 and a total epsilon of 1, each step should be (eps_s, delta_s)-DP with
+    eps_s of about 0.066, but the paper's s is not even (100, delta_s)-DP for the real sensitivity."""
+    n, L, T = 3000, math.sqrt(10), 3000 * 3000
+    step_eps = mech.theorem7_step_epsilon(1.0, 1e-5, n, T)
+    step_delta = mech.theorem7_step_delta(1e-5, n, T)
+    assert 0.06 < step_eps < 0.07
+    papers_std = paper_agm_std(step_eps, step_delta, L)
+    assert exact_gaussian_delta(100.0, papers_std, 2 * n * L) > step_delta
+    assert exact_gaussian_delta(step_eps, paper_agm_std(step_eps, step_delta, 2 * n * L), 2 * n * L) <= step_delta * 1.000001
+
+
+def test_one_run_privacy_audit_does_not_contradict_opera_and_catches_a_planted_error():
+    """The product's one-run audit (Steinke et al.; Mahloujifar et al.) on OPERA with 1000 canaries, replace-one per
+    slot: slot i holds (e_i, class 1) or its neighbour (e_i, class 0), each with probability 1/2. The empirical
+    lower bounds must stay below the claimed epsilon; with the noise divided by 10 they must exceed it."""
+    from training.privacy.bounds import one_run_lower_bounds
+
+    m = 1000
+    included = np.random.default_rng(0).random(m) < 0.5
+    loss = ConvexLoss("logistic", 2, binary=True)
+    solution = mech.opera_solve(np.eye(m), included.astype(np.int64), loss, 1e-3, sensitivity="minimizer")
+    release = mech.opera_release(solution, 2.0, 1e-5, np.random.default_rng(1))
+    honest = one_run_lower_bounds(release.weights[:, 0], included, 1e-5)
+    assert max(honest["epsilon_steinke"], honest["epsilon_fdp"]) <= 2.0
+    planted = solution.weights + (release.weights - solution.weights) / 10
+    broken = one_run_lower_bounds(planted[:, 0], included, 1e-5)
+    assert min(broken["epsilon_steinke"], broken["epsilon_fdp"]) > 2.0
