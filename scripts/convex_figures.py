@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -143,10 +142,10 @@ def main(argv=None) -> int:
     parser.add_argument("--name", default=None, help="file stem (default: from the settings)")
     parser.add_argument("--quick", action="store_true", help="tiny run: 2 epsilons, 1 repeat, 300 examples")
     args = parser.parse_args(argv)
+    import torch
+
     from training.convex.losses import ConvexLoss
     from transdenoiser.runtime import hardware_description
-
-    import torch
 
     epsilons = [float(e) for e in args.epsilons.split(",")]
     if args.quick:
@@ -162,7 +161,8 @@ def main(argv=None) -> int:
         keep, keep_t = np.isin(y, (a, b)), np.isin(yt, (a, b))
         X, y, Xt, yt = X[keep], (y[keep] == b).astype(np.int64), Xt[keep_t], (yt[keep_t] == b).astype(np.int64)
         binary, classes = (a, b), 2
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
     stem = args.name or f"convex_{args.dataset}_{kind}" + (f"_{binary[0]}v{binary[1]}" if binary else "")
     args.out.mkdir(parents=True, exist_ok=True)
     record = {"dataset": args.dataset, "features": kind, "provenance": provenance, "binary": binary,

@@ -76,7 +76,8 @@ def main(argv=None) -> int:
         torch.manual_seed(seed)
         return torch.nn.Sequential(torch.nn.Linear(d, 64), torch.nn.ReLU(), torch.nn.Linear(64, k))
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
     record = {"dataset": args.dataset, "features": kind, "n": n, "sample_rate": q, "steps": steps,
               "clip_norm": args.clip_norm, "lr": args.lr, "delta": args.delta, "commit": commit,
               "hardware": hardware_description(torch.device("cpu")), "command": " ".join(sys.argv), "rows": []}

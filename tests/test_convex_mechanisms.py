@@ -20,7 +20,7 @@ def exact_gaussian_delta(epsilon: float, std: float, sensitivity: float) -> floa
 
 
 def paper_agm_std(epsilon: float, delta: float, sensitivity: float) -> float:
-    """Ding et al. Algorithm 1 lines 2-12 (Balle & Wang's Algorithm 1), solved with scipy: sigma = alpha D / sqrt(2 eps)."""
+    """Ding et al. Algorithm 1 lines 2-12 (Balle & Wang's Algorithm 1) with scipy: sigma = alpha D / sqrt(2 eps)."""
     phi = norm.cdf
     delta0 = phi(0) - math.exp(epsilon) * phi(-math.sqrt(2 * epsilon))
     if delta >= delta0:
@@ -217,7 +217,8 @@ def test_the_papers_grpua_noise_is_2n_times_too_small():
     assert 0.06 < step_eps < 0.07
     papers_std = paper_agm_std(step_eps, step_delta, L)
     assert exact_gaussian_delta(100.0, papers_std, 2 * n * L) > step_delta
-    assert exact_gaussian_delta(step_eps, paper_agm_std(step_eps, step_delta, 2 * n * L), 2 * n * L) <= step_delta * 1.000001
+    ours = paper_agm_std(step_eps, step_delta, 2 * n * L)
+    assert exact_gaussian_delta(step_eps, ours, 2 * n * L) <= step_delta * 1.000001
 
 
 def test_one_run_privacy_audit_does_not_contradict_opera_and_catches_a_planted_error():

@@ -24,7 +24,8 @@ Here s is calibrated to 2nL, with per-step (eps_s, delta_s) from one of two anal
   (eps_s, delta_s) into (2 eps_s / n, delta_s / n); true for eps_s <= 1 only, so larger eps_s is refused) and
   Lemma 4 (strong composition, slack delta_s / n as in the paper): epsilon = e' sqrt(2 T log(n / delta_s))
   + T e' (exp(e') - 1), e' = 2 eps_s / n, delta = (T + 1) delta_s / n (the paper writes n delta_s for T = n^2,
-  dropping the slack's delta_s / n). For T = n^2 this is the paper's sqrt(8 log(n/delta)) eps + 2 n eps (e^{2eps/n} - 1).
+  dropping the slack's delta_s / n). For T = n^2 this is the paper's
+  sqrt(8 log(n/delta)) eps + 2 n eps (e^{2eps/n} - 1).
 - ``accountant="rdp"``: dp-accounting's RDP accountant, REPLACE_ONE relation, T-fold sampling without
   replacement of 1 of n records followed by a Gaussian with noise multiplier s / (2nL). Tighter.
 

@@ -149,7 +149,8 @@ def train_head(dataset: Dataset, config: HeadConfig, classifier_dir: str | Path 
         probe.weight.copy_(torch.from_numpy(release.weights).to(probe.weight))
     x_test, y_test = dataset.test.tensors("cpu")
     with torch.inference_mode():
-        predictions = torch.cat([probe(x_test[i:i + 500].to(device)).argmax(1).cpu() for i in range(0, len(x_test), 500)])
+        predictions = torch.cat([probe(x_test[i:i + 500].to(device)).argmax(1).cpu()
+                                 for i in range(0, len(x_test), 500)])
     test_accuracy = float((predictions == y_test).double().mean())
     privacy = json_safe(release.privacy)
     privacy["noise"] = noise_description(config, seed)
