@@ -104,3 +104,32 @@ def test_paper_configs_keep_algorithm_1_as_written():
         assert load_config_file(f"configs/{name}.toml").merge_uncredited_noise is False
     assert load_config_file("configs/demo.toml").merge_uncredited_noise is True
 
+
+
+# ------------------------------------------------------------------------------------------------ public initialisation
+
+def test_public_initialisation_is_recorded_and_private_sources_refused(mnist10k, classifier_dir, tmp_path):
+    from training.checkpoint import load_checkpoint, read_metadata
+    from training.private_train import initialise_from_public, train_denoiser
+
+    clf = load_checkpoint(classifier_dir, kind="classifier")
+    fast = dict(denoiser="tiny", denoiser_kwargs={"width": 2}, activation="silu", epochs=1, batch_size=16,
+                train_examples=64, eval_examples=20, max_smin_dim=10, delta=1e-3)
+    public = tmp_path / "public"
+    train_denoiser(TrainConfig(arm="nodp", train_on="public", **fast), mnist10k, clf, torch.device("cpu"),
+                   checkpoint_dir=public)
+    assert read_metadata(public)["dataset"]["trained_on"] == "public"
+    config = TrainConfig(arm="sepdp", init_from=str(public), **fast)
+    model = build_model("tiny", in_channels=1, activation="silu", width=2)
+    initialise_from_public(model, config, mnist10k)
+    source = load_checkpoint(public, kind="denoiser").model.state_dict()
+    assert all(torch.equal(model.state_dict()[k], source[k]) for k in source)
+    train_denoiser(config, mnist10k, clf, torch.device("cpu"), checkpoint_dir=tmp_path / "private")
+    report = read_metadata(tmp_path / "private")["privacy"]
+    assert report["initialisation"]["kind"] == "public" and report["initialisation"]["checkpoint"] == str(public)
+    assert "initialisation: public" in (tmp_path / "private" / "privacy_report.txt").read_text()
+    with pytest.raises(UserError, match="only a denoiser trained on the public split"):
+        initialise_from_public(model, TrainConfig(arm="sepdp", init_from=str(tmp_path / "private"), **fast),
+                               mnist10k)
+    with pytest.raises(UserError, match="use arm nodp"):
+        TrainConfig(arm="sepdp", train_on="public").validate(100)

@@ -47,7 +47,7 @@ NOT_RELEASED = (
 RELEASED_KEYS = ("arm", "sigma", "clip_norm", "xi_low", "xi_up", "merge_uncredited_noise", "sample_rate",
                  "num_examples",
                  "expected_batch_size", "delta", "steps_planned", "steps_done", "complete", "units",
-                 "target_epsilon", "calibration_accountant", "noise", "privacy_claim")
+                 "target_epsilon", "calibration_accountant", "noise", "initialisation", "privacy_claim")
 # Guarantees whose epsilon is computed from settings fixed in advance only (mmga's claim is still data-dependent).
 DATA_INDEPENDENT_GUARANTEES = ("sepdp", "mmga", "sepdp_equivalent")
 
@@ -85,7 +85,7 @@ def build_privacy_report(*, arm: str, sigma: float, clip_norm: float, xi_low: fl
                          sample_rate: float, num_examples: int, expected_batch_size: float, delta: float,
                          steps_planned: int, history: dict[str, np.ndarray], smin_methods: list[str],
                          max_smin_dim: int, num_parameters: int, noise: dict[str, Any] | None = None,
-                         merge_uncredited_noise: bool = False,
+                         merge_uncredited_noise: bool = False, initialisation: dict[str, Any] | None = None,
                          target_epsilon: float | None = None,
                          calibration_accountant: str | None = None) -> dict[str, Any]:
     """Assemble the FULL report from the per-step history (arrays of length steps done).
@@ -106,6 +106,7 @@ def build_privacy_report(*, arm: str, sigma: float, clip_norm: float, xi_low: fl
         "merge_uncredited_noise": merge_uncredited_noise if arm == "transdenoiser" else None,
         "target_epsilon": target_epsilon, "calibration_accountant": calibration_accountant,
         "noise": noise if noise is not None else {"mode": "unknown"},
+        "initialisation": initialisation or {"kind": "random"},
         "guarantees": [],
     }
     if arm == "nodp":
@@ -215,6 +216,9 @@ def format_privacy_report(report: dict[str, Any]) -> str:
     if report["arm"] == "nodp":
         return "\n".join([lines[0], f"  input noise sigma {report['sigma']} (pixels in [0,1]); "
                            f"{report['steps_done']} steps", f"  {report['privacy_claim']}"])
+    init = report.get("initialisation") or {}
+    if init.get("kind") == "public":
+        lines.append(f"  initialisation: public ({init['checkpoint']}, trained on the public split: no privacy spent)")
     if report.get("target_epsilon") is not None:
         lines.append(f"  xi_up calibrated for target epsilon {report['target_epsilon']} with the "
                      f"{report['calibration_accountant']} accountant")

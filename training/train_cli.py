@@ -24,7 +24,7 @@ FLAG_FIELDS = {"arm": "arm", "sigma": "sigma", "clip_norm": "clip_norm", "xi_up"
                "activation": "activation", "train_examples": "train_examples", "eval_examples": "eval_examples",
                "max_smin_dim": "max_smin_dim", "calibration_accountant": "calibration_accountant",
                "reproducible_noise": "reproducible_noise", "merge_uncredited_noise": "merge_uncredited_noise",
-               "noise_draws": "noise_draws"}
+               "noise_draws": "noise_draws", "train_on": "train_on", "init_from": "init_from"}
 
 
 def register(subparsers, common) -> None:
@@ -65,6 +65,12 @@ def register(subparsers, common) -> None:
     g.add_argument("--calibration-accountant", choices=("rdp", "pld"), default=None,
                    help="accountant for --target-epsilon (default: rdp, the looser: errs toward more noise)")
     g.add_argument("--delta", type=open_unit_interval, default=None, help="delta, must be < 1/N (default: 1e-5)")
+    g.add_argument("--train-on", choices=("private", "public"), default=None,
+                   help="the split to train on: public needs --arm nodp and spends no privacy; such a denoiser can "
+                        "then initialise a private run with --init-from (default: private)")
+    g.add_argument("--init-from", type=str, default=None,
+                   help="start from this denoiser checkpoint, which must have been trained on the public split "
+                        "(public initialisation, recorded in the privacy report; refused otherwise)")
     g.add_argument("--merge-uncredited-noise", action=argparse.BooleanOptionalAction, default=None,
                    help="transdenoiser arm: in a step without input-noise credit add xi_up once to the whole clipped "
                         "sum (the sepdp step) instead of to each group (default: on; off reproduces the paper)")
