@@ -33,8 +33,11 @@ import numpy as np
 from scipy import optimize, special, stats
 
 DEFAULT_BETA = 0.05  # 1 - confidence
-# guess counts r = k+ + k- tried, as fractions of m (k+ = k- = r / 2), each at level beta / len (Bonferroni)
+# guess counts r = k+ + k- tried, as fractions of m (k+ = k- = r / 2), each at level beta / len (Bonferroni);
+# plus positive-only guesses (k+ = r, k- = 0) at POSITIVE_ONLY_FRACTIONS (useful when an included canary
+# can look exactly like an excluded one, e.g. one never sampled into a batch)
 DEFAULT_GUESS_FRACTIONS = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+POSITIVE_ONLY_FRACTIONS = (0.05, 0.1, 0.25)
 MAX_EPSILON = 100.0  # searched range of the lower bounds
 MAX_MU = 100.0
 
@@ -182,15 +185,17 @@ class GuessOutcome:
     fdp_epsilon: float
 
 
-def guess_counts(m: int, fractions=DEFAULT_GUESS_FRACTIONS) -> list[tuple[int, int]]:
-    """(k+, k-) pairs: r = round(fraction m) split evenly; duplicates and r = 0 dropped."""
+def guess_counts(m: int, fractions=DEFAULT_GUESS_FRACTIONS,
+                 positive_only=POSITIVE_ONLY_FRACTIONS) -> list[tuple[int, int]]:
+    """(k+, k-) pairs: r = round(fraction m) split evenly for ``fractions``, all positive for
+    ``positive_only``; at least one guess each; duplicates dropped."""
     pairs = []
     for fraction in fractions:
         r = min(m, max(1, round(fraction * m)))
-        pair = (r - r // 2, r // 2)
-        if pair not in pairs:
-            pairs.append(pair)
-    return pairs
+        pairs.append((r - r // 2, r // 2))
+    for fraction in positive_only:
+        pairs.append((min(m, max(1, round(fraction * m))), 0))
+    return list(dict.fromkeys(pairs))
 
 
 def one_run_lower_bounds(scores: np.ndarray, included: np.ndarray, delta: float, beta: float = DEFAULT_BETA,
@@ -228,6 +233,6 @@ def one_run_lower_bounds(scores: np.ndarray, included: np.ndarray, delta: float,
             "per_count": [asdict(o) for o in outcomes]}
 
 
-__all__ = ["ABSTAIN", "DEFAULT_BETA", "DEFAULT_GUESS_FRACTIONS", "GuessOutcome", "abstaining_guesses",
+__all__ = ["ABSTAIN", "DEFAULT_BETA", "DEFAULT_GUESS_FRACTIONS", "POSITIVE_ONLY_FRACTIONS", "GuessOutcome", "abstaining_guesses",
            "fdp_mu_lower_bound", "fdp_rejects", "fdp_required_mass", "gaussian_blowup_inverse", "gdp_epsilon_lower",
            "guess_counts", "one_run_lower_bounds", "steinke_epsilon_lower_bound", "steinke_p_value"]

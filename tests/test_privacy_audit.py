@@ -1,0 +1,215 @@
+"""One-run privacy audit: the bounds against independent computations, the attacks' metrics, and the audit
+end to end (a planted bug must fail it; the correct sepdp must pass)."""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from training.privacy.bounds import (
+    abstaining_guesses,
+    fdp_mu_lower_bound,
+    fdp_rejects,
+    gdp_epsilon_lower,
+    guess_counts,
+    one_run_lower_bounds,
+    steinke_epsilon_lower_bound,
+    steinke_p_value,
+)
+from training.privacy.membership import CalibratedAttack, roc_auc, tpr_at_fpr
+
+# ------------------------------------------------------------------------------------------------ Steinke et al.
+
+
+@pytest.mark.parametrize("r,v", [(10, 7), (50, 35), (200, 120), (30, 15)])
+def test_steinke_at_epsilon_zero_is_the_binomial_test(r, v):
+    """epsilon = 0, delta = 0: the bound is P[Binomial(r, 1/2) >= v], the one-sided binomial test."""
+    expected = stats.binomtest(v, r, 0.5, alternative="greater").pvalue
+    assert steinke_p_value(1000, r, v, 0.0, 0.0) == pytest.approx(expected, rel=1e-9)
+
+
+def _exact_tail(r: int, v: int, p_correct: float) -> float:
+    """P[>= v of r guesses correct] by enumerating all 2^r correctness patterns (no scipy)."""
+    total = 0.0
+    for pattern in itertools.product((0, 1), repeat=r):
+        if sum(pattern) >= v:
+            total += math.prod(p_correct if c else 1 - p_correct for c in pattern)
+    return total
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.5, 2.0])
+def test_steinke_tail_matches_brute_force_randomized_response(epsilon):
+    """delta = 0: eps-DP randomized response on each canary attains the bound exactly (enumerated, r = 8)."""
+    p = math.exp(epsilon) / (1 + math.exp(epsilon))
+    for v in range(9):
+        assert steinke_p_value(8, 8, v, epsilon, 0.0) == pytest.approx(_exact_tail(8, v, p), abs=1e-12)
+
+
+def test_steinke_tail_dominates_an_eps_delta_mechanism():
+    """A per-canary (eps, delta)-DP mechanism (reveal S_i with probability delta, else eps-randomized response):
+    its exact tail (enumerated) never exceeds the bound with the delta term; without the term it can."""
+    epsilon, delta, m = 1.0, 0.02, 8
+    p = delta + (1 - delta) * math.exp(epsilon) / (1 + math.exp(epsilon))
+    exceeded_without_delta = False
+    for v in range(1, m + 1):
+        exact = _exact_tail(m, v, p)
+        assert exact <= steinke_p_value(m, m, v, epsilon, delta) + 1e-12
+        exceeded_without_delta |= exact > steinke_p_value(m, m, v, epsilon, 0.0)
+    assert exceeded_without_delta
+
+
+def test_steinke_lower_bound_inverts_the_p_value():
+    m, r, v, delta = 1000, 200, 170, 1e-5
+    eps = steinke_epsilon_lower_bound(m, r, v, delta)
+    assert eps > 0
+    assert steinke_p_value(m, r, v, eps, delta) < 0.05 <= steinke_p_value(m, r, v, eps + 1e-3, delta)
+    # by hand at delta = 0: the largest eps with P[Binomial(r, expit(eps)) >= v] < 0.05, by a scan
+    grid = np.linspace(0, 5, 5001)
+    scan = grid[stats.binom.sf(v - 1, r, 1 / (1 + np.exp(-grid))) < 0.05].max()
+    assert steinke_epsilon_lower_bound(m, r, v, 0.0) == pytest.approx(scan, abs=1.1e-3)
+    assert steinke_epsilon_lower_bound(m, 100, 50, delta) == 0.0  # chance level proves nothing
+
+
+# ------------------------------------------------------------------------------------------------ f-DP (Mahloujifar)
+
+def test_fdp_never_rejects_the_true_gaussian_curve_too_often():
+    """Monte Carlo: canary scores from a mu-GDP (Gaussian) mechanism; mu itself is refuted in <= ~5% of runs."""
+    rng = np.random.default_rng(0)
+    mu, m, runs, rejected, refuted_half = 1.0, 500, 60, 0, 0
+    for _ in range(runs):
+        included = rng.random(m) < 0.5
+        scores = rng.standard_normal(m) + mu * included
+        guesses = abstaining_guesses(scores, 50, 50)
+        r, v = 100, int((guesses == np.where(included, 1, -1)).sum())
+        rejected += fdp_rejects(m, r, v, mu)
+        refuted_half += fdp_rejects(m, r, v, mu / 4)
+    assert rejected <= 0.05 * runs + 2 * math.sqrt(0.05 * 0.95 * runs)
+    assert refuted_half >= runs // 2  # and it has power against a much smaller mu
+
+
+def test_fdp_at_chance_refutes_nothing_and_grows_with_correct_guesses():
+    assert fdp_mu_lower_bound(1000, 100, 50) == 0.0
+    bounds = [fdp_mu_lower_bound(1000, 100, v) for v in (60, 75, 90, 100)]
+    assert bounds == sorted(bounds) and bounds[-1] > bounds[0] > 0
+
+
+def test_gdp_epsilon_lower_matches_the_accountant():
+    from training.accounting import gdp_delta, gdp_epsilon
+
+    for mu in (0.3, 1.0, 2.5):
+        low = gdp_epsilon_lower(mu, 1e-5)
+        assert low <= gdp_epsilon(mu, 1e-5) and low == pytest.approx(gdp_epsilon(mu, 1e-5), rel=1e-7)
+        assert gdp_delta(low, mu) >= 1e-5  # still NOT (low, 1e-5)-DP: a valid lower bound
+
+
+def test_abstaining_guesses_and_bonferroni():
+    scores = np.array([0.1, 5.0, -3.0, 2.0, 0.0, -1.0])
+    assert abstaining_guesses(scores, 2, 1).tolist() == [0, 1, -1, 1, 0, 0]
+    included = np.array([False, True, False, True, False, False])
+    assert guess_counts(6, (0.5, 1.0), (0.5,)) == [(2, 1), (3, 3), (3, 0)]
+    out = one_run_lower_bounds(scores, included, 1e-5, counts=guess_counts(6, (0.5, 1.0), ()))
+    assert out["bonferroni_counts"] == 2 and all(c["beta"] == 0.025 for c in out["per_count"])
+
+
+# ------------------------------------------------------------------------------------------------ membership metrics
+
+def test_auc_and_tpr_against_brute_force():
+    rng = np.random.default_rng(1)
+    members, non = rng.normal(0.5, 1, 300), np.round(rng.normal(0, 1, 400), 1)
+    pairs = (members[:, None] > non[None, :]).mean() + 0.5 * (members[:, None] == non[None, :]).mean()
+    assert roc_auc(members, non) == pytest.approx(pairs, rel=1e-12)
+    # FPR 1%: at most 4 of 400 non-members strictly above the threshold
+    tpr = tpr_at_fpr(members, non, 0.01)
+    threshold = min(t for t in np.unique(non) if (non > t).sum() <= 4)
+    assert tpr == pytest.approx((members > threshold).mean())
+
+
+def test_calibrated_attack_removes_per_example_difficulty():
+    """Loss = difficulty (shared with the references) + a small member discount: the loss threshold sees the
+    difficulty, the calibrated attack sees the discount."""
+    rng = np.random.default_rng(2)
+    difficulty = np.exp(rng.normal(0, 1.0, 2000))
+    member = np.arange(2000) < 1000
+    target = difficulty * np.where(member, 0.9, 1.0) * np.exp(rng.normal(0, 0.02, 2000))
+    refs = difficulty * np.exp(rng.normal(0, 0.02, (2, 2000)))
+    plain = roc_auc(-target[member], -target[~member])
+    scores = CalibratedAttack(refs).scores(target)
+    assert roc_auc(scores[member], scores[~member]) > 0.95 > plain + 0.2
+
+
+# ------------------------------------------------------------------------------------------------ the audit end to end
+
+# T = 2 steps of q = 0.5 (one epoch of 100 examples, B = 50); xi_up = 3 claims epsilon ~1.07 (PLD) at delta 1e-5
+AUDIT_ARGS = ["--denoiser", "tiny", "--denoiser-width", "8", "--activation", "silu", "--train-examples", "100",
+              "--batch-size", "50", "--epochs", "1", "--eval-examples", "50", "--max-smin-dim", "10", "--lr", "0.05",
+              "--delta", "1e-5", "--xi-up", "3", "--canaries", "200", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def classifier_dir(tmp_path_factory):
+    """An untrained cnn28 checkpoint: the audit only evaluates the denoiser, never relies on the classifier's
+    accuracy, so the suite's pretrained classifier (slow to train) is not needed here."""
+    import torch
+
+    from training.checkpoint import save_checkpoint
+    from training.models import build_model
+
+    torch.manual_seed(0)
+    kwargs = {"in_channels": 1, "num_classes": 10}
+    meta = {"kind": "classifier", "architecture": "cnn28", "arch_kwargs": kwargs, "input_shape": [1, 28, 28],
+            "num_classes": 10}
+    return save_checkpoint(tmp_path_factory.mktemp("audit") / "classifier", build_model("cnn28", **kwargs), meta)
+
+
+def _audit(tmp_path, classifier_dir, name, *extra):
+    from transdenoiser.cli import main
+
+    out = tmp_path / name
+    status = main(["privacy-audit", "--classifier", str(classifier_dir), "--out", str(out), *AUDIT_ARGS, *extra])
+    return status, out
+
+
+def test_correct_sepdp_passes_and_the_report_carries_the_audit(tmp_path, classifier_dir, capsys):
+    status, out = _audit(tmp_path, classifier_dir, "ok", "--arm", "sepdp", "--reference-models", "1")
+    assert status == 0
+    meta = json.loads((out / "model" / "metadata.json").read_text())
+    audit = meta["audit"]
+    assert audit["verdict"]["status"] == "PASS" and "EMPIRICAL LOWER BOUND" in audit["label"]
+    claim = next(c for c in audit["claims"] if c["name"] == "sepdp")
+    assert claim["epsilon"] == pytest.approx(1.07, abs=0.05)
+    assert 0 <= audit["epsilon_steinke"] <= claim["epsilon"] and audit["epsilon_fdp"] <= claim["epsilon"]
+    assert "audit" not in meta["privacy"]  # the released report's fields are untouched; the audit sits beside
+    assert "Privacy audit" in (out / "model" / "privacy_report.txt").read_text()
+    private = json.loads((out / "audit.json").read_text())
+    assert private["released"] is False and len(private["scores"]) == 200
+    assert (out / "NOT_A_RELEASE.txt").exists()
+    mia = audit["membership_inference"]
+    assert 0 <= mia["loss_threshold"]["auc"] <= 1 and "calibrated" in mia
+
+
+def test_planted_bug_noise_off_fails_the_audit(tmp_path, classifier_dir, monkeypatch, capsys):
+    """Switch the DP noise off (GaussianNoise.add returns its input): the white-box canaries are then
+    separated perfectly, the lower bound exceeds the claimed epsilon, the CLI says so and exits 1."""
+    from training import dp
+
+    monkeypatch.setattr(dp.GaussianNoise, "add", lambda self, tensors, multiplier, generator: dict(tensors))
+    status, out = _audit(tmp_path, classifier_dir, "bug", "--arm", "sepdp", "--no-membership")
+    assert status == 1
+    assert "PRIVACY AUDIT FAILED" in capsys.readouterr().err
+    audit = json.loads((out / "model" / "metadata.json").read_text())["audit"]
+    claimed = next(c["epsilon"] for c in audit["claims"] if c["name"] == "sepdp")
+    assert audit["verdict"]["status"] == "FAIL" and audit["epsilon_steinke"] > claimed
+
+
+def test_blackbox_canaries_join_the_private_split(tmp_path, classifier_dir):
+    status, out = _audit(tmp_path, classifier_dir, "bb", "--arm", "nodp", "--mode", "blackbox", "--no-membership",
+                         "--canaries", "40")
+    assert status == 0
+    private = json.loads((out / "audit.json").read_text())
+    meta = json.loads((out / "model" / "metadata.json").read_text())
+    assert meta["dataset"]["train_examples"] == 100 + sum(private["included"])
+    assert meta["audit"]["verdict"]["status"] == "NO CLAIM"
