@@ -1,0 +1,128 @@
+"""The command line never surprises: fast start, one-line flag errors, no abbreviations, no inert flags,
+third-party warnings summarised once, and a command table that matches the modules."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import subprocess
+import sys
+import time
+
+import pytest
+
+from transdenoiser import cli
+
+HELP_BOUND_SECONDS = 3.0  # generous: about 0.1 s on an idle 2-core machine (docs/RESULTS.md, "Start-up")
+
+
+def test_help_is_fast_and_imports_neither_torch_nor_numpy():
+    code = ("import sys, time; started = time.perf_counter(); import transdenoiser.cli as c\n"
+            "try:\n    c.main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
+            "import json; print(json.dumps({'seconds': time.perf_counter() - started, "
+            "'heavy': sorted(m for m in ('torch', 'numpy', 'scipy', 'dp_accounting', 'bentoml') if m in sys.modules)}))")
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    wall = time.perf_counter() - started
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["heavy"] == []
+    assert wall < HELP_BOUND_SECONDS, f"transdenoiser --help took {wall:.2f} s (interpreter included)"
+    assert "privacy-audit" in result.stdout and "import-classifier" in result.stdout
+
+
+# Input errors of commands whose modules load without torch (train's register() imports torch: see the report).
+BAD_INPUT = [
+    ["data", "--bogus"], ["pretrain", "--epochs", "x"], ["pretrain", "--out"], ["import-classifier", "--arch"],
+    ["certify", "--sigma", "abc"], ["predict", "--n", "-1"], ["report", "--device", "cpu"],
+    ["attack", "--eps", "x"], ["audit", "--bogus"], ["privacy", "--bogus"], ["serve", "--seed", "1"],
+    ["demo", "--n", "0"], ["train-head", "--bogus"], ["certfy"],
+]
+
+
+def test_input_errors_are_one_line_fast_and_import_no_torch():
+    code = ("import sys, json, io, contextlib, time\nimport transdenoiser.cli as c\nout = []\n"
+            f"for argv in {BAD_INPUT!r}:\n"
+            "    err = io.StringIO(); started = time.perf_counter()\n"
+            "    with contextlib.redirect_stderr(err):\n"
+            "        try:\n            code = c.main(argv)\n        except SystemExit as e:\n            code = e.code\n"
+            "    out.append([argv, code, err.getvalue(), time.perf_counter() - started])\n"
+            "print(json.dumps({'runs': out, 'torch': 'torch' in sys.modules}))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["torch"] is False
+    for argv, code, err, seconds in report["runs"]:
+        lines = err.strip().splitlines()
+        assert code == 2, (argv, err)
+        assert len(lines) == 1 and "usage:" not in err, (argv, err)
+        assert "error:" in lines[0] and "--help'" in lines[0], (argv, err)
+        assert seconds < HELP_BOUND_SECONDS, (argv, seconds)
+
+
+def test_flag_error_names_the_command_and_its_help(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["data", "--bogus"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == ("transdenoiser data: error: unrecognized arguments: --bogus "
+                                       "(see 'transdenoiser data --help')\n")
+
+
+def test_abbreviated_flags_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["pretrain", "--epoch", "3", "--out", "unused"])
+    assert "unrecognized arguments: --epoch 3" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["data", "--data", "x"])  # would have been --data-root
+    assert "--data" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("command", "flag"), [("data", "--device"), ("data", "--seed"), ("report", "--seed"),
+                                               ("report", "--device"), ("certify-merge", "--device"),
+                                               ("privacy", "--seed"), ("serve", "--seed"),
+                                               ("import-classifier", "--seed")])
+def test_commands_do_not_offer_flags_they_ignore(command, flag):
+    parser = cli.build_parser([command])
+    sub = parser._subparsers._group_actions[0].choices[command]  # noqa: SLF001 - the parser under test
+    assert flag not in sub._option_string_actions  # noqa: SLF001
+    with pytest.raises(SystemExit):
+        parser.parse_args([command, flag, "1"])
+
+
+def test_commands_that_use_device_and_seed_keep_them():
+    for command in ("pretrain", "certify", "attack", "serve"):
+        parser = cli.build_parser([command])
+        sub = parser._subparsers._group_actions[0].choices[command]  # noqa: SLF001
+        assert "--device" in sub._option_string_actions, command  # noqa: SLF001
+    args = cli.build_parser(["data"]).parse_args(["data"])
+    assert args.device == "auto" and args.seed == 0  # handlers that ask still see the defaults
+
+
+def test_command_table_matches_what_the_modules_register():
+    found = {}
+    for module in cli.SUBCOMMAND_MODULES:
+        parser = argparse.ArgumentParser()
+        subparsers = parser.add_subparsers()
+        importlib.import_module(module).register(subparsers, cli.common_parser())
+        for action in subparsers._choices_actions:  # noqa: SLF001
+            found[action.dest] = (module, action.help)
+    assert found == cli.COMMANDS
+
+
+# A stand-in command that logs as dp-accounting does at a large sample rate (absl, one line per RDP order).
+def register(subparsers, common):
+    p = subparsers.add_parser("absl-noise", parents=[common], help="test only")
+    p.set_defaults(handler=lambda args: [logging.getLogger("absl").warning(
+        "_compute_log_a_frac failed to converge after 1000 iterations with q=0.5, alpha=%s", 1 + i / 10)
+        for i in range(21)] and 0)
+
+
+def test_third_party_convergence_warnings_are_summarised_once(monkeypatch, capsys, caplog):
+    monkeypatch.setitem(cli.COMMANDS, "absl-noise", ("tests.test_cli_behaviour", "test only"))
+    with caplog.at_level(logging.WARNING):
+        assert cli.main(["absl-noise"]) == 0
+    assert not [r for r in caplog.records if "failed to converge" in r.getMessage()]
+    notes = [line for line in capsys.readouterr().err.splitlines() if "did not converge" in line]
+    assert notes == [cli.CONVERGENCE_NOTE.format(count=21)]
+    assert not logging.getLogger("absl").filters  # the filter belongs to the CLI run only
