@@ -126,3 +126,13 @@ def test_third_party_convergence_warnings_are_summarised_once(monkeypatch, capsy
     notes = [line for line in capsys.readouterr().err.splitlines() if "did not converge" in line]
     assert notes == [cli.CONVERGENCE_NOTE.format(count=21)]
     assert not logging.getLogger("absl").filters  # the filter belongs to the CLI run only
+
+
+def test_startup_benchmark_quick(tmp_path):
+    from benchmarks import bench_startup
+
+    out = tmp_path / "startup.json"
+    assert bench_startup.main(["--quick", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert set(result["median_seconds"]) == {"help", "flag_error"}
+    assert all(0 < seconds < 60 for seconds in result["median_seconds"].values())
