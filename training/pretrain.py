@@ -92,11 +92,15 @@ def pretrain_classifier(dataset: Dataset, config: PretrainConfig, device: torch.
                                                     total_steps=config.epochs * steps_per_epoch)
     history = []
     started = time.perf_counter()
-    for epoch in track(range(config.epochs), desc="pretrain epochs", total=config.epochs):
+    for epoch in range(config.epochs):
         model.train()
         order = torch.randperm(len(public), generator=generator).to(device)
-        total_loss = 0.0
-        for start in range(0, len(public), config.batch_size):
+        total_loss, seen = 0.0, 0
+        desc = f"pretrain epoch {epoch + 1}/{config.epochs}"
+        if history:
+            desc += f" (test accuracy {history[-1]['test_accuracy']:.3f})"
+        batches = track(range(0, len(public), config.batch_size), desc=desc, total=steps_per_epoch)
+        for start in batches:
             batch = order[start:start + config.batch_size]
             x = _augment(x_train[batch], config.max_shift_pixels, flip, generator)
             loss = F.cross_entropy(model(x), y_train[batch])
@@ -105,6 +109,9 @@ def pretrain_classifier(dataset: Dataset, config: PretrainConfig, device: torch.
             optimizer.step()
             scheduler.step()
             total_loss += loss.item() * len(batch)
+            seen += len(batch)
+            if hasattr(batches, "set_postfix"):
+                batches.set_postfix(loss=f"{total_loss / seen:.4f}", refresh=False)
         history.append({"epoch": epoch + 1, "train_loss": total_loss / len(public),
                         "test_accuracy": accuracy(model, x_test, y_test)})
     seconds = time.perf_counter() - started
