@@ -1,0 +1,58 @@
+"""One writer per run directory: refused at once naming the holder's PID; a dead holder's lock is taken over."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from transdenoiser.errors import UserError
+from transdenoiser.lock import RunLock, lock_path
+
+HOLD = ("import sys, time; from transdenoiser.lock import RunLock; "
+        "lock = RunLock(sys.argv[1], purpose='certify --out run').acquire(); print('held', flush=True); time.sleep(120)")
+
+
+@pytest.fixture
+def holder(tmp_path):
+    process = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path / "run")], stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "held"
+    yield process
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+def test_second_process_is_refused_naming_the_holder_then_takes_over_when_it_dies(tmp_path, holder):
+    with pytest.raises(UserError) as refused:
+        RunLock(tmp_path / "run").acquire()
+    message = str(refused.value)
+    assert f"process {holder.pid} (certify --out run)" in message and "\n" not in message
+    os.kill(holder.pid, signal.SIGKILL)  # dies without releasing anything
+    holder.wait()
+    with RunLock(tmp_path / "run") as lock:
+        assert lock.held
+        assert f'"pid": {os.getpid()}' in lock_path(tmp_path / "run").read_text()
+
+
+def test_one_process_two_locks_and_release(tmp_path):
+    first = RunLock(tmp_path / "run").acquire()
+    with pytest.raises(UserError, match=f"process {os.getpid()}"):
+        RunLock(tmp_path / "run").acquire()
+    first.release()
+    with RunLock(tmp_path / "run"):
+        pass
+
+
+def test_lock_holds_while_the_directory_is_replaced_whole(tmp_path):
+    from training.checkpoint import replace_directory
+
+    run = tmp_path / "denoiser"
+    with RunLock(run):
+        for _ in range(2):  # what every epoch's checkpoint save does
+            replace_directory(run, lambda staging: (staging / "metadata.json").write_text("{}"))
+        with pytest.raises(UserError, match="being written by"):
+            RunLock(run).acquire()
+    assert sorted(p.name for p in run.iterdir()) == ["metadata.json"]  # nothing added inside the run
