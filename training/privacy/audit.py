@@ -102,7 +102,8 @@ def claimed_epsilons(released_privacy: dict, private_privacy: dict | None) -> li
     claims = []
     sources = [(g, True) for g in released_privacy.get("guarantees", [])]
     if private_privacy is not None:
-        sources += [(g, False) for g in private_privacy.get("guarantees", []) if g.get("name") == "explicit_noise_alone"]
+        sources += [(g, False) for g in private_privacy.get("guarantees", [])
+                    if g.get("name") == "explicit_noise_alone"]
     for guarantee, released in sources:
         eps = guarantee.get("epsilon", {})
         bounds = [_as_float(eps.get(k)) for k in ("rdp", "pld")]
@@ -134,8 +135,8 @@ def verdict(bounds: dict, claims: list[dict]) -> dict:
                                    "analysis": analysis, "lower_bound": bounds[analysis]})
     finite = [c for c in claims if math.isfinite(c["epsilon"])]
     status = "FAIL" if violations else ("PASS" if finite else "NO CLAIM")
-    ratios = {c["name"]: {"steinke": bounds["epsilon_steinke"] / c["epsilon"], "fdp": bounds["epsilon_fdp"] / c["epsilon"]}
-              for c in finite if c["epsilon"] > 0}
+    ratios = {c["name"]: {"steinke": bounds["epsilon_steinke"] / c["epsilon"],
+                          "fdp": bounds["epsilon_fdp"] / c["epsilon"]} for c in finite if c["epsilon"] > 0}
     return {"status": status, "violations": violations, "tightness": ratios}
 
 
@@ -212,7 +213,8 @@ def privacy_audit(config, dataset, classifier, device: torch.device, settings: A
                    "score": "minus the reconstruction loss (mean over fixed input-noise draws)"}
     else:
         scores = canaries.scores()
-        details = {"canary": f"gradient C*u_j, u_j a {canaries.kind} direction; Poisson rate q = {canaries.sample_rate:.6g}",
+        details = {"canary": (f"gradient C*u_j, u_j a {canaries.kind} direction; Poisson rate "
+                              f"q = {canaries.sample_rate:.6g}"),
                    "score": settings.whitebox_score, "steps": canaries.steps,
                    "steps_with_dropped_canaries": canaries.dropped_steps,
                    "mean_insertions_included": float(canaries.times_inserted.double().sum()
@@ -335,7 +337,8 @@ def format_audit(result: dict) -> str:
         lines.append("  no epsilon is claimed for this arm: the bound measures its leakage")
     for violation in v["violations"]:
         lines.append(f"  FAILURE: {violation['analysis']} lower bound {_fmt(violation['lower_bound'])} exceeds the "
-                     f"claimed [{violation['claim']}] epsilon {_fmt(violation['claimed_epsilon'])}: a bug or a false claim")
+                     f"claimed [{violation['claim']}] epsilon {_fmt(violation['claimed_epsilon'])}: a bug or a "
+                     "false claim")
     mia = result.get("membership_inference")
     if mia:
         for name in ("loss_threshold", "calibrated"):

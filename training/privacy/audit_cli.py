@@ -44,7 +44,8 @@ def register(subparsers, common) -> None:
     p.add_argument("--out", type=Path, required=True, help="audit output directory (not a release)")
     add_dataset_args(p)
     g = p.add_argument_group("audit")
-    g.add_argument("--mode", choices=("whitebox", "blackbox"), default="whitebox", help="canary kind (default: whitebox)")
+    g.add_argument("--mode", choices=("whitebox", "blackbox"), default="whitebox",
+                   help="canary kind (default: whitebox)")
     g.add_argument("--canaries", type=positive_int, default=1000, help="number of canaries m (default: 1000)")
     g.add_argument("--audit-seed", type=nonnegative_int, default=0,
                    help="seed of the canaries and their inclusion (not of the training noise) (default: 0)")

@@ -233,6 +233,7 @@ def one_run_lower_bounds(scores: np.ndarray, included: np.ndarray, delta: float,
             "per_count": [asdict(o) for o in outcomes]}
 
 
-__all__ = ["ABSTAIN", "DEFAULT_BETA", "DEFAULT_GUESS_FRACTIONS", "POSITIVE_ONLY_FRACTIONS", "GuessOutcome", "abstaining_guesses",
+__all__ = ["ABSTAIN", "DEFAULT_BETA", "DEFAULT_GUESS_FRACTIONS", "POSITIVE_ONLY_FRACTIONS", "GuessOutcome",
+           "abstaining_guesses",
            "fdp_mu_lower_bound", "fdp_rejects", "fdp_required_mass", "gaussian_blowup_inverse", "gdp_epsilon_lower",
            "guess_counts", "one_run_lower_bounds", "steinke_epsilon_lower_bound", "steinke_p_value"]
