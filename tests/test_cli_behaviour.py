@@ -136,3 +136,10 @@ def test_startup_benchmark_quick(tmp_path):
     result = json.loads(out.read_text())
     assert set(result["median_seconds"]) == {"help", "flag_error"}
     assert all(0 < seconds < 60 for seconds in result["median_seconds"].values())
+
+
+def test_torch_free_training_choices_match_the_modules():
+    from training import choices, denoisers, private_train
+
+    assert choices.ARMS == private_train.ARMS and choices.OPTIMIZERS == private_train.OPTIMIZERS
+    assert choices.DENOISERS == denoisers.DENOISERS and choices.ACTIVATIONS == tuple(denoisers.ACTIVATIONS)
