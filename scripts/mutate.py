@@ -177,6 +177,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "group = self.noise.add(group, self.xi_up, generator)",
            "group = self.noise.add(group, self.xi_up / 2, generator)", TRAIN_NOISE,
            "Algorithm 1 line 22: xi_up x C"),
+    Mutant("merged_step_noise_halved", "training/private_train.py", "TransDenoiserArm.gradient",
+           "return self.finish(self.noise.add(summed, self.xi_up, generator)), record",
+           "return self.finish(self.noise.add(summed, self.xi_up / 2, generator)), record", TRAIN_NOISE,
+           "an uncredited Algorithm 1 step adds xi_up x C once"),
     Mutant("explicit_multiplier_overstated", "training/private_train.py", "TransDenoiserArm.gradient",
            "record.explicit_multiplier = math.sqrt(explicit_variance)",
            "record.explicit_multiplier = 2 * math.sqrt(explicit_variance)", TRAIN_NOISE,
@@ -204,10 +208,18 @@ MUTANTS: tuple[Mutant, ...] = (
                       "0, and the rounding bound takes it to 0; the shortcut only saves the eigensolver"),
     # ------------------------------------------------------------------ accounting and reports
     Mutant("report_sepdp_steps_halved", "training/privacy_report.py", "build_privacy_report",
-           '"noise_multiplier": xi_up,\n                                     "epsilon": epsilon_report(sample_rate, '
-           'xi_up, steps_done, delta)',
-           '"noise_multiplier": xi_up,\n                                     "epsilon": epsilon_report(sample_rate, '
-           'xi_up, steps_done // 2, delta)', TRAIN_REPORTS, "sepdp epsilon over the steps taken"),
+           'SEPDP_LABEL, "data_independent": True,\n                                     "noise_multiplier": xi_up,'
+           '\n                                     "epsilon": epsilon_report(sample_rate, xi_up, steps_done, delta)',
+           'SEPDP_LABEL, "data_independent": True,\n                                     "noise_multiplier": xi_up,'
+           '\n                                     "epsilon": epsilon_report(sample_rate, xi_up, '
+           'steps_done // 2, delta)',
+           TRAIN_REPORTS, "sepdp epsilon over the steps taken"),
+    Mutant("report_sepdp_equivalent_steps_halved", "training/privacy_report.py", "build_privacy_report",
+           '"data_independent": True, "noise_multiplier": xi_up,\n                                     "epsilon": '
+           'epsilon_report(sample_rate, xi_up, steps_done, delta)',
+           '"data_independent": True, "noise_multiplier": xi_up,\n                                     "epsilon": '
+           'epsilon_report(sample_rate, xi_up, steps_done // 2, delta)',
+           TRAIN_REPORTS, "transdenoiser's sepdp-equivalent epsilon over the steps taken"),
     Mutant("report_mmga_steps_halved", "training/privacy_report.py", "build_privacy_report",
            '"noise_multiplier": xi_up,\n                                 "epsilon": epsilon_report(sample_rate, '
            'xi_up, steps_done, delta)',
