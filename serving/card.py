@@ -86,14 +86,18 @@ def model_card(bundle: ModelBundle, device: str, batching: str) -> dict[str, Any
                       "lower bound pA at level 1 - alpha; radius = sigma * Phi^-1(pA); abstain when pA < 1/2",
             "sigma": config.sigma, "sigma_units": "[0,1]-pixel units",
             "n0": config.n0, "default_n": config.n, "max_n": config.max_n, "alpha": config.alpha,
-            "noise": "fresh per request (seeded from the OS CSPRNG); client seeds "
+            "noise": "keyed per image: each image's noise seed is HMAC-SHA256, under a server secret, of the "
+                     "served weights' hashes, the image's exact pixels and the sampling settings; client seeds "
                      + ("accepted" if config.allow_client_seed else "refused"),
-            "guarantee": "each certificate holds with probability >= 1 - alpha over the request's noise; "
-                         "repeated calls are independent certificates (keeping the best of k calls voids the "
-                         "level: the error bound becomes k * alpha)",
+            "guarantee": "each certificate holds with probability >= 1 - alpha over its noise; the same input "
+                         "with the same settings always gets the same certificate, so asking again cannot shop "
+                         "for a larger radius; inputs that differ in any pixel get independent certificates "
+                         "(docs/SERVING.md, 'One certificate per input')",
         },
         "limits": {"max_images": config.max_images, "max_payload_bytes": config.max_payload_bytes,
-                   "max_n": config.max_n},
+                   "max_n": config.max_n, "max_latency_ms": config.max_latency_ms,
+                   "max_request_samples": config.max_request_samples,
+                   "max_queued_requests": config.max_queued_requests},
         "runtime": {"device": device, "batching": batching, "batch_size": config.batch_size,
                     "chunk_samples": config.chunk_samples,
                     "forward_batch": config.forward_batch_on(device.split(":")[0])},

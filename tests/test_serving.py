@@ -313,7 +313,10 @@ def test_service_metadata_card(service_client):
     assert set(card["classifier"]["dataset"]["fingerprints"]) == {"public", "test"}  # never the private split's
     assert card["denoiser"] is None and "no differential-privacy claim" in card["privacy"]["statement"]
     assert card["certification"]["n0"] == 20 and card["certification"]["alpha"] == 0.001
-    assert card["limits"] == {"max_images": 4, "max_payload_bytes": 200_000, "max_n": 500}
+    assert {k: card["limits"][k] for k in ("max_images", "max_payload_bytes", "max_n")} == {
+        "max_images": 4, "max_payload_bytes": 200_000, "max_n": 500}
+    assert card["limits"]["max_request_samples"] > 0 and card["limits"]["max_queued_requests"] > 0
+    assert "HMAC" in card["certification"]["noise"] and "cannot shop" in card["certification"]["guarantee"]
 
 
 def test_epsilon_statements_name_their_analysis():
