@@ -143,3 +143,19 @@ def test_torch_free_training_choices_match_the_modules():
 
     assert choices.ARMS == private_train.ARMS and choices.OPTIMIZERS == private_train.OPTIMIZERS
     assert choices.DENOISERS == denoisers.DENOISERS and choices.ACTIVATIONS == tuple(denoisers.ACTIVATIONS)
+
+
+def test_serving_doc_warns_that_bentoml_build_installs_uv():
+    """docs/SERVING.md says `bentoml build` pip-installs uv when none is on PATH: still true of the installed BentoML?"""
+    import inspect
+    from pathlib import Path
+
+    pytest.importorskip("bentoml")
+    from _bentoml_sdk.images import Image
+    from bentoml._internal import configuration
+
+    assert "get_uv_command()" in inspect.getsource(Image._freeze_python_requirements)
+    source = inspect.getsource(configuration.get_uv_command.__wrapped__)
+    assert 'shutil.which("uv")' in source and '"pip", "install", "-q", "uv"' in source
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "SERVING.md").read_text()
+    assert "installs `uv` into the active environment" in doc and "PATH=/tmp/uv-tool/bin:$PATH" in doc
