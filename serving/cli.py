@@ -9,7 +9,7 @@ from pathlib import Path
 
 from serving.auth import API_KEY_ENV, api_key_from_env
 from serving.config import DEVICE_ENV, MODEL_DIR_ENV
-from transdenoiser.argtypes import positive_int
+from transdenoiser.argtypes import open_unit_interval, positive_float, positive_int
 from transdenoiser.errors import UserError
 
 SERVICE_TARGET = "serving.service:TransDenoiser"
@@ -48,14 +48,43 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _bundle(args: argparse.Namespace) -> int:
+    from serving.bundle import write_model_dir
+    from training.checkpoint import read_metadata
+    from transdenoiser.checks import check_sigma, denoiser_sigma
+
+    denoiser_meta = read_metadata(args.denoiser) if args.denoiser is not None else None
+    sigma = args.sigma if args.sigma is not None else denoiser_sigma(denoiser_meta)
+    if sigma is None:
+        raise UserError("give --sigma (the smoothing noise; it is taken from the denoiser's training sigma when "
+                        "there is a denoiser)")
+    warning = check_sigma(sigma, denoiser_meta, allow_mismatch=args.allow_sigma_mismatch,
+                          denoiser=f"denoiser {args.denoiser}")
+    if warning:
+        print(warning, file=sys.stderr)
+    settings = {key: getattr(args, key) for key in ("batch_size", "max_images") if getattr(args, key) is not None}
+    if args.allow_client_seed:
+        settings["allow_client_seed"] = True
+    write_model_dir(args.out, args.classifier, args.denoiser, sigma=sigma, n0=args.n0, n=args.n, max_n=args.max_n,
+                    alpha=args.alpha, **settings)
+    print(f"wrote {args.out} (sigma {sigma:g}, n0 {args.n0}, n {args.n}, max_n {args.max_n}, alpha {args.alpha:g}); "
+          f"serve it with: transdenoiser serve --model-dir {args.out}")
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     from serving.bundle import load_model_dir
+    from transdenoiser.checks import check_sigma
 
     model_dir = args.model_dir or os.environ.get(MODEL_DIR_ENV)
     if not model_dir:
         raise UserError(f"give --model-dir DIR or set {MODEL_DIR_ENV}")
     model_dir = Path(model_dir)
     bundle = load_model_dir(model_dir, device="cpu")  # every setting and both checkpoints, before starting
+    warning = check_sigma(bundle.config.sigma, bundle.pipeline.denoiser_metadata, allow_mismatch=True,
+                          where="serving.toml sigma", denoiser="its denoiser")
+    if warning:
+        print(f"transdenoiser serve: {warning}", file=sys.stderr)
     auth = api_key_from_env() is not None
     if not auth and not _is_loopback(args.host):
         print(f"transdenoiser serve: warning: listening on {args.host} without an API key; set {API_KEY_ENV} "
@@ -87,3 +116,29 @@ def register(subparsers, common) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="check the model directory and print the bentoml command instead of running it")
     p.set_defaults(handler=_serve)
+
+    p = subparsers.add_parser(
+        "bundle", parents=[common], help="write a servable model directory from checkpoints",
+        description="Copy a classifier checkpoint (and a denoiser's) into a new model directory with its "
+                    "serving.toml, after checking that they load and fit together; `transdenoiser serve "
+                    "--model-dir OUT` serves it. Only the released files are copied (weights and metadata; never a "
+                    "training run's private record).")
+    p.add_argument("--classifier", type=Path, required=True, help="classifier checkpoint directory")
+    p.add_argument("--denoiser", type=Path, default=None, help="denoiser checkpoint directory (optional)")
+    p.add_argument("--sigma", type=positive_float, default=None,
+                   help="smoothing noise, [0,1]-pixel units (default: the denoiser's training sigma)")
+    p.add_argument("--allow-sigma-mismatch", action="store_true",
+                   help="accept a --sigma other than the denoiser's training sigma (refused otherwise)")
+    p.add_argument("--n0", type=positive_int, default=100, help="selection samples per image (default: 100)")
+    p.add_argument("--n", type=positive_int, default=1000,
+                   help="estimation samples per image unless a request asks for another n (default: 1000)")
+    p.add_argument("--max-n", type=positive_int, default=10_000, help="largest n a request may ask (default: 10000)")
+    p.add_argument("--alpha", type=open_unit_interval, default=0.001,
+                   help="each certificate holds with probability >= 1 - alpha (default: 0.001)")
+    p.add_argument("--batch-size", type=positive_int, default=None,
+                   help="most noisy samples in one shared forward pass (default: the server's, 1000)")
+    p.add_argument("--max-images", type=positive_int, default=None, help="images per request (default: 16)")
+    p.add_argument("--allow-client-seed", action="store_true",
+                   help="accept a client seed (reproducible noise; see docs/SERVING.md)")
+    p.add_argument("--out", type=Path, required=True, help="model directory to write (new or empty)")
+    p.set_defaults(handler=_bundle)

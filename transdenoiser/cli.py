@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "attack": ("certify.attack_cli", "accuracy of the smoothed and noisy predictions under FGSM/I-FGSM/MIM/PGD"),
     "audit": ("certify.attack_cli", "attack a certify run's certified examples inside their radius"),
     "serve": ("serving.cli", "serve certified predictions over HTTP (BentoML)"),
+    "bundle": ("serving.cli", "write a servable model directory from checkpoints"),
     "demo": ("transdenoiser.demo", "run the main job end to end on the embedded data"),
     "train-head": ("training.head_cli", "private linear head (OPERA, GRPUA, DP-SGD)"),
     "privacy-audit": ("training.privacy.audit_cli",
@@ -46,7 +47,7 @@ SUBCOMMAND_MODULES = tuple(dict.fromkeys(module for module, _ in COMMANDS.values
 COMMON_DEFAULTS = {"device": "auto", "seed": 0}
 COMMON_OPTIONS_USED: dict[str, tuple[str, ...]] = {
     "data": (), "privacy": (), "certify-merge": (), "report": (), "import-classifier": ("device",),
-    "serve": ("device",),
+    "serve": ("device",), "bundle": (),
 }
 
 

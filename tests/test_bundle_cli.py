@@ -1,0 +1,68 @@
+"""`transdenoiser bundle` writes a servable model directory; a sigma other than the denoiser's is refused or flagged."""
+from __future__ import annotations
+
+import pytest
+
+from transdenoiser.cli import main
+from transdenoiser.errors import UserError
+from transdenoiser.toml import tomllib
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """An (untrained) classifier and a denoiser trained at sigma 0.25, as checkpoints: the metadata is what counts."""
+    import torch
+
+    from training.checkpoint import save_checkpoint
+    from training.models import build_model
+
+    root = tmp_path_factory.mktemp("ckpt")
+    torch.manual_seed(0)
+    classifier = save_checkpoint(root / "classifier", build_model("cnn28"), {
+        "kind": "classifier", "architecture": "cnn28", "arch_kwargs": {}, "input_shape": [1, 28, 28],
+        "num_classes": 10, "dataset": {"name": "mnist10k"}})
+    denoiser = save_checkpoint(root / "denoiser", build_model("tiny", in_channels=1), {
+        "kind": "denoiser", "architecture": "tiny", "arch_kwargs": {"in_channels": 1}, "input_shape": [1, 28, 28],
+        "sigma": 0.25, "classifier": {"num_classes": 10}, "dataset": {"name": "mnist10k"}})
+    return classifier, denoiser
+
+
+def test_bundle_takes_the_denoisers_sigma_and_writes_what_serve_loads(checkpoints, tmp_path, capsys):
+    classifier, denoiser = checkpoints
+    out = tmp_path / "serve"
+    assert main(["bundle", "--classifier", str(classifier), "--denoiser", str(denoiser), "--n", "500",
+                 "--out", str(out)]) == 0
+    config = tomllib.loads((out / "serving.toml").read_text())
+    assert config["sigma"] == 0.25 and config["n"] == 500 and config["denoiser"] == "denoiser"
+    assert sorted(p.name for p in (out / "denoiser").iterdir()) == ["metadata.json", "weights.safetensors"]
+    assert main(["serve", "--model-dir", str(out), "--dry-run"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_bundle_refuses_another_sigma_unless_allowed(checkpoints, tmp_path, capsys):
+    classifier, denoiser = checkpoints
+    argv = ["bundle", "--classifier", str(classifier), "--denoiser", str(denoiser), "--sigma", "0.5"]
+    assert main([*argv, "--out", str(tmp_path / "a")]) == 2
+    line = capsys.readouterr().err.strip()
+    assert "\n" not in line and "--sigma 0.5" in line and "(0.25)" in line and "--allow-sigma-mismatch" in line
+    assert not (tmp_path / "a").exists()
+    assert main([*argv, "--allow-sigma-mismatch", "--out", str(tmp_path / "b")]) == 0
+    assert capsys.readouterr().err.startswith("warning: --sigma 0.5 differs")
+    assert main(["serve", "--model-dir", str(tmp_path / "b"), "--dry-run"]) == 0
+    assert "serving.toml sigma 0.5 differs from the sigma its denoiser was trained at (0.25)" in capsys.readouterr().err
+
+
+def test_bundle_without_denoiser_needs_a_sigma(checkpoints, tmp_path, capsys):
+    classifier, _ = checkpoints
+    assert main(["bundle", "--classifier", str(classifier), "--out", str(tmp_path / "c")]) == 2
+    assert "give --sigma" in capsys.readouterr().err
+    assert main(["bundle", "--classifier", str(classifier), "--sigma", "0.5", "--out", str(tmp_path / "c")]) == 0
+
+
+def test_dataset_check_names_both_and_knows_mnist10k_is_mnist():
+    from transdenoiser.checks import check_same_dataset
+
+    with pytest.raises(UserError, match="trained on fashion-mnist, the data is mnist10k"):
+        check_same_dataset("mnist10k", {"dataset": {"name": "fashion-mnist"}}, "classifier runs/c")
+    check_same_dataset("mnist", {"dataset": {"name": "mnist10k"}}, "classifier runs/c")
+    check_same_dataset("mnist10k", {}, "classifier without a record")
