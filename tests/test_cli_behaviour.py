@@ -159,3 +159,16 @@ def test_serving_doc_warns_that_bentoml_build_installs_uv():
     assert 'shutil.which("uv")' in source and '"pip", "install", "-q", "uv"' in source
     doc = (Path(__file__).resolve().parents[1] / "docs" / "SERVING.md").read_text()
     assert "installs `uv` into the active environment" in doc and "PATH=/tmp/uv-tool/bin:$PATH" in doc
+
+
+def test_deprecated_spelling_still_works_with_a_note(capsys):
+    from transdenoiser.argtypes import add_deprecated_spelling, positive_int
+
+    parser = cli.CommandLineParser(prog="transdenoiser x")
+    parser.add_argument("--batch-size", type=positive_int, default=None)
+    add_deprecated_spelling(parser, "--batch", "--batch-size", "batch_size", type=positive_int)
+    assert parser.parse_args(["--batch", "8"]).batch_size == 8
+    assert capsys.readouterr().err == "note: --batch is now spelled --batch-size (the old spelling still works for now)\n"
+    assert parser.parse_args([]).batch_size is None and "--batch " not in parser.format_help()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--batch", "0"])

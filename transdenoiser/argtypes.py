@@ -56,3 +56,25 @@ def float_list(text: str) -> list[float]:
     if not parts:
         raise argparse.ArgumentTypeError("expected a comma-separated list of numbers")
     return [_number(float, p.strip()) for p in parts]
+
+
+class DeprecatedSpelling(argparse.Action):
+    """An old flag name that still works: stores into the new flag's ``dest`` and prints a one-line note."""
+
+    def __init__(self, option_strings, dest, new_flag: str, **kwargs):
+        self.new_flag = new_flag
+        kwargs.setdefault("help", argparse.SUPPRESS)
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        import sys
+
+        print(f"note: {option_string} is now spelled {self.new_flag} (the old spelling still works for now)",
+              file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def add_deprecated_spelling(group, old_flag: str, new_flag: str, dest: str, **kwargs) -> None:
+    """Accept ``old_flag`` as a hidden alias of ``new_flag`` (same ``dest``, same ``type``), with a note when used."""
+    group.add_argument(old_flag, dest=dest, action=DeprecatedSpelling, new_flag=new_flag, default=argparse.SUPPRESS,
+                       **kwargs)
