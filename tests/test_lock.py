@@ -56,3 +56,9 @@ def test_lock_holds_while_the_directory_is_replaced_whole(tmp_path):
         with pytest.raises(UserError, match="being written by"):
             RunLock(run).acquire()
     assert sorted(p.name for p in run.iterdir()) == ["metadata.json"]  # nothing added inside the run
+
+
+def test_parts_of_one_directory_lock_separately(tmp_path):
+    with RunLock(tmp_path / "run", part="shard-0-of-2"), RunLock(tmp_path / "run", part="shard-1-of-2"):
+        with pytest.raises(UserError, match=r"run \(shard-0-of-2\) is being written"):
+            RunLock(tmp_path / "run", part="shard-0-of-2").acquire()

@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # what was typed, for messages that print the command to run again (resume)
     keep_freed_memory()
     convergence = _ConvergenceWarnings()
     absl = logging.getLogger("absl")

@@ -30,10 +30,11 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 
-def lock_path(directory: str | Path) -> Path:
-    """Where the lock of ``directory`` lives: ``.NAME.lock`` in its parent."""
+def lock_path(directory: str | Path, part: str | None = None) -> Path:
+    """Where the lock of ``directory`` lives: ``.NAME.lock`` in its parent (``.NAME.PART.lock`` for one part of
+    it, e.g. one shard of a run that several processes write side by side)."""
     directory = Path(directory).absolute()
-    return directory.parent / f".{directory.name}{LOCK_SUFFIX}"
+    return directory.parent / f".{directory.name}{'.' + part if part else ''}{LOCK_SUFFIX}"
 
 
 def _holder_text(path: Path) -> str:
@@ -64,9 +65,10 @@ def _pid_alive(pid: int) -> bool:
 class RunLock:
     """An exclusive lock on a run directory, held from :meth:`acquire` (or ``with``) to :meth:`release`."""
 
-    def __init__(self, directory: str | Path, purpose: str | None = None):
+    def __init__(self, directory: str | Path, purpose: str | None = None, part: str | None = None):
         self.directory = Path(directory)
-        self.path = lock_path(self.directory)
+        self.part = part
+        self.path = lock_path(self.directory, part)
         self.purpose = purpose or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]).strip()
         self._fd: int | None = None
 
@@ -75,7 +77,8 @@ class RunLock:
                            "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode()
 
     def _refuse(self) -> UserError:
-        return UserError(f"{self.directory} is being written by {_holder_text(self.path)}; two runs must not write "
+        what = f"{self.directory} ({self.part})" if self.part else str(self.directory)
+        return UserError(f"{what} is being written by {_holder_text(self.path)}; two runs must not write "
                          "into one directory: wait for it to finish or choose another --out")
 
     def acquire(self) -> RunLock:
