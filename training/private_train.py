@@ -41,6 +41,7 @@ from training.checkpoint import (
 )
 from training.datasets import Dataset
 from training.denoisers import ACTIVATIONS, DENOISERS, check_denoiser_fits, denoiser_kwargs
+from training.distributed import RankGroup
 from training.dp import (
     GaussianNoise,
     PerExampleClipper,
@@ -109,6 +110,17 @@ class TrainConfig:
     # is never written anywhere. True: they draw from ``seed`` (research only: anyone with the seed can subtract
     # the noise, so no epsilon holds against them; every report says so).
     reproducible_noise: bool = False
+    # Algorithm 1 without wasted noise: in a step where the non-negative group gets no input-noise credit
+    # (sigma_bar = xi_up), noise the whole clipped sum once with xi_up (the sepdp step) instead of each group
+    # separately (sqrt(2) xi_up in all). False reproduces the paper's Algorithm 1 (configs/mnist_sigma*.toml).
+    merge_uncredited_noise: bool = True
+    # sepdp: each example's gradient is the mean over this many input-noise draws, clipped once (De et al. 2022's
+    # augmentation multiplicity); the privacy cost is unchanged (one clipped contribution per example and step).
+    noise_draws: int = 1
+    # "public": train on the public split without privacy (arm nodp only), e.g. to initialise a DP run
+    train_on: str = "private"
+    # a denoiser checkpoint trained on the public split whose weights start this run (public initialisation)
+    init_from: str | None = None
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> TrainConfig:
@@ -146,6 +158,16 @@ class TrainConfig:
             (isinstance(self.denoiser_kwargs, dict), "denoiser_kwargs must be a table"),
             (isinstance(self.reproducible_noise, bool),
              f"reproducible_noise must be true or false, got {self.reproducible_noise!r}"),
+            (isinstance(self.merge_uncredited_noise, bool),
+             f"merge_uncredited_noise must be true or false, got {self.merge_uncredited_noise!r}"),
+            (isinstance(self.noise_draws, int) and not isinstance(self.noise_draws, bool) and self.noise_draws >= 1,
+             f"noise_draws must be an integer >= 1, got {self.noise_draws!r}"),
+            (self.train_on in ("private", "public"), f"train_on must be private or public, got {self.train_on!r}"),
+            (self.train_on == "private" or self.arm == "nodp",
+             f"training on the public split needs no privacy: use arm nodp there, got arm {self.arm!r}"),
+            (self.noise_draws == 1 or self.arm == "sepdp",
+             f"noise_draws > 1 is available for the sepdp arm only (Algorithm 1's Taylor split of line 8 is "
+             f"defined for one input-noise draw per example), got arm {self.arm!r}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -204,12 +226,16 @@ class Arm:
 
     name = "base"
 
-    def __init__(self, model: nn.Module, config: TrainConfig, xi_up: float, expected_batch: float, total_steps: int):
+    def __init__(self, model: nn.Module, config: TrainConfig, xi_up: float, expected_batch: float, total_steps: int,
+                 group: RankGroup | None = None):
         self.model = model
         self.config = config
         self.xi_up = xi_up
         self.expected_batch = expected_batch
         self.total_steps = total_steps
+        # torchrun: every rank sees the whole batch and draws the same noise, computes per-example gradients
+        # for its own share only, and the clipped sums are added over ranks once per step (training.distributed)
+        self.group = group if group is not None else RankGroup()
 
     def gradient(self, x: torch.Tensor, generator: torch.Generator) -> tuple[dict[str, torch.Tensor], StepRecord]:
         raise NotImplementedError
@@ -228,10 +254,26 @@ class NoDPArm(Arm):
     def gradient(self, x, generator):
         z = self.noisy(x, generator)
         params = [p for p in self.model.parameters() if p.requires_grad]
+        names = [k for k, p in self.model.named_parameters() if p.requires_grad]
+        if self.group.distributed:
+            return self.distributed_gradient(z, x, params, names)
         loss = (self.model(z) - x).pow(2).flatten(1).sum(1).mean()
         grads = torch.autograd.grad(loss, params)
-        names = [k for k, p in self.model.named_parameters() if p.requires_grad]
         return dict(zip(names, grads, strict=True)), StepRecord(len(x), mean_loss=float(loss.detach()))
+
+    def distributed_gradient(self, z, x, params, names):
+        """This rank's share of the batch's summed loss, divided by the whole batch's size, then summed over ranks
+        (one all-reduce, the loss sum riding in the same bucket)."""
+        z_local, x_local = self.group.local(z), self.group.local(x)
+        if len(x_local):
+            loss_sum = (self.model(z_local) - x_local).pow(2).flatten(1).sum(1).sum()
+            grads = torch.autograd.grad(loss_sum / max(1, len(x)), params)
+        else:
+            loss_sum, grads = torch.zeros((), device=x.device), [torch.zeros_like(p) for p in params]
+        local = {**{f"grad.{k}": g for k, g in zip(names, grads, strict=True)}, "loss_sum": loss_sum.detach()}
+        total = self.group.sum_over_ranks(local)
+        return ({k: total[f"grad.{k}"] for k in names},
+                StepRecord(len(x), mean_loss=float(total["loss_sum"]) / len(x) if len(x) else math.nan))
 
 
 class DPArm(Arm):
@@ -247,8 +289,28 @@ class DPArm(Arm):
         return {k: torch.zeros_like(p) for k, p in self.model.named_parameters() if p.requires_grad}
 
     def clipped(self, x, generator):
-        z = self.noisy(x, generator)
-        grads, losses = self.per_example(z, x)
+        """Noisy inputs, per-example gradients, losses and clip factors. With ``noise_draws`` K > 1 each
+        example's gradient (and loss) is the mean over K input-noise draws, and that mean is what is clipped."""
+        draws = self.config.noise_draws
+        # Under torchrun the input noise of the WHOLE batch is drawn on every rank (the shared generator stays in
+        # step), and only this rank's share of the examples (group.share) gets per-example gradients: z, grads,
+        # losses and factors below are this rank's share (the whole batch in one process).
+        share = self.group.share(len(x))
+        if share.stop == share.start:  # a share can be empty when the batch is smaller than the world
+            self.noisy(x.repeat_interleave(draws, dim=0) if draws > 1 else x, generator)
+            grads = {k: torch.zeros(0, *v.shape, dtype=v.dtype, device=v.device) for k, v in self.zeros().items()}
+            return x[:0], grads, torch.zeros(0, device=x.device), torch.zeros(0, device=x.device)
+        if draws == 1:
+            z = self.noisy(x, generator)[share]
+            grads, losses = self.per_example(z, x[share])
+        else:
+            repeated = x.repeat_interleave(draws, dim=0)  # example i's draws are rows i*K .. i*K+K-1
+            rows = slice(share.start * draws, share.stop * draws)
+            z = self.noisy(repeated, generator)[rows]
+            grads, losses = self.per_example(z, repeated[rows])
+            size = share.stop - share.start
+            grads = {k: g.reshape(size, draws, *g.shape[1:]).mean(1) for k, g in grads.items()}
+            losses = losses.reshape(size, draws).mean(1)
         factors = self.clipper.factors(per_example_norms(grads).detach())
         return z, grads, losses, factors
 
@@ -267,13 +329,23 @@ class SepDPArm(DPArm):
                 0, explicit_multiplier=self.xi_up)
         _, grads, losses, factors = self.clipped(x, generator)
         summed = self.clipper.weighted_sum(grads, factors)
-        noisy = self.noise.add(summed, self.xi_up, generator)
-        return self.finish(noisy), StepRecord(len(x), explicit_multiplier=self.xi_up, mean_loss=float(losses.mean()))
+        mean_loss = float(losses.mean())
+        if self.group.distributed:  # the one all-reduce of the step: every rank's clipped sum (and loss sum)
+            total = self.group.sum_over_ranks({**{f"grad.{k}": v for k, v in summed.items()},
+                                               "loss_sum": losses.sum()})
+            summed, mean_loss = {k: total[f"grad.{k}"] for k in summed}, float(total["loss_sum"]) / len(x)
+        noisy = self.noise.add(summed, self.xi_up, generator)  # after the sum: one draw for the whole batch
+        return self.finish(noisy), StepRecord(len(x), explicit_multiplier=self.xi_up, mean_loss=mean_loss)
 
 
 class TransDenoiserArm(DPArm):
     """Algorithm 1: the Taylor remainder (line 8) splits the batch; S_min of the non-negative group's
-    mixed-derivative matrix lowers that group's explicit noise by line 16; the negative group gets xi_up."""
+    mixed-derivative matrix lowers that group's explicit noise by line 16; the negative group gets xi_up.
+
+    With ``merge_uncredited_noise`` (the default), a step whose non-negative group gets no input-noise credit
+    (sigma_bar = xi_up, or no non-negative example) adds xi_up once to the whole clipped sum: that step is
+    exactly sepdp's. Without it (the paper as written), each non-empty group gets its own noise.
+    """
 
     name = "transdenoiser"
 
@@ -298,32 +370,87 @@ class TransDenoiserArm(DPArm):
             return self.finish(self.noise.add(self.zeros(), self.xi_up, generator)), StepRecord(
                 0, explicit_multiplier=self.xi_up)
         z, grads, losses, factors = self.clipped(x, generator)
-        remainder, tolerance = self.remainders(z, x)
+        if len(z):
+            remainder, tolerance = self.remainders(z, self.group.local(x))
+        else:  # torchrun: this rank's share of the batch is empty
+            remainder = tolerance = torch.zeros(0, dtype=torch.float64, device=factors.device)
         nonneg = (remainder >= tolerance).to(factors.device)  # lines 10-11
+        mean_loss = float(losses.mean()) if not self.group.distributed else math.nan
+        sums = None  # torchrun: both groups' clipped sums over all ranks; one process: computed where needed
+        batch_factors = factors  # the whole batch's clip factors (S_min needs every non-negative example's)
+        if self.group.distributed:
+            sums, nonneg, batch_factors, mean_loss = self.sum_over_ranks(grads, losses, factors, nonneg, len(x))
         num_nonneg = int(nonneg.sum())
-        record = StepRecord(len(x), num_nonnegative=num_nonneg, mean_loss=float(losses.mean()))
-        total = self.zeros()
-        explicit_variance = 0.0
-        if num_nonneg > 0:  # lines 12-18
+        record = StepRecord(len(x), num_nonnegative=num_nonneg, mean_loss=mean_loss)
+        if num_nonneg > 0:  # lines 12-16
             idx = nonneg.nonzero().flatten()
-            result = smin_lower_bound(self.model, x[idx], factors[idx], max_dim=self.config.max_smin_dim,
-                                      chunk_size=self.config.smin_chunk_size)
-            record.smin, record.smin_method = result.value, result.method
-            record.input_multiplier = (self.config.sigma * math.sqrt(self.total_steps * result.value)
+            record.smin, record.smin_method = self.smin(x[idx], batch_factors[idx])
+            record.input_multiplier = (self.config.sigma * math.sqrt(self.total_steps * record.smin)
                                        / self.config.clip_norm)
             record.sigma_bar = line16_sigma_bar(record.input_multiplier, self.config.xi_low, self.xi_up)
-            group = self.clipper.weighted_sum(grads, factors * nonneg.to(factors.dtype))
+        if self.config.merge_uncredited_noise and not record.sigma_bar < self.xi_up:
+            # no input-noise credit in this step: the sepdp step, xi_up once on the whole clipped sum
+            record.explicit_multiplier = self.xi_up
+            summed = (self.clipper.weighted_sum(grads, factors) if sums is None else sums["whole"] if "whole" in sums
+                      else {k: sums["nonneg"][k] + sums["negative"][k] for k in sums["nonneg"]})
+            return self.finish(self.noise.add(summed, self.xi_up, generator)), record
+        if sums is not None and "whole" in sums:  # sum_over_ranks sent only the whole sum: cannot happen
+            raise RuntimeError("a step with input-noise credit although S_min is never computed")
+        total = self.zeros()
+        explicit_variance = 0.0
+        if num_nonneg > 0:  # lines 17-18
+            group = (self.clipper.weighted_sum(grads, factors * nonneg.to(factors.dtype)) if sums is None
+                     else sums["nonneg"])
             group = self.noise.add(group, record.sigma_bar, generator)  # line 17
             total = {k: total[k] + group[k] for k in total}
             explicit_variance += record.sigma_bar ** 2
         if num_nonneg < len(x):  # lines 19-23
             negative = (~nonneg.bool()).to(factors.dtype)
-            group = self.clipper.weighted_sum(grads, factors * negative)
+            group = self.clipper.weighted_sum(grads, factors * negative) if sums is None else sums["negative"]
             group = self.noise.add(group, self.xi_up, generator)  # line 22
             total = {k: total[k] + group[k] for k in total}  # line 24
             explicit_variance += self.xi_up ** 2
         record.explicit_multiplier = math.sqrt(explicit_variance)
         return self.finish(total), record
+
+    def sum_over_ranks(self, grads, losses, factors, nonneg, batch_size):
+        """torchrun: the step's one all-reduce. Each rank contributes both groups' clipped sums over its share,
+        its loss sum, and its share's clip factors and non-negative flags placed in batch-length vectors (zeros
+        elsewhere), so every rank ends with the sums of the whole batch and the flags and factors S_min needs.
+        When every step is the merged sepdp step (merge_uncredited_noise and S_min never computed: no credit
+        is possible), only the whole clipped sum is sent (half the bytes)."""
+        mask = nonneg.to(factors.dtype)
+        width = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        if self.config.merge_uncredited_noise and width > self.config.max_smin_dim:
+            parts = {"whole": factors}
+        else:
+            parts = {"nonneg": factors * mask, "negative": factors * (1 - mask)}
+        local = {f"{part}.{k}": v for part, weights in parts.items()
+                 for k, v in self.clipper.weighted_sum(grads, weights).items()}
+        local.update({"loss_sum": losses.sum(), "factors": self.group.place(factors, batch_size),
+                      "nonneg": self.group.place(mask, batch_size)})
+        total = self.group.sum_over_ranks(local)
+        sums = {part: {k: total[f"{part}.{k}"] for k in grads} for part in parts}
+        return sums, total["nonneg"] > 0.5, total["factors"], float(total["loss_sum"]) / batch_size
+
+    def smin(self, x_nonneg: torch.Tensor, factors_nonneg: torch.Tensor) -> tuple[float, str]:
+        """S_min of the non-negative group's K_t and how it was obtained. Under torchrun, when it is actually
+        computed (w <= max_smin_dim), rank 0 computes it from the whole group and broadcasts it, so every rank
+        uses the same value (and hence the same sigma_bar and noise)."""
+        def compute():
+            return smin_lower_bound(self.model, x_nonneg, factors_nonneg, max_dim=self.config.max_smin_dim,
+                                    chunk_size=self.config.smin_chunk_size)
+
+        width = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        if not self.group.distributed or width > self.config.max_smin_dim:  # the shortcuts need no data
+            result = compute()
+            return result.value, result.method
+        payload = torch.zeros(2, dtype=torch.float64)
+        if self.group.rank == 0:
+            result = compute()
+            payload = torch.tensor([result.value, METHODS.index(result.method)], dtype=torch.float64)
+        payload = self.group.from_rank_zero(payload)
+        return float(payload[0]), METHODS[int(payload[1])]
 
 
 ARM_CLASSES: dict[str, type[Arm]] = {"nodp": NoDPArm, "sepdp": SepDPArm, "transdenoiser": TransDenoiserArm}
@@ -479,21 +606,50 @@ def check_classifier_fits(classifier: Checkpoint, dataset: Dataset) -> None:
                         f"{dataset.name} has {dataset.num_classes}")
 
 
-def noise_generator(config: TrainConfig) -> torch.Generator:
+def noise_generator(config: TrainConfig, group: RankGroup | None = None) -> torch.Generator:
     """The CPU generator that draws the DP noise, the input noise and the Poisson batches.
 
     Secret by default: seeded from the operating system's CSPRNG with a seed that is never stored (its state
     lives only in the private training record, for ``resume``). With ``reproducible_noise`` it is seeded from
-    ``config.seed``, which every release then records and flags.
+    ``config.seed``, which every release then records and flags. Under torchrun (``group``) every rank gets the
+    same generator: rank 0 draws the secret seed and broadcasts it over the process group (never written).
     """
-    seed = config.seed if config.reproducible_noise else secrets.randbits(63)
+    if config.reproducible_noise:
+        seed = config.seed
+    else:
+        seed = group.shared_seed() if group is not None and group.distributed else secrets.randbits(63)
     return torch.Generator().manual_seed(seed)
+
+
+def initialise_from_public(model: nn.Module, config: TrainConfig, dataset: Dataset) -> None:
+    """Copy the weights of ``config.init_from``, refusing any checkpoint not trained on the public split of
+    this very dataset, or of another architecture: a public initialisation costs no privacy, a private one would."""
+    source = load_checkpoint(config.init_from, kind="denoiser")
+    meta = source.metadata
+    trained = meta.get("dataset") or {}
+    if trained.get("trained_on") != "public":
+        raise UserError(f"--init-from {config.init_from}: trained on {trained.get('trained_on')!r} data; only a "
+                        "denoiser trained on the public split (train --train-on public --arm nodp) may initialise a "
+                        "private run without spending privacy")
+    if (trained.get("name"), (trained.get("fingerprints") or {}).get("public")) != (
+            dataset.name, dataset.released_fingerprints()["public"]):
+        raise UserError(f"--init-from {config.init_from}: trained on {trained.get('name')}'s public split, not on "
+                        f"this run's ({dataset.name}, split seed {dataset.split_seed})")
+    if meta.get("architecture") != config.denoiser or source.model.state_dict().keys() != model.state_dict().keys():
+        raise UserError(f"--init-from {config.init_from}: a {meta.get('architecture')} denoiser with arguments "
+                        f"{meta.get('arch_kwargs')}, this run builds {config.denoiser}")
+    try:
+        model.load_state_dict(source.model.state_dict())
+    except RuntimeError as exc:
+        raise UserError(f"--init-from {config.init_from}: weights do not fit this run's denoiser "
+                        f"({str(exc).splitlines()[0]})") from None
 
 
 def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint, device: torch.device,
                    track: Track = silent, *, checkpoint_dir: str | Path | None = None, resume: bool = False,
                    on_epoch: Callable[[dict], None] | None = None,
-                   stop_after_epochs: int | None = None) -> tuple[nn.Module, dict[str, Any]]:
+                   stop_after_epochs: int | None = None,
+                   group: RankGroup | None = None) -> tuple[nn.Module, dict[str, Any]]:
     """Train a denoiser on ``dataset.private`` in front of the frozen ``classifier``; return (model, metadata).
 
     ``metadata`` is what a release may carry (see :func:`released_metadata`): public settings, the privacy
@@ -504,8 +660,13 @@ def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint
     the run saved there (its config must equal ``config``). ``on_epoch(row)``: called after each epoch with
     the epoch's test metrics plus its private ``train_loss`` and ``seconds`` (for the trainer's console).
     ``stop_after_epochs``: stop (with a checkpoint) after that many epochs in total, as if interrupted.
+    ``group``: this process's place under torchrun (:func:`training.distributed.rank_group_from_environment`):
+    each step's Poisson batch is shared out among the ranks, the clipped sums are added by one all-reduce and
+    the same noise is added on every rank; rank 0 writes the checkpoints; every rank returns the same model
+    and metadata. Default: one process.
     """
-    train_split = _subset(dataset.private, config.train_examples)
+    group = group if group is not None else RankGroup(device=torch.device(device))
+    train_split = _subset(dataset.split(config.train_on), config.train_examples)
     config.validate(len(train_split))
     check_classifier_fits(classifier, dataset)
     if len(dataset.test) == 0:
@@ -515,8 +676,12 @@ def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
     if resume and checkpoint_dir is None:
         raise UserError("resume needs a checkpoint directory")
+    group.check_same(json.dumps([asdict(config), dataset.fingerprints(), str(checkpoint_dir), resume],
+                                sort_keys=True), "the training settings, data or --out")
     if checkpoint_dir is not None:
-        recover_interrupted_save(checkpoint_dir)
+        if group.is_writer:  # only rank 0 touches the files; the others wait, then read
+            recover_interrupted_save(checkpoint_dir)
+        group.barrier()
         if not resume and (checkpoint_dir / "metadata.json").exists():
             raise UserError(f"{checkpoint_dir} already holds a checkpoint; pass --resume to continue it or choose "
                             "another --out (nothing is overwritten silently)")
@@ -525,14 +690,16 @@ def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint
     kwargs = denoiser_kwargs(config.denoiser, dataset.image_shape[0], config.activation, config.denoiser_kwargs)
     model = build_model(config.denoiser, **kwargs).to(device)
     check_denoiser_fits(model, dataset.image_shape)
+    if config.init_from is not None:
+        initialise_from_public(model, config, dataset)
     optimizer = _optimizer(config, model)
-    generator = noise_generator(config)
+    generator = noise_generator(config, group)
     records: list[StepRecord] = []
     metrics: list[dict[str, Any]] = []  # per epoch: test metrics + the private train_loss and seconds
     epochs_done, seconds_before = 0, 0.0
     if resume:
         epochs_done, records, metrics, seconds_before = _resume(checkpoint_dir, config, dataset, classifier, model,
-                                                                optimizer, generator, device)
+                                                                optimizer, generator, device, group.world_size)
 
     classifier_model = classifier.model.to(device).eval()
     for p in classifier_model.parameters():
@@ -543,12 +710,13 @@ def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint
     baselines = classifier_baselines(classifier_model, x_test, y_test, config.sigma, config.eval_noise_seed)
 
     arm = ARM_CLASSES[config.arm](model, config, schedule["xi_up"] or 0.0, float(config.batch_size),
-                                  schedule["total_steps"])
+                                  schedule["total_steps"], group=group)
     sampler = PoissonSampler(num_examples, schedule["sample_rate"]) if config.arm != "nodp" else None
     last_epoch = config.epochs if stop_after_epochs is None else min(config.epochs, stop_after_epochs)
     started = time.perf_counter()
     model.train()
-    run = _RunFacts(config, dataset, classifier, schedule, baselines, kwargs, device, count_parameters(model))
+    run = _RunFacts(config, dataset, classifier, schedule, baselines, kwargs, device, count_parameters(model),
+                    world_size=group.world_size)
     for epoch in range(epochs_done, last_epoch):
         epoch_started = time.perf_counter()
         if sampler is None:
@@ -573,7 +741,9 @@ def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint
                "seconds": time.perf_counter() - epoch_started}
         metrics.append(row)
         epochs_done = epoch + 1
-        if checkpoint_dir is not None:
+        if group.distributed:  # every rank applied the same summed update and noise: refuse silent drift
+            group.check_same(_weights_digest(model), f"the weights after epoch {epoch + 1}")
+        if checkpoint_dir is not None and group.is_writer:
             _save(checkpoint_dir, model, optimizer, generator, records,
                   run.released(records, metrics, epochs_done),
                   run.private(records, metrics, epochs_done, seconds_before + time.perf_counter() - started))
@@ -581,8 +751,20 @@ def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint
             on_epoch(row)
     if not metrics:
         raise UserError("no epoch was trained")
+    group.barrier()  # the last checkpoint is written before any rank returns
     model.eval()
     return model, run.released(records, metrics, epochs_done)
+
+
+def _weights_digest(model: nn.Module) -> str:
+    """SHA-256 of the model's parameters and buffers (bytes, in state-dict order)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 # ------------------------------------------------------------------------------------------------ released vs private
@@ -599,16 +781,23 @@ PRIVATE_RECORD_NOTE = ("PRIVATE: statistics of the private training data compute
 class _RunFacts:
     """What a run's metadata is built from; splits it into the released metadata and the private record."""
 
-    def __init__(self, config, dataset, classifier, schedule, baselines, kwargs, device, num_parameters):
+    def __init__(self, config, dataset, classifier, schedule, baselines, kwargs, device, num_parameters,
+                 world_size: int = 1):
         self.config, self.dataset, self.classifier = config, dataset, classifier
         self.num_parameters = num_parameters
+        self.world_size = world_size  # training processes (torchrun); --resume needs the same
         self.schedule, self.baselines, self.kwargs, self.device = schedule, baselines, kwargs, device
-        self.num_examples = (len(dataset.private) if not config.train_examples
-                             else min(config.train_examples, len(dataset.private)))
+        trained_on = dataset.split(config.train_on)
+        self.num_examples = len(trained_on) if not config.train_examples else min(config.train_examples,
+                                                                                 len(trained_on))
 
     def full_report(self, records: list[StepRecord]) -> dict[str, Any]:
+        """The full privacy report after ``records`` (computed once per step count: records only grow)."""
+        cached = getattr(self, "_report", None)
+        if cached is not None and cached[0] == len(records):
+            return cached[1]
         config, schedule = self.config, self.schedule
-        return build_privacy_report(
+        report = build_privacy_report(
             arm=config.arm, sigma=config.sigma, clip_norm=config.clip_norm, xi_low=config.xi_low,
             xi_up=schedule["xi_up"] if schedule["xi_up"] is not None else config.xi_up,
             sample_rate=schedule["sample_rate"] or config.batch_size / self.num_examples,
@@ -616,9 +805,15 @@ class _RunFacts:
             steps_planned=schedule["total_steps"], history=_history_arrays(records),
             smin_methods=[r.smin_method for r in records], max_smin_dim=config.max_smin_dim,
             num_parameters=self.num_parameters, noise=noise_description(config),
+            merge_uncredited_noise=config.merge_uncredited_noise,
+            initialisation=({"kind": "public", "checkpoint": config.init_from,
+                             "note": "weights of a denoiser trained without noise on the public split"}
+                            if config.init_from else {"kind": "random", "seed": config.seed}),
             target_epsilon=config.target_epsilon if config.arm != "nodp" else None,
             calibration_accountant=config.calibration_accountant
             if config.target_epsilon is not None and config.arm != "nodp" else None)
+        self._report = (len(records), report)
+        return report
 
     def released(self, records, metrics, epochs_done) -> dict[str, Any]:
         return released_metadata(self, records, metrics, epochs_done)
@@ -630,6 +825,7 @@ class _RunFacts:
             "dataset_fingerprints": self.dataset.fingerprints(),
             "epochs": [{k: row[k] for k in ("epoch", "train_loss", "seconds")} for row in metrics],
             "epochs_done": epochs_done, "steps_done": len(records), "seconds": seconds,
+            "world_size": self.world_size,
             "privacy": self.full_report(records),
         })
 
@@ -659,7 +855,7 @@ def released_metadata(run: _RunFacts, records: list[StepRecord], metrics: list[d
         "kind": "denoiser", "architecture": config.denoiser, "arch_kwargs": run.kwargs,
         "input_shape": list(dataset.image_shape),
         "classifier": _classifier_summary(run.classifier),
-        "dataset": {"name": dataset.name, "split_seed": dataset.split_seed, "trained_on": "private",
+        "dataset": {"name": dataset.name, "split_seed": dataset.split_seed, "trained_on": config.train_on,
                     "train_examples": run.num_examples,
                     "fingerprints": dataset.released_fingerprints(),
                     "source": dataset.source},
@@ -708,11 +904,16 @@ def _save(directory: Path, model, optimizer, generator, records, metadata, recor
     replace_directory(directory, write)
 
 
-def _resume(directory: Path, config, dataset, classifier, model, optimizer, generator, device):
+def _resume(directory: Path, config, dataset, classifier, model, optimizer, generator, device, world_size: int = 1):
     meta = read_metadata(directory)
     if meta.get("kind") != "denoiser":
         raise UserError(f"{directory} holds a {meta.get('kind')}, not a denoiser training run")
     record = load_private_record(directory)
+    saved_world = int(record.get("world_size", 1))
+    if saved_world != world_size:
+        raise UserError(f"--resume: the run in {directory} was trained by {saved_world} process(es), this resume "
+                        f"has {world_size}; resume it with the same world size (torchrun's --nnodes x "
+                        f"--nproc_per_node = {saved_world}{', or without torchrun' if saved_world == 1 else ''})")
     stored = TrainConfig.from_dict(meta["config"], source=f"{directory}/metadata.json")
     if asdict(stored) != asdict(config):
         diff = [f"{k}: saved {v!r}, now {asdict(config)[k]!r}" for k, v in asdict(stored).items()

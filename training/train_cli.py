@@ -7,13 +7,15 @@ and anything given must agree with them.
 from __future__ import annotations
 
 import argparse
+import builtins
+import os
 import sys
 from dataclasses import fields
 from pathlib import Path
 
 from transdenoiser.argtypes import nonnegative_float, nonnegative_int, open_unit_interval, positive_float, positive_int
 from transdenoiser.errors import UserError
-from transdenoiser.progress import bar
+from transdenoiser.progress import bar, silent
 from transdenoiser.runtime import hardware_description, resolve_device, seed_everything
 from transdenoiser.toml import read_toml
 
@@ -139,6 +141,24 @@ def config_from_args(args, base: dict | None = None):
 
 
 def cmd_train(args) -> int:
+    device = resolve_device(args.device)
+    group = None
+    try:
+        if "WORLD_SIZE" in os.environ:  # under torchrun: one process group, rank 0 writes and prints
+            from certify.runner import rank_device
+            from training.distributed import rank_group_from_environment
+
+            device = rank_device(device)
+            group = rank_group_from_environment(device)
+        return _train(args, device, group)
+    finally:
+        if group is not None:
+            from training.distributed import close
+
+            close(group)
+
+
+def _train(args, device, group) -> int:
     import json
 
     from training.checkpoint import load_checkpoint, read_metadata, recover_interrupted_save
@@ -146,12 +166,16 @@ def cmd_train(args) -> int:
     from training.privacy_report import format_privacy_report
     from training.private_train import train_denoiser
 
-    device = resolve_device(args.device)
+    writer = group is None or group.is_writer
+    print = builtins.print if writer else _silent  # noqa: A001 -- only rank 0 speaks under torchrun
     base = None
     if args.resume:
-        recovered = recover_interrupted_save(args.out)
-        if recovered:
-            print(f"note: {args.out}: an interrupted save was found: {recovered}", file=sys.stderr)
+        if writer:
+            recovered = recover_interrupted_save(args.out)
+            if recovered:
+                print(f"note: {args.out}: an interrupted save was found: {recovered}", file=sys.stderr)
+        if group is not None:
+            group.barrier()
         saved = read_metadata(args.out)
         if saved.get("kind") != "denoiser" or "config" not in saved:
             raise UserError(f"--resume: {args.out} does not hold a denoiser training run")
@@ -169,6 +193,10 @@ def cmd_train(args) -> int:
                     else min(config.train_examples, len(dataset.private)))
     print(f"train {config.arm}: {config.denoiser} ({config.activation}) on {dataset.name} private split, "
           f"sigma {config.sigma}, device {hardware_description(device)}", file=sys.stderr)
+    if group is not None and group.distributed:
+        print(f"torchrun: {group.world_size} processes ({group.backend}); each step's Poisson batch is shared out "
+              "among them, their clipped sums added by one all-reduce, the noise drawn once; rank 0 writes "
+              f"{args.out}", file=sys.stderr)
     if config.reproducible_noise and config.arm != "nodp":
         print(f"WARNING: --reproducible-noise: the DP noise is drawn from seed {config.seed}, which is recorded; "
               "the epsilon does not hold against anyone who has it (every report says so)", file=sys.stderr)
@@ -182,8 +210,11 @@ def cmd_train(args) -> int:
               f"PSNR {row['psnr']:.2f} dB  classifier acc on g(x+noise) {row['accuracy_denoised']:.4f}  "
               f"({row['seconds']:.0f} s)", file=sys.stderr, flush=True)
 
-    model, meta = train_denoiser(config, dataset, classifier, device, track=bar, checkpoint_dir=args.out,
-                                 resume=args.resume, on_epoch=on_epoch)
+    model, meta = train_denoiser(config, dataset, classifier, device, track=bar if writer else silent,
+                                 checkpoint_dir=args.out, resume=args.resume, on_epoch=on_epoch if writer else None,
+                                 group=group)
+    if not writer:
+        return 0
     if args.json:
         print(json.dumps(meta, indent=2))
         return 0
@@ -202,3 +233,6 @@ def cmd_train(args) -> int:
               f"{args.out}/private/  (losses, batch sizes, per-step noise, S_min, generator state)")
     return 0
 
+
+def _silent(*args, **kwargs) -> None:
+    """``print`` on the ranks other than 0 under torchrun."""
