@@ -110,3 +110,16 @@ def test_existing_out_is_never_overwritten_without_flag(mnist_root, tmp_path, ca
     assert "--overwrite" in capsys.readouterr().err
     assert run_import(mnist_root, tmp_path / "r18.pt", out, "--overwrite") == 0
     assert not (out / "precious.txt").exists() and (out / "metadata.json").is_file()
+
+
+def test_pretrain_at_chance_level_warns(tmp_path, capsys):
+    """Random pixels carry no class: what pretrain learns is at chance level on 300 test images, and it says so."""
+    import json
+
+    make_mnist_layout(tmp_path / "data", "MNIST", n_train=40, n_test=300, compress=False, seed=1)
+    assert main(["pretrain", "--dataset", "mnist", "--data-root", str(tmp_path / "data"), "--epochs", "1",
+                 "--out", str(tmp_path / "clf")]) == 0
+    accuracy = json.loads((tmp_path / "clf" / "metadata.json").read_text())["test_accuracy"]
+    assert accuracy < 0.15  # 10 balanced classes: 0.1 expected, standard deviation 0.017 over 300 images
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "after 1 epoch(s)" in warnings[0] and "chance level for 10 classes" in warnings[0]
