@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from pathlib import Path
 
-from transdenoiser.argtypes import open_unit_interval, positive_float, positive_int
+from transdenoiser.argtypes import add_deprecated_spelling, open_unit_interval, positive_float, positive_int
 from transdenoiser.errors import UserError
 
 DEFAULT_BATCH = {"cpu": 64, "cuda": 4096}  # noisy samples per forward pass without --batch (measured: RESULTS)
@@ -98,7 +99,10 @@ def _add_run_args(p: argparse.ArgumentParser, task: str) -> None:
                         help="denoiser checkpoint directory, put in front of the classifier (default: none)")
     smoothing = p.add_argument_group("smoothing")
     smoothing.add_argument("--sigma", type=positive_float, required=True,
-                           help="noise standard deviation, pixels in [0,1] (e.g. 0.25)")
+                           help="noise standard deviation, pixels in [0,1] (e.g. 0.25); must be the sigma the "
+                                "denoiser was trained at")
+    smoothing.add_argument("--allow-sigma-mismatch", action="store_true",
+                           help="accept a --sigma other than the denoiser's training sigma (refused otherwise)")
     if task == "certify":
         smoothing.add_argument("--n0", type=positive_int, default=100,
                                help="selection samples per image (default: 100)")
@@ -107,7 +111,8 @@ def _add_run_args(p: argparse.ArgumentParser, task: str) -> None:
     smoothing.add_argument("--alpha", type=open_unit_interval, default=0.001,
                            help="failure probability of each " + ("certificate" if task == "certify" else "prediction")
                                 + " (default: 0.001)")
-    smoothing.add_argument("--batch", type=positive_int, default=None,
+    add_deprecated_spelling(smoothing, "--batch", "--batch-size", "batch_size", type=positive_int)
+    smoothing.add_argument("--batch-size", type=positive_int, default=None,
                            help="noisy samples per forward pass; several images share a pass (default: "
                                 f"{DEFAULT_BATCH['cpu']} on CPU, where cache-sized passes are fastest; "
                                 f"{DEFAULT_BATCH['cuda']} on GPU)")
@@ -136,8 +141,10 @@ def _add_run_args(p: argparse.ArgumentParser, task: str) -> None:
     data = p.add_argument_group("images")
     data.add_argument("--split", choices=SPLITS, default="test", help="which split to use (default: test)")
     data.add_argument("--skip", type=positive_int, default=1, help="use every K-th image (default: 1)")
-    data.add_argument("--max", type=positive_int, default=None, metavar="M",
-                      help="stop before image index M, as in Cohen et al. (default: the whole split)")
+    data.add_argument("--max-index", type=positive_int, default=None, metavar="M",
+                      help="stop before image index M (an index bound, as Cohen et al.'s --max; not a count: with "
+                           "--skip 10, --max-index 100 takes images 0, 10, ..., 90) (default: the whole split)")
+    add_deprecated_spelling(data, "--max", "--max-index", "max_index", type=positive_int)
     data.add_argument("--indices", type=index_list, default=None, metavar="LIST",
                       help="exactly these image indices, e.g. 0-99,150 (instead of --skip/--max)")
     run = p.add_argument_group("run")
@@ -180,6 +187,19 @@ def register(subparsers, common) -> None:
     p.set_defaults(handler=cmd_report)
 
 
+def check_models_and_data(args, pipeline, data_name: str) -> None:
+    """Refuse a --sigma other than the denoiser's training sigma (unless allowed) and models of another dataset."""
+    from transdenoiser.checks import check_same_dataset, check_sigma
+
+    warning = check_sigma(args.sigma, pipeline.denoiser_metadata, allow_mismatch=args.allow_sigma_mismatch,
+                          denoiser=f"denoiser {args.denoiser}")
+    if warning:
+        print(warning, file=sys.stderr)
+    check_same_dataset(data_name, pipeline.classifier_metadata, f"classifier {args.classifier}")
+    if pipeline.denoiser_metadata is not None:
+        check_same_dataset(data_name, pipeline.denoiser_metadata, f"denoiser {args.denoiser}")
+
+
 def cmd_certify(args) -> int:
     return _run(args, "certify")
 
@@ -191,26 +211,18 @@ def cmd_predict(args) -> int:
 def _run(args, task: str) -> int:
     from certify.core import Smooth
     from certify.pipeline import check_dataset_fits, load_pipeline
-    from certify.report import finalize_run, format_certified_accuracy_table, format_prediction_summary
     from certify.runner import (
         RunDirectory,
         RunSettings,
         Shard,
         adaptive_pack_size,
-        collect_rows,
-        iter_certify,
-        iter_certify_adaptive,
-        iter_predict,
-        missing_report,
         pack_size,
-        plan_units,
         rank_device,
-        run_work,
         select_indices,
     )
     from training.cli import load_dataset_from_args
-    from transdenoiser.progress import bar
-    from transdenoiser.runtime import hardware_description, resolve_device
+    from transdenoiser.lock import RunLock
+    from transdenoiser.runtime import resolve_device
 
     if args.threads is not None:
         import torch
@@ -225,9 +237,10 @@ def _run(args, task: str) -> int:
     split = dataset.split(args.split)
     what = f"{dataset.name}'s {args.split} split"
     check_dataset_fits(pipeline, dataset.image_shape, dataset.num_classes, what)
-    if args.indices is not None and (args.skip != 1 or args.max is not None):
-        raise UserError("--indices names the images itself: leave out --skip and --max")
-    indices = select_indices(len(split), args.skip, args.max, args.indices, what=what)
+    check_models_and_data(args, pipeline, dataset.name)
+    if args.indices is not None and (args.skip != 1 or args.max_index is not None):
+        raise UserError("--indices names the images itself: leave out --skip and --max-index")
+    indices = select_indices(len(split), args.skip, args.max_index, args.indices, what=what)
     n0 = args.n0 if task == "certify" else None
     mode = None
     if task == "certify":
@@ -237,7 +250,7 @@ def _run(args, task: str) -> int:
         if mode == "decide" and args.tolerance is not None:
             raise UserError("--tolerance is for --adaptive (estimate mode), not for --radius")
     n = args.n_max if mode and args.n_max is not None else args.n
-    batch = args.batch or DEFAULT_BATCH.get(device.type, DEFAULT_BATCH["cpu"])
+    batch = args.batch_size or DEFAULT_BATCH.get(device.type, DEFAULT_BATCH["cpu"])
     smooth = Smooth(pipeline.classifier, pipeline.num_classes, args.sigma, pipeline.denoiser, batch, device,
                     args.memory_format, args.workers)
     pack = adaptive_pack_size(n0, batch) if mode else pack_size((n0 or 0) + n, batch)
@@ -261,10 +274,33 @@ def _run(args, task: str) -> int:
         denoiser_sha256=(pipeline.denoiser_metadata or {}).get("files", {}).get("weights.safetensors"),
         dataset=dataset.name, data_root=str(args.data_root.resolve()) if args.data_root else None,
         split_seed=args.split_seed, split=args.split, split_fingerprint=fingerprint, split_size=len(split),
-        sigma=args.sigma, n0=n0, n=n, alpha=args.alpha, batch=batch, skip=args.skip, max=args.max,
+        sigma=args.sigma, n0=n0, n=n, alpha=args.alpha, batch=batch, skip=args.skip, max=args.max_index,
         indices=args.indices, seed=args.seed, shards=shard.count if shard else 1, pack=pack,
         noise_device=device.type, memory_format=smooth.memory_format, extra=extra)
     run = RunDirectory(args.out, settings, shard)
+    lock = RunLock(args.out, part=shard.stem if shard else None).acquire()  # one writer per run (or shard)
+    try:
+        return _certify_locked(args, task, run, pipeline, split, smooth, indices, pack, mode, n, extra, device, shard)
+    finally:
+        lock.release()
+
+
+def _certify_locked(args, task, run, pipeline, split, smooth, indices, pack, mode, n, extra, device, shard) -> int:
+    from certify.report import finalize_run, format_certified_accuracy_table, format_prediction_summary
+    from certify.runner import (
+        collect_rows,
+        expected_indices,
+        iter_certify,
+        iter_certify_adaptive,
+        iter_predict,
+        missing_report,
+        plan_units,
+        run_work,
+    )
+    from transdenoiser.progress import bar
+    from transdenoiser.runtime import hardware_description
+
+    settings = run.settings
     run.open()
     run.write_models(pipeline.classifier_metadata, pipeline.denoiser_metadata)
     images, labels = split.tensors("cpu")
@@ -284,8 +320,18 @@ def _run(args, task: str) -> int:
     try:
         before, now = run_work(run, units, engine, track=bar)
         complete = True
-    finally:
-        run.update_status(device, hardware_description(device), time.perf_counter() - start, before + now, complete)
+    except KeyboardInterrupt:
+        pass
+    finally:  # the status counts the rows on disk, whatever stopped the run
+        kept = len(run.done_indices())
+        run.update_status(device, hardware_description(device), time.perf_counter() - start, kept, complete)
+    if not complete:
+        mine = len(expected_indices(units, shard))
+        resume = shlex.join(["transdenoiser", *args.argv]) if getattr(args, "argv", None) else None
+        print(f"transdenoiser {task}: interrupted; {kept} of {mine} images are saved in {run.rows_path(shard)} "
+              f"(status: {run.status_path(shard)})" + (f"; resume with: {resume}" if resume else "; run the same "
+                                                       "command again to resume"), file=sys.stderr)
+        return 130
     where = f"shard {shard}" if shard else "run"
     print(f"{task}: {now} images done now, {before} done before ({where}, {hardware_description(device)}); "
           f"rows in {run.rows_path(shard)}")

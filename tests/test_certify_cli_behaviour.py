@@ -1,0 +1,112 @@
+"""certify: one writer per run, status that agrees with the rows after Ctrl-C and the exact resume command,
+sigma and dataset mismatches refused, renamed flags with their old spellings still working."""
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+
+from transdenoiser.cli import main
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """An untrained cnn28 (certificates need no accuracy) and a tiny denoiser trained at sigma 0.25, on mnist10k."""
+    import torch
+
+    from training.checkpoint import save_checkpoint
+    from training.models import build_model
+
+    root = tmp_path_factory.mktemp("models")
+    torch.manual_seed(0)
+    dataset = {"name": "mnist10k"}
+    classifier = save_checkpoint(root / "classifier", build_model("cnn28"), {
+        "kind": "classifier", "architecture": "cnn28", "arch_kwargs": {}, "input_shape": [1, 28, 28],
+        "num_classes": 10, "dataset": dataset})
+    denoiser = save_checkpoint(root / "denoiser", build_model("tiny", in_channels=1), {
+        "kind": "denoiser", "architecture": "tiny", "arch_kwargs": {"in_channels": 1}, "input_shape": [1, 28, 28],
+        "sigma": 0.25, "classifier": {"num_classes": 10}, "dataset": dataset})
+    fashion = save_checkpoint(root / "fashion", build_model("cnn28"), {
+        "kind": "classifier", "architecture": "cnn28", "arch_kwargs": {}, "input_shape": [1, 28, 28],
+        "num_classes": 10, "dataset": {"name": "fashion-mnist"}})
+    return classifier, denoiser, fashion
+
+
+def certify_argv(classifier, out, *extra):
+    return ["certify", "--classifier", str(classifier), "--sigma", "0.25", "--n0", "8", "--n", "16",
+            "--batch-size", "32", "--max-index", "6", "--out", str(out), "--device", "cpu", *extra]
+
+
+def test_ctrl_c_keeps_rows_status_agrees_and_prints_the_resume_command(models, tmp_path, monkeypatch, capsys):
+    from certify import runner
+
+    classifier, _, _ = models
+    out = tmp_path / "run"
+    argv = certify_argv(classifier, out)
+    real_write = runner.RowWriter.write
+    calls = []
+
+    def write_then_interrupt(self, record):
+        calls.append(record)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        real_write(self, record)
+
+    monkeypatch.setattr(runner.RowWriter, "write", write_then_interrupt)
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    rows = (out / "certify.tsv").read_text().strip().splitlines()[1:]
+    assert len(rows) == 2
+    status = json.loads((out / "certify.status.json").read_text())
+    assert status["rows"] == 2 and status["complete"] is False
+    assert f"2 of 6 images are saved in {out / 'certify.tsv'}" in err
+    resume = err.split("resume with: ", 1)[1].strip()
+    assert shlex.split(resume) == ["transdenoiser", *argv]
+    monkeypatch.setattr(runner.RowWriter, "write", real_write)
+    assert main(shlex.split(resume)[1:]) == 0
+    status = json.loads((out / "certify.status.json").read_text())
+    assert status["rows"] == 6 and status["complete"] is True
+
+
+def test_second_writer_into_one_run_is_refused_naming_the_holder(models, tmp_path, capsys):
+    import os
+
+    from transdenoiser.lock import RunLock
+
+    classifier, _, _ = models
+    with RunLock(tmp_path / "run", purpose="transdenoiser certify --out run"):
+        assert main(certify_argv(classifier, tmp_path / "run")) == 2
+    line = capsys.readouterr().err.strip()
+    assert "\n" not in line and f"being written by process {os.getpid()}" in line
+    assert not (tmp_path / "run" / "certify.tsv").exists()
+
+
+def test_sigma_other_than_the_denoisers_is_refused_unless_allowed(models, tmp_path, capsys):
+    classifier, denoiser, _ = models
+    argv = [*certify_argv(classifier, tmp_path / "run"), "--denoiser", str(denoiser)]
+    argv[argv.index("--sigma") + 1] = "0.5"
+    assert main(argv) == 2
+    line = capsys.readouterr().err.strip()
+    assert "--sigma 0.5 differs from the sigma denoiser" in line and "(0.25)" in line and "\n" not in line
+    assert main([*argv, "--allow-sigma-mismatch", "--max-index", "1"]) == 0
+    assert "warning: --sigma 0.5 differs" in capsys.readouterr().err
+
+
+def test_classifier_of_another_dataset_is_refused_naming_both(models, tmp_path, capsys):
+    _, _, fashion = models
+    assert main(certify_argv(fashion, tmp_path / "run")) == 2
+    assert "trained on fashion-mnist, the data is mnist10k" in capsys.readouterr().err
+
+
+def test_old_flag_spellings_still_work_with_a_note(models, tmp_path, capsys):
+    classifier, _, _ = models
+    argv = certify_argv(classifier, tmp_path / "run")
+    argv[argv.index("--batch-size")] = "--batch"
+    argv[argv.index("--max-index")] = "--max"
+    argv[argv.index("--max") + 1] = "2"
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "--batch is now spelled --batch-size" in err and "--max is now spelled --max-index" in err
+    settings = json.loads((tmp_path / "run" / "settings.json").read_text())
+    assert settings["batch"] == 32 and settings["max"] == 2
