@@ -9,6 +9,11 @@ passes; a job that fails yields its own exception and never another job's. ``Cer
 one certify request for ``serving.scheduler.FairScheduler``; its certificate is
 ``certify.core.certificate_from_counts`` (Clopper-Pearson lower bound pA, radius sigma * Phi^-1(pA),
 abstain when pA < 1/2), the same rule as ``certify.core.Smooth.certify``.
+
+``SequentialWork`` is the work of an adaptive request (``decide`` at a radius, or ``estimate`` the largest
+radius under a budget): selection samples, then estimation samples look by look of the offline rule
+(``certify.sequential``), each image's noise one stream drawn exactly as ``Smooth.decide`` /
+``Smooth.certify_adaptive`` draw it from a generator seeded with the image's noise seed.
 """
 from __future__ import annotations
 
@@ -46,8 +51,11 @@ class VoteCounter:
     def __init__(self, smooth: Smooth):
         self.smooth = smooth
 
-    def noisy_samples(self, job: NoiseJob) -> torch.Tensor:
-        """Same draw as ``Smooth.sample_counts(job.image, job.num_samples, smooth.generator(job.seed))``."""
+    def noisy_samples(self, job: NoiseJob | StreamJob) -> torch.Tensor:
+        """Same draw as ``Smooth.sample_counts(job.image, job.num_samples, smooth.generator(job.seed))``; for a
+        ``StreamJob``, its slice of its piece of the image's noise stream."""
+        if isinstance(job, StreamJob):
+            return job.piece.samples(self.smooth)[job.start:job.start + job.num_samples]
         device = self.smooth.device
         image = job.image.to(device)
         generator = self.smooth.generator(job.seed)
@@ -58,7 +66,7 @@ class VoteCounter:
     def counts(self, predictions: torch.Tensor) -> np.ndarray:
         return torch.bincount(predictions, minlength=self.smooth.num_classes).cpu().numpy()
 
-    def __call__(self, jobs: Sequence[NoiseJob]) -> list[np.ndarray | Exception]:
+    def __call__(self, jobs: Sequence[NoiseJob | StreamJob]) -> list[np.ndarray | Exception]:
         results: list[np.ndarray | Exception | None] = [None] * len(jobs)
         samples: dict[int, torch.Tensor] = {}
         for i, job in enumerate(jobs):
@@ -133,3 +141,139 @@ class CertifyWork:
     def result(self) -> list[Certificate]:
         return [certificate_from_counts(totals[SELECTION], totals[ESTIMATION], self.alpha, self.sigma)
                 for totals in self._totals]
+
+
+# ----------------------------------------------------------------------------------------------- sequential kinds
+
+class NoisePiece:
+    """One call's worth of an image's noise stream: ``num_samples`` noisy copies of ``image`` drawn in one
+    ``torch.randn`` call from the image's generator, exactly as ``Smooth.sample_counts_many`` draws a piece.
+
+    Drawn the first time one of its jobs is evaluated (in the counter's thread); a sequential work hands out
+    an image's pieces in stream order and the scheduler evaluates passes one after another, so the generator is
+    consumed in the same order as offline. Jobs hold the piece; it is freed once its last job is gone."""
+
+    def __init__(self, image: torch.Tensor, num_samples: int, generator: torch.Generator):
+        self.image = image
+        self.num_samples = num_samples
+        self.generator = generator
+        self._samples: torch.Tensor | None = None
+
+    def samples(self, smooth: Smooth) -> torch.Tensor:
+        if self._samples is None:
+            image = self.image.to(smooth.device)
+            noise = torch.randn((self.num_samples, *image.shape), generator=self.generator, device=smooth.device,
+                                dtype=image.dtype)
+            self._samples = noise.mul_(smooth.sigma).add_(image)
+        return self._samples
+
+
+@dataclass(frozen=True, eq=False)
+class StreamJob:
+    """``num_samples`` consecutive noisy samples of ``piece``, from sample ``start`` on."""
+
+    piece: NoisePiece
+    start: int
+    num_samples: int
+
+
+def stream_pieces(total: int, piece_samples: int) -> list[int]:
+    """The sizes in which ``Smooth.sample_counts_many`` draws ``total`` samples of one image in one phase."""
+    return [min(piece_samples, total - start) for start in range(0, total, piece_samples)]
+
+
+class SequentialWork:
+    """The work of one adaptive request (``kind`` ``decide`` or ``estimate``) for the scheduler.
+
+    Per image: ``n0`` selection samples choose the class, then fresh estimation samples are drawn look by look
+    of ``rule`` (``certify.core.sequential_rule``, the looks of the offline mode) and fed to a
+    ``certify.sequential.SequentialTest``. The jobs of an image's next look are handed out only once the
+    counts of its previous look are in, so an image stops as soon as its rule settles. Each image's noise is
+    one stream from a generator seeded with its noise seed, drawn in the pieces ``Smooth.decide`` /
+    ``Smooth.certify_adaptive`` draw (selection first), so a certificate equals the offline one for that seed,
+    however the jobs were grouped into passes. ``planned_samples`` is the worst case, images x (n0 + n_max)."""
+
+    def __init__(self, kind: str, images: torch.Tensor, image_seeds: Sequence[int], n0: int, rule, sigma: float,
+                 num_classes: int, chunk_samples: int, generator_for):
+        from certify.core import NOISE_PIECE_ELEMENTS
+        from certify.sequential import SequentialTest
+
+        if kind not in ("decide", "estimate"):
+            raise ValueError(f"a sequential kind is 'decide' or 'estimate', got {kind!r}")
+        self.kind, self.rule, self.n0, self.sigma = kind, rule, n0, sigma
+        self.images = images
+        self.image_seeds = list(image_seeds)
+        self.chunk_samples = chunk_samples
+        self.piece_samples = max(1, NOISE_PIECE_ELEMENTS // images[0].numel())
+        self.n_max = int(rule.cs.n_max)
+        self._generators = [generator_for(seed) for seed in self.image_seeds]
+        self._tests = [SequentialTest(rule) for _ in range(len(images))]
+        self._selection = np.zeros((len(images), num_classes), dtype=np.int64)
+        self._top = np.full(len(images), -1, dtype=np.int64)
+        self._votes = np.zeros(len(images), dtype=np.int64)  # votes for the class in the current look's samples
+        self._counted = np.zeros(len(images), dtype=np.int64)  # samples of the current look counted so far
+        self._waiting = np.zeros(len(images), dtype=np.int64)  # jobs of the current phase not yet counted
+        self._taken = np.zeros(len(images), dtype=np.int64)  # samples handed out, per image
+        self._ready: deque[tuple[tuple[int, int], StreamJob]] = deque()
+        self.planned_samples = len(images) * (n0 + self.n_max)
+        for index in range(len(images)):
+            self._emit(index, -1, n0)  # phase -1: selection
+
+    def _emit(self, index: int, phase: int, total: int) -> None:
+        """Queue the jobs of ``total`` fresh samples of image ``index`` (pieces in stream order, cut in chunks)."""
+        jobs = 0
+        for size in stream_pieces(total, self.piece_samples):
+            piece = NoisePiece(self.images[index], size, self._generators[index])
+            for start in range(0, size, self.chunk_samples):
+                self._ready.append(((index, phase), StreamJob(piece, start, min(self.chunk_samples, size - start))))
+                jobs += 1
+        self._waiting[index] = jobs
+
+    @property
+    def samples_left(self) -> int:
+        """Samples not yet handed out, at most: nothing for a stopped image, up to n0 + n_max for the others."""
+        budget = self.n0 + self.n_max
+        return int(sum(budget - taken for taken, test in zip(self._taken, self._tests, strict=True)
+                       if not test.done))
+
+    def take(self, max_samples: int) -> list[tuple[tuple[int, int], StreamJob]]:
+        """The next ready jobs, at most ``max_samples`` samples (at least one job while any is ready); none while
+        every active image waits for the counts of its current look."""
+        taken, total = [], 0
+        while self._ready and (not taken or total + self._ready[0][1].num_samples <= max_samples):
+            key, job = self._ready.popleft()
+            taken.append((key, job))
+            total += job.num_samples
+            self._taken[key[0]] += job.num_samples
+        return taken
+
+    def add(self, key: tuple[int, int], counts: np.ndarray) -> None:
+        index, phase = key
+        if phase < 0:
+            self._selection[index] += counts
+        else:
+            self._votes[index] += int(counts[self._top[index]])
+            self._counted[index] += int(counts.sum())
+        self._waiting[index] -= 1
+        if self._waiting[index] > 0:
+            return
+        test = self._tests[index]
+        if phase < 0:  # selection done: the class is chosen; the estimation stream starts
+            self._top[index] = int(self._selection[index].argmax())
+        else:  # the look's samples are all counted: look
+            test.observe(int(self._votes[index]), int(self._counted[index]))
+            self._votes[index] = self._counted[index] = 0
+        if not test.done:
+            self._emit(index, test.look, test.samples_needed)
+
+    @property
+    def finished(self) -> bool:
+        return all(test.done for test in self._tests)
+
+    def result(self) -> list:
+        """One ``certify.core.AdaptiveCertificate`` per image."""
+        from certify.core import adaptive_certificate
+
+        return [adaptive_certificate(self.rule, self.kind, int(top), test.outcome, test.successes, test.samples,
+                                     test.p_lower, self.n0, self.sigma)
+                for top, test in zip(self._top, self._tests, strict=True)]

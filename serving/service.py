@@ -4,8 +4,11 @@ Serve with ``transdenoiser serve --model-dir DIR`` or ``TRANSDENOISER_MODEL_DIR=
 serving.service:TransDenoiser``. Endpoints (POST, BentoML's convention for APIs):
 
 - ``/predict``: JSON ``{"images": [[[...]]], "n": 1000}`` or multipart PNG/JPEG files in ``images``;
-  per image: label, class name, certified L2 radius, abstained, pA lower bound, n0, n, sigma, alpha,
-  noise seed.
+  per image: label, class name, certified L2 radius, abstained, pA lower bound, n0, n, samples used, sigma,
+  alpha, noise seed. With ``"radius": R`` the answer decides whether the prediction is certified at R; with
+  ``"adaptive": true`` it estimates the largest certifiable radius; both draw estimation samples look by
+  look (``certify.sequential``) and stop as soon as the answer is settled, ``n`` (default ``max_n``) being
+  the budget.
 - ``/metadata``: the model card (architectures, dataset fingerprints, the denoiser's privacy report
   with the analysis behind each epsilon, certification settings).
 - ``/healthz``, ``/livez``, ``/readyz``, ``/metrics`` (BentoML's probes; never behind the API key).
@@ -28,12 +31,12 @@ from pydantic import BaseModel, Field
 from pydantic.json_schema import SkipJsonSchema
 from starlette.responses import JSONResponse
 
-from certify.core import ABSTAIN, Certificate, Smooth
+from certify.core import ABSTAIN, AdaptiveCertificate, Certificate, Smooth, sequential_rule
 from serving.auth import ApiKeyMiddleware
 from serving.bundle import load_model_dir
 from serving.card import model_card
 from serving.config import DEVICE_ENV, model_dir_from_env
-from serving.engine import CertifyWork, NoiseJob, VoteCounter
+from serving.engine import CertifyWork, NoiseJob, SequentialWork, VoteCounter
 from serving.limits import PayloadLimitMiddleware
 from serving.metrics import service_metrics
 from serving.noise import NoiseKey, client_image_seed, model_identity
@@ -54,6 +57,10 @@ class PredictInput(bentoml.IODescriptor):
     n: int | None = Field(default=None, description="estimation samples per image (default and maximum: "
                                                     "see /metadata)")
     seed: int | None = Field(default=None, description="noise seed, only where the server allows client seeds")
+    radius: float | None = Field(default=None, description="decide: is the prediction certified at this L2 radius "
+                                                           "([0,1]-pixel units)? n is then the budget (default max_n)")
+    adaptive: bool | None = Field(default=None, description="estimate the largest certifiable radius, stopping "
+                                                            "early; n is then the budget (default max_n)")
     parsed: SkipJsonSchema[Any] = None  # the validated request, or the RequestError refusing it
     disconnected: SkipJsonSchema[Any] = None  # async () -> bool: whether the client has gone
 
@@ -65,28 +72,65 @@ class PredictInput(bentoml.IODescriptor):
                 request, service.config, service.input_shape)
         except RequestError as exc:
             parsed = exc
-        return cls.model_construct(images=[], n=None, seed=None, parsed=parsed,
+        return cls.model_construct(images=[], n=None, seed=None, radius=None, adaptive=None, parsed=parsed,
                                    disconnected=request.is_disconnected)
 
 
-class ImagePrediction(BaseModel):
+class _Prediction(BaseModel):
     label: int | None = Field(description="class index; null when abstaining")
     class_name: str | None
     certified_radius: float = Field(description="certified L2 radius in [0,1]-pixel units; 0 when abstaining")
     abstained: bool
-    p_lower: float = Field(description="one-sided (1 - alpha) Clopper-Pearson lower bound on pA")
     count: int = Field(description="estimation samples that voted for the selected class")
-    n0: int
-    n: int
+    n0: int = Field(description="selection samples")
+    n: int = Field(description="estimation samples used")
+    samples: int = Field(description="noisy samples this image used: n0 + n")
     sigma: float
     alpha: float
     noise_seed: int = Field(description="this image's noise seed (reproduces its certificate offline)")
 
 
+class ImagePrediction(_Prediction):
+    """Cohen's CERTIFY with a fixed n."""
+
+    p_lower: float = Field(description="one-sided (1 - alpha) Clopper-Pearson lower bound on pA")
+
+
+class EstimatePrediction(_Prediction):
+    """The largest certifiable radius under the budget n_max (``"adaptive": true``)."""
+
+    p_lower: float = Field(description="anytime-valid lower bound on pA where the test stopped")
+    n_max: int = Field(description="the budget of estimation samples")
+    outcome: str = Field(description="estimated")
+
+
+class DecidePrediction(_Prediction):
+    """Certified at the requested radius? (``"radius": R``)."""
+
+    p_lower: float = Field(description="anytime-valid lower bound on pA where the test stopped (Phi(R / sigma) "
+                                       "when certified)")
+    radius: float = Field(description="the requested L2 radius R")
+    certified: bool | None = Field(description="true: certified at R; false: not certified at R; null: the "
+                                               "budget was spent without an answer (no claim either way)")
+    n_max: int = Field(description="the budget of estimation samples")
+    outcome: str = Field(description="certified, not_certified or budget_spent")
+
+
 class PredictResponse(BaseModel):
-    predictions: list[ImagePrediction]
+    predictions: list[DecidePrediction | EstimatePrediction | ImagePrediction]
     seed: int | None = Field(description="the client's seed; null when the server keyed the noise to each image")
     seed_source: Literal["server", "client"]
+
+
+def rule_settings(rule) -> dict[str, object]:
+    """What a sequential rule's answers depend on beyond sigma, n0, n and alpha: the confidence sequence and
+    its looks, and the radius (decide) or the tolerance (estimate). Part of the noise key's settings."""
+    described = {key: value for key, value in rule.cs.describe().items() if key != "alpha_per_look"}
+    if hasattr(rule, "radius"):
+        described["radius"] = float(rule.radius)
+    if hasattr(rule, "tolerance"):
+        described["tolerance"] = float(rule.tolerance)
+    return described
 
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -120,9 +164,10 @@ class TransDenoiser:
                     f"(setting batching = {config.batching!r})")
         self.card = model_card(self.bundle, str(self.device), batching)
         counter([NoiseJob(torch.zeros(self.input_shape), config.batch_size, 0)])  # full-size forward pass
-        # request kinds: name -> builds the scheduler work of a validated request. A new kind (e.g. "radius",
-        # "adaptive") adds a Work class (serving.scheduler.Work) and an entry here, plus its response.
-        self.kinds = {"certify": self._certify_work}
+        # request kinds: name -> builds the scheduler work of a validated request. A new kind adds a Work class
+        # (serving.scheduler.Work) and an entry here, plus its response.
+        self.kinds = {"certify": self._certify_work, "decide": self._sequential_work,
+                      "estimate": self._sequential_work}
         self._ready = False
 
     @bentoml.on_startup
@@ -141,25 +186,47 @@ class TransDenoiser:
     def __is_ready__(self) -> bool:
         return self._ready
 
-    def image_seeds(self, request: PredictRequest, kind: str) -> list[int]:
-        """Each image's noise seed: keyed to (model, pixels, settings), or from the client's seed (opt-in)."""
+    def image_seeds(self, request: PredictRequest, kind: str, rule=None) -> list[int]:
+        """Each image's noise seed: keyed to (model, pixels, settings), or from the client's seed (opt-in).
+        A sequential kind's settings hold its own kind, the budget and its rule (the radius or the tolerance,
+        the confidence sequence and its looks), so its noise never repeats another kind's or setting's."""
         if request.seed is not None:
             return [client_image_seed(request.seed, index) for index in range(len(request.images))]
         settings = {"kind": kind, "sigma": self.config.sigma, "n0": self.config.n0, "n": request.n,
                     "alpha": self.config.alpha, "chunk_samples": self.config.chunk_samples}
+        if rule is not None:
+            settings["rule"] = rule_settings(rule)
         return [self.noise_key.image_seed(image, settings) for image in request.images]
+
+    def sequential_rule(self, request: PredictRequest):
+        """The offline mode's stopping rule (``certify.core.sequential_rule``) for an adaptive request."""
+        return sequential_rule(request.kind, self.config.sigma, request.n, self.config.alpha, radius=request.radius)
+
+    def _sequential_work(self, request: PredictRequest) -> Work:
+        rule = self.sequential_rule(request)
+        return SequentialWork(request.kind, request.images, self.image_seeds(request, request.kind, rule),
+                              self.config.n0, rule, self.config.sigma, self.smooth.num_classes,
+                              self.config.chunk_samples, self.smooth.generator)
 
     def _certify_work(self, request: PredictRequest) -> Work:
         return CertifyWork(request.images, self.image_seeds(request, "certify"), self.config.n0, request.n,
                            self.config.alpha, self.config.sigma, self.smooth.num_classes, self.config.chunk_samples)
 
-    def _prediction(self, certificate: Certificate, noise_seed: int) -> ImagePrediction:
+    def _prediction(self, certificate: Certificate | AdaptiveCertificate, noise_seed: int,
+                    radius: float | None = None) -> _Prediction:
         c = certificate
-        return ImagePrediction(
-            label=None if c.prediction == ABSTAIN else c.prediction,
-            class_name=None if c.prediction == ABSTAIN else self.class_names[c.prediction],
-            certified_radius=c.radius, abstained=c.abstained, p_lower=c.p_lower, count=c.count, n0=c.n0, n=c.n,
-            sigma=self.config.sigma, alpha=self.config.alpha, noise_seed=noise_seed)
+        common = dict(label=None if c.prediction == ABSTAIN else c.prediction,
+                      class_name=None if c.prediction == ABSTAIN else self.class_names[c.prediction],
+                      certified_radius=c.radius, abstained=c.abstained, p_lower=c.p_lower, count=c.count, n0=c.n0,
+                      n=c.n, samples=c.n0 + c.n, sigma=self.config.sigma, alpha=self.config.alpha,
+                      noise_seed=noise_seed)
+        if not isinstance(c, AdaptiveCertificate):
+            return ImagePrediction(**common)
+        if c.mode == "estimate":
+            return EstimatePrediction(**common, n_max=c.n_max, outcome=c.outcome)
+        certified = {"certified": True, "not_certified": False, "budget_spent": None}[c.outcome]
+        return DecidePrediction(**common, radius=radius, certified=certified,
+                                n_max=c.n_max, outcome=c.outcome)
 
     async def _answer(self, kind: str, parsed: PredictRequest | RequestError, disconnected) -> Any:
         if isinstance(parsed, RequestError):
@@ -175,19 +242,24 @@ class TransDenoiser:
             self.metrics.certificates.labels(kind=kind, outcome="abstained" if certificate.abstained
                                              else "certified").inc()
         seeds = work.image_seeds
-        return PredictResponse(predictions=[self._prediction(c, s) for c, s in zip(certificates, seeds, strict=True)],
+        return PredictResponse(predictions=[self._prediction(c, s, request.radius)
+                                            for c, s in zip(certificates, seeds, strict=True)],
                                seed=request.seed, seed_source="client" if request.seed is not None else "server")
 
     @bentoml.api(input_spec=PredictInput)
     async def predict(self, images: list | None = None, n: int | None = None, seed: int | None = None,
-                      parsed: Any = None, disconnected: Any = None) -> PredictResponse:
-        """Certified predictions: for each image a class and an L2 radius valid with probability >= 1 - alpha."""
+                      radius: float | None = None, adaptive: bool | None = None, parsed: Any = None,
+                      disconnected: Any = None) -> PredictResponse:
+        """Certified predictions: for each image a class and an L2 radius valid with probability >= 1 - alpha;
+        with ``radius``, whether the prediction is certified at that radius; with ``adaptive``, the largest
+        certifiable radius under the budget ``n``; every answer gives the noisy samples it used."""
         if parsed is None:  # an in-process call: validate the arguments like a JSON body
             try:
-                parsed = parse_payload({"images": images, "n": n, "seed": seed}, self.config, self.input_shape)
+                parsed = parse_payload({"images": images, "n": n, "seed": seed, "radius": radius,
+                                        "adaptive": adaptive}, self.config, self.input_shape)
             except RequestError as exc:
                 parsed = exc
-        kind = "certify"
+        kind = parsed.kind if isinstance(parsed, PredictRequest) else "certify"
         started = time.perf_counter()
         self.metrics.in_flight.labels(kind=kind).inc()
         status = 500

@@ -2,7 +2,10 @@
 
 A predict request is JSON ``{"images": [...], "n": N, "seed": S}`` (``n`` and ``seed`` optional), each
 image a nested array of exactly the classifier's (C, H, W) with values in [0, 1], or multipart/form-data
-with one or more PNG/JPEG files in the ``images`` field and optional ``n``/``seed`` fields. Nothing is
+with one or more PNG/JPEG files in the ``images`` field and optional ``n``/``seed`` fields. An adaptive
+request adds ``"radius": R`` (decide: certified at L2 radius R?) or ``"adaptive": true`` (estimate the
+largest certifiable radius); ``n`` is then the budget of estimation samples, by default the server's
+``max_n`` (form fields: ``radius`` a plain decimal such as ``0.5``, ``adaptive`` ``true`` or ``false``). Nothing is
 reshaped, resized, converted between colour modes or clipped: anything else is refused with a
 :class:`RequestError` whose message names the problem and the image.
 """
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -23,9 +27,11 @@ from serving.engine import MAX_SEED
 
 IMAGE_FORMATS = ("PNG", "JPEG")
 MODE_CHANNELS = {"L": 1, "RGB": 3}  # the PIL modes accepted, and their channel counts
-JSON_KEYS = ("images", "n", "seed")
+JSON_KEYS = ("images", "n", "seed", "radius", "adaptive")
 MAX_INTEGER_DIGITS = 40  # longest integer literal read from a body: n and seed need at most 19 digits
 PLAIN_DECIMAL = re.compile(rf"[0-9]{{1,{MAX_INTEGER_DIGITS}}}", re.ASCII)  # form fields: digits only
+PLAIN_DECIMAL_FRACTION = re.compile(rf"[0-9]{{1,{MAX_INTEGER_DIGITS}}}(\.[0-9]{{1,{MAX_INTEGER_DIGITS}}})?",
+                                    re.ASCII)  # form radius: digits, optionally a point and more digits
 
 
 class RequestError(Exception):
@@ -40,17 +46,25 @@ class RequestError(Exception):
 @dataclass(frozen=True)
 class PredictRequest:
     images: torch.Tensor  # (K, C, H, W) float32 in [0, 1]
-    n: int
+    n: int  # estimation samples (fixed n), or the budget n_max of an adaptive request
     seed: int | None  # a client seed (only when the server allows it); None: noise keyed to each image (serving.noise)
+    radius: float | None = None  # decide: is the prediction certified at this L2 radius ([0,1]-pixel units)?
+    adaptive: bool = False  # estimate: the largest certifiable radius under the budget n
+
+    @property
+    def kind(self) -> str:
+        """The request kind: ``certify`` (fixed n), ``decide`` (radius) or ``estimate`` (adaptive)."""
+        return "decide" if self.radius is not None else "estimate" if self.adaptive else "certify"
 
 
 def _bad(message: str) -> RequestError:
     return RequestError(400, message)
 
 
-def check_n(value: Any, config: ServingConfig) -> int:
+def check_n(value: Any, config: ServingConfig, sequential: bool = False) -> int:
+    """Fixed n (default ``config.n``), or the budget n_max of an adaptive request (default ``config.max_n``)."""
     if value is None:
-        return config.n
+        return config.max_n if sequential else config.n
     if isinstance(value, bool) or not isinstance(value, int):
         raise _bad(f"'n' must be an integer number of noise samples, got {value!r}")
     if not 1 <= value <= config.max_n:
@@ -66,6 +80,31 @@ def check_seed(value: Any, config: ServingConfig) -> int | None:
                    "the noise to each image; leave 'seed' out")
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
         raise _bad(f"'seed' must be an integer in 0..{MAX_SEED}, got {value!r}")
+    return value
+
+
+def check_radius(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _bad(f"'radius' must be a number > 0 (an L2 radius in [0,1]-pixel units), got {value!r}")
+    try:
+        radius = float(value)
+    except OverflowError:
+        radius = float("inf")
+    if not (math.isfinite(radius) and radius > 0):
+        raise _bad(f"'radius' must be a finite number > 0 (an L2 radius in [0,1]-pixel units), got {value!r}")
+    return radius
+
+
+def check_adaptive(value: Any, radius: float | None) -> bool:
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise _bad(f"'adaptive' must be true or false, got {value!r}")
+    if value and radius is not None:
+        raise _bad("send either 'radius' (decide at that radius) or 'adaptive': true (estimate the largest "
+                   "radius), not both")
     return value
 
 
@@ -144,12 +183,14 @@ def parse_payload(payload: dict[str, Any], config: ServingConfig, shape: tuple[i
         raise _bad(f"'images' must be a list of images, each a nested array of shape {list(shape)} (C, H, W); "
                    f"got a list holding non-arrays (to send one image, wrap it: [image])")
     check_count(len(images), config)
-    n = check_n(payload.get("n"), config)
+    radius = check_radius(payload.get("radius"))
+    adaptive = check_adaptive(payload.get("adaptive"), radius)
+    n = check_n(payload.get("n"), config, sequential=radius is not None or adaptive)
     seed = check_seed(payload.get("seed"), config)
     tensors = []
     for index, image in enumerate(images):
         tensors.append(check_pixels(json_image_array(image, index, shape), index, shape))
-    return PredictRequest(torch.stack(tensors), n, seed)
+    return PredictRequest(torch.stack(tensors), n, seed, radius, adaptive)
 
 
 def decode_image(data: bytes, index: int, name: str, shape: tuple[int, int, int]) -> torch.Tensor:
@@ -190,6 +231,29 @@ def form_int(value: Any, key: str) -> int | None:
     return int(value)
 
 
+def form_radius(value: Any) -> float | None:
+    """A form field holding a plain decimal number (``0.5``, ``2``): ASCII digits with at most one point."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise _bad("'radius' must be a plain form field, not a file")
+    if not PLAIN_DECIMAL_FRACTION.fullmatch(value):
+        shown = value if len(value) <= 40 else value[:40] + "..."
+        raise _bad(f"'radius' must be a plain decimal number such as 0.5 (ASCII digits and one point), got {shown!r}")
+    return check_radius(float(value))
+
+
+def form_bool(value: Any, key: str) -> bool | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise _bad(f"'{key}' must be a plain form field, not a file")
+    if value not in ("true", "false"):
+        shown = value if len(value) <= 40 else value[:40] + "..."
+        raise _bad(f"'{key}' must be the form field true or false, got {shown!r}")
+    return value == "true"
+
+
 async def parse_multipart(request, config: ServingConfig, shape: tuple[int, int, int]) -> PredictRequest:
     """Parse a Starlette multipart request (body size already capped by the payload middleware)."""
     from starlette.datastructures import UploadFile
@@ -211,14 +275,16 @@ async def parse_multipart(request, config: ServingConfig, shape: tuple[int, int,
             raise _bad(f"unknown form field(s) {', '.join(map(repr, unknown))}; known: {', '.join(JSON_KEYS)}")
         files = form.getlist("images")
         check_count(len(files), config)
-        n = check_n(form_int(form.get("n"), "n"), config)
+        radius = form_radius(form.get("radius"))
+        adaptive = check_adaptive(form_bool(form.get("adaptive"), "adaptive"), radius)
+        n = check_n(form_int(form.get("n"), "n"), config, sequential=radius is not None or adaptive)
         seed = check_seed(form_int(form.get("seed"), "seed"), config)
         tensors = []
         for index, upload in enumerate(files):
             if not isinstance(upload, UploadFile):
                 raise _bad(f"image {index}: 'images' must be file uploads (PNG or JPEG), got a text field")
             tensors.append(decode_image(await upload.read(), index, upload.filename or "", shape))
-        return PredictRequest(torch.stack(tensors), n, seed)
+        return PredictRequest(torch.stack(tensors), n, seed, radius, adaptive)
     finally:
         await form.close()
 

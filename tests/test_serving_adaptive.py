@@ -1,0 +1,257 @@
+"""Adaptive requests of the prediction API (``"radius": R`` decides, ``"adaptive": true`` estimates), in process
+and against a real server: the scheduled certificates equal ``Smooth.decide`` / ``Smooth.certify_adaptive`` run
+offline with the image's noise seed, easy images stop early, one certificate per input, validation."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from certify.core import Smooth, sequential_rule
+from serving.bundle import load_model_dir, write_model_dir
+from serving.engine import SequentialWork, VoteCounter
+from serving.process import ServerProcess
+from serving.scheduler import BudgetExceeded, FairScheduler
+from serving.validation import RequestError, form_bool, form_radius, parse_payload
+from tests.test_serving_server import START_TIMEOUT_S, png
+
+SHAPE = (1, 28, 28)
+SIGMA, N0, ALPHA = 0.25, 20, 0.001
+
+
+@pytest.fixture(scope="module")
+def model_dir(classifier_dir, tmp_path_factory):
+    return write_model_dir(tmp_path_factory.mktemp("adaptive") / "model", classifier_dir, sigma=SIGMA, n0=N0, n=100,
+                           max_n=2000, max_images=4, max_payload_bytes=200_000, allow_client_seed=True,
+                           round_samples=150, chunk_samples=50)
+
+
+@pytest.fixture(scope="module")
+def smooth(model_dir):
+    pipeline = load_model_dir(model_dir).pipeline
+    return Smooth(pipeline.classifier, pipeline.num_classes, SIGMA, batch_size=100)
+
+
+@pytest.fixture(scope="module")
+def digits(mnist10k):
+    x, y = mnist10k.test.tensors()
+    first = [int(np.flatnonzero(y.numpy() == label)[0]) for label in range(4)]
+    return x[first], y[first]
+
+
+def images_easy_and_hard(digits) -> torch.Tensor:
+    """Two digits and a blend of two others (an image the classifier is unsure of)."""
+    x, _ = digits
+    return torch.stack([x[0], x[1], 0.5 * (x[2] + x[3])])
+
+
+def scheduled(smooth, works, share_passes: bool, round_samples: int = 120):
+    scheduler = FairScheduler(VoteCounter(smooth), round_samples=round_samples, pass_samples=300,
+                              share_passes=share_passes, max_queued=8)
+
+    async def run():
+        return await asyncio.gather(*(scheduler.run(w, 120, 100_000) for w in works))
+
+    return asyncio.run(run()), scheduler
+
+
+def test_scheduled_answers_equal_the_offline_adaptive_functions(smooth, digits):
+    """Two requests share passes (jobs of both in one pass), rounds cut looks into several passes."""
+    images = images_easy_and_hard(digits)
+    seeds = [11, 12, 13]
+    budget = 1000
+    decide = sequential_rule("decide", SIGMA, budget, ALPHA, radius=0.5)
+    estimate = sequential_rule("estimate", SIGMA, budget, ALPHA)
+    works = [SequentialWork("decide", images, seeds, N0, decide, SIGMA, 10, 50, smooth.generator),
+             SequentialWork("estimate", images, seeds, N0, estimate, SIGMA, 10, 50, smooth.generator)]
+    (decided, estimated), scheduler = scheduled(smooth, works, share_passes=True)
+    # offline: one generator per image seeded with its noise seed, Smooth's own rounds (certify.core)
+    offline_decided = [smooth.decide(image, 0.5, N0, budget, ALPHA, smooth.generator(seed))
+                       for image, seed in zip(images, seeds, strict=True)]
+    offline_estimated = smooth.certify_adaptive_many(images, N0, budget, ALPHA,
+                                                     [smooth.generator(seed) for seed in seeds])
+    assert decided == offline_decided and estimated == offline_estimated
+    assert [c.prediction for c in decided[:2]] == digits[1][:2].tolist()
+    assert decided[2].outcome != "certified"  # the blend is not certified at 0.5: not every answer is "yes"
+    # only the samples the tests looked at were computed: no look beyond the stop was drawn
+    assert scheduler.stats.samples == sum(c.samples for c in decided + estimated)
+    assert max(scheduler.stats.pass_sizes) > 1  # passes were in fact shared between the two requests
+
+
+def test_an_easy_image_stops_early_and_looks_follow_the_offline_schedule(smooth, digits):
+    from certify.sequential import geometric_looks
+
+    rule = sequential_rule("decide", SIGMA, 2000, ALPHA, radius=0.25)
+    work = SequentialWork("decide", digits[0][:1], [5], N0, rule, SIGMA, 10, 50, smooth.generator)
+    assert work.planned_samples == N0 + 2000 and work.samples_left == N0 + 2000
+    first = work.take(10_000)  # only the selection jobs are ready before any counts
+    assert sum(job.num_samples for _, job in first) == N0 and work.take(10_000) == []
+    ((answer,),), _ = scheduled(smooth, [SequentialWork("decide", digits[0][:1], [5], N0, rule, SIGMA, 10, 50,
+                                                     smooth.generator)], share_passes=False)
+    assert answer.outcome == "certified" and answer.prediction == int(digits[1][0])
+    assert answer.n in set(geometric_looks(2000).tolist()) and answer.n < 2000 // 2  # stopped at an early look
+    # the certificate is valid at the stop: the anytime bound at that look reaches Phi(R / sigma)
+    assert answer.p_lower >= rule.threshold
+
+
+def test_scheduler_budget_counts_the_worst_case(smooth, digits):
+    rule = sequential_rule("estimate", SIGMA, 2000, ALPHA)
+    work = SequentialWork("estimate", digits[0][:2], [1, 2], N0, rule, SIGMA, 10, 50, smooth.generator)
+    scheduler = FairScheduler(VoteCounter(smooth), round_samples=120, pass_samples=300, share_passes=False,
+                              max_queued=8)
+    with pytest.raises(BudgetExceeded, match="4040 noisy samples"):
+        asyncio.run(scheduler.run(work, 60, 4000))
+
+
+# ------------------------------------------------------------------------------------------------ validation
+
+@pytest.fixture(scope="module")
+def config(model_dir):
+    from serving.config import load_config
+
+    return load_config(model_dir)
+
+
+def _payload(**extra):
+    return {"images": [np.zeros(SHAPE).tolist()], **extra}
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"radius": 0}, "'radius' must be a finite number > 0"),
+    ({"radius": -0.5}, "'radius' must be a finite number > 0"),
+    ({"radius": float("nan")}, "'radius' must be a finite number > 0"),
+    ({"radius": float("inf")}, "'radius' must be a finite number > 0"),
+    ({"radius": 10 ** 400}, "'radius' must be a finite number > 0"),
+    ({"radius": True}, "'radius' must be a number > 0"),
+    ({"radius": "0.5"}, "'radius' must be a number > 0"),
+    ({"adaptive": 1}, "'adaptive' must be true or false"),
+    ({"adaptive": "true"}, "'adaptive' must be true or false"),
+    ({"radius": 0.5, "adaptive": True}, "not both"),
+    ({"radius": 0.5, "n": 2001}, r"'n' must lie in 1..2000"),
+    ({"adaptive": True, "n": 0}, r"'n' must lie in 1..2000"),
+])
+def test_adaptive_fields_are_validated(config, extra, message):
+    with pytest.raises(RequestError, match=message) as caught:
+        parse_payload(_payload(**extra), config, SHAPE)
+    assert caught.value.status == 400 and "\n" not in caught.value.message
+
+
+def test_adaptive_fields_are_read(config):
+    decide = parse_payload(_payload(radius=1), config, SHAPE)
+    assert (decide.kind, decide.radius, decide.n) == ("decide", 1.0, 2000)  # budget defaults to max_n
+    estimate = parse_payload(_payload(adaptive=True, n=500), config, SHAPE)
+    assert (estimate.kind, estimate.n, estimate.radius) == ("estimate", 500, None)
+    fixed = parse_payload(_payload(adaptive=False), config, SHAPE)
+    assert (fixed.kind, fixed.n) == ("certify", 100)  # fixed n keeps the server's default n
+    assert form_radius("0.5") == 0.5 and form_radius("2") == 2.0 and form_radius(None) is None
+    assert form_bool("true", "adaptive") is True and form_bool("false", "adaptive") is False
+    for bad in ("+0.5", "0.5 ", "5e-1", ".5", "0,5", "0.5.1", "٠.5", "0"):
+        with pytest.raises(RequestError, match="'radius'"):
+            form_radius(bad)
+    with pytest.raises(RequestError, match="true or false"):
+        form_bool("1", "adaptive")
+
+
+# ------------------------------------------------------------------------------------------------ service in process
+
+@pytest.fixture(scope="module")
+def service(model_dir):
+    from starlette.testclient import TestClient
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRANSDENOISER_MODEL_DIR", str(model_dir))
+        patch.setenv("TRANSDENOISER_DEVICE", "cpu")
+        patch.delenv("TRANSDENOISER_API_KEY", raising=False)
+        from serving.service import TransDenoiser
+
+        with TestClient(TransDenoiser.to_asgi(), raise_server_exceptions=False) as client:
+            yield client
+
+
+def test_service_answers_reproduce_offline_and_duplicates_agree(service, smooth, digits):
+    x, y = digits
+    body = {"images": [x[0].tolist(), x[1].tolist(), x[0].tolist()], "radius": 0.5}
+    response = service.post("/predict", json=body)
+    assert response.status_code == 200, response.text
+    first = response.json()["predictions"]
+    assert first[0] == first[2]  # the same image in one request: one answer
+    assert service.post("/predict", json=body).json()["predictions"] == first  # and across requests
+    for prediction, image in zip(first[:2], x[:2], strict=True):
+        offline = smooth.decide(image, 0.5, N0, 2000, ALPHA, smooth.generator(prediction["noise_seed"]))
+        assert prediction["certified"] is True and prediction["label"] == offline.prediction
+        assert (prediction["samples"], prediction["n"], prediction["count"]) == (offline.samples, offline.n,
+                                                                                 offline.count)
+        assert prediction["radius"] == 0.5 and prediction["n_max"] == 2000 and prediction["samples"] < N0 + 2000
+    estimate = service.post("/predict", json={"images": [x[0].tolist()], "adaptive": True}).json()["predictions"][0]
+    offline = smooth.certify_adaptive(x[0], N0, 2000, ALPHA, smooth.generator(estimate["noise_seed"]))
+    assert estimate["certified_radius"] == pytest.approx(offline.radius) and estimate["samples"] == offline.samples
+    assert "certified" not in estimate and estimate["outcome"] == "estimated" and not estimate["abstained"]
+    # keyed seeds differ by kind and by the rule's settings; fixed-n answers gain "samples"
+    other_radius = service.post("/predict", json={"images": [x[0].tolist()], "radius": 0.25}).json()
+    fixed = service.post("/predict", json={"images": [x[0].tolist()]}).json()["predictions"][0]
+    seeds = {first[0]["noise_seed"], estimate["noise_seed"], other_radius["predictions"][0]["noise_seed"],
+             fixed["noise_seed"]}
+    assert len(seeds) == 4
+    assert fixed["samples"] == N0 + 100 and "certified" not in fixed
+
+
+def test_service_form_fields_and_refusals(service, digits):
+    x, y = digits
+    upload = [("images", ("d.png", png((x[1, 0].numpy() * 255).round().astype(np.uint8)), "image/png"))]
+    decided = service.post("/predict", files=upload, data={"radius": "0.25", "n": "1000"})
+    assert decided.status_code == 200, decided.text
+    answer = decided.json()["predictions"][0]
+    assert answer["label"] == int(y[1]) and answer["certified"] is True and answer["n_max"] == 1000
+    estimated = service.post("/predict", files=upload, data={"adaptive": "true"})
+    assert estimated.status_code == 200 and estimated.json()["predictions"][0]["n_max"] == 2000
+    for data in ({"radius": "-1"}, {"radius": "1e-1"}, {"adaptive": "yes"}, {"radius": "0.5", "adaptive": "true"}):
+        refused = service.post("/predict", files=upload, data=data)
+        assert refused.status_code == 400 and "\n" not in refused.json()["error"], (data, refused.text)
+    refused = service.post("/predict", content=json.dumps(_payload(radius=None, adaptive="yes")),
+                           headers={"content-type": "application/json"})
+    assert refused.status_code == 400 and "'adaptive' must be true or false" in refused.json()["error"]
+
+
+# ------------------------------------------------------------------------------------------------ real server
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    process = ServerProcess(model_dir, tmp_path_factory.mktemp("adaptive_server") / "server.log", api_key=None)
+    try:
+        process.wait_ready(time.monotonic() + START_TIMEOUT_S)
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.mark.server
+def test_a_real_server_answers_both_adaptive_kinds(server, digits):
+    x, y = digits
+    with httpx.Client(base_url=server.url, timeout=120) as http:
+        decided = http.post("/predict", json={"images": x[:2].tolist(), "radius": 0.5})
+        assert decided.status_code == 200, decided.text
+        for prediction, label in zip(decided.json()["predictions"], y[:2], strict=True):
+            assert prediction["label"] == int(label) and prediction["certified"] is True
+            assert N0 < prediction["samples"] < N0 + 2000 and prediction["radius"] == 0.5
+        estimated = http.post("/predict", json={"images": [x[2].tolist()], "adaptive": True, "n": 1500})
+        assert estimated.status_code == 200, estimated.text
+        answer = estimated.json()["predictions"][0]
+        assert answer["label"] == int(y[2]) and answer["certified_radius"] > 0 and answer["n_max"] == 1500
+        assert N0 < answer["samples"] <= N0 + 1500 and answer["samples"] == N0 + answer["n"]
+        fixed = http.post("/predict", json={"images": [x[3].tolist()], "n": 200}).json()["predictions"][0]
+        assert fixed["samples"] == N0 + 200
+        for bad in ({"radius": -0.5}, {"radius": "0.5"}, {"radius": True}, {"radius": 0.5, "adaptive": True},
+                    {"radius": 0.5, "n": 2001}):
+            response = http.post("/predict", json={"images": [x[0].tolist()], **bad})
+            assert response.status_code == 400 and response.json()["error"], (bad, response.text)
+        upload = [("images", ("d.png", png((x[0, 0].numpy() * 255).round().astype(np.uint8)), "image/png"))]
+        assert http.post("/predict", files=upload, data={"radius": "abc"}).status_code == 400
+        assert http.get("/readyz").status_code == 200
+        metrics = http.get("/metrics").text
+        assert 'transdenoiser_requests_total{kind="decide",status="200"}' in metrics
+        assert 'transdenoiser_requests_total{kind="estimate",status="200"}' in metrics
