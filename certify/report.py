@@ -10,10 +10,9 @@ Figures are drawn by matplotlib (Agg backend: no display needed).
 """
 from __future__ import annotations
 
-import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -228,6 +227,51 @@ def run_label(summary: dict[str, Any]) -> str:
     return f"{arm or 'denoiser'}, {sigma_text}"
 
 
+def epsilon_text(denoiser_metadata: dict[str, Any] | None) -> str | None:
+    """The denoiser's privacy in a few words for a legend, each epsilon with its analysis; None if unknown."""
+    privacy = (denoiser_metadata or {}).get("privacy") if isinstance(denoiser_metadata, dict) else None
+    if not isinstance(privacy, dict):
+        return None
+    if privacy.get("arm") == "nodp":
+        return "no DP"
+    guarantees = [g for g in privacy.get("guarantees", []) if isinstance(g, dict)]
+    delta = privacy.get("delta")
+    delta_text = f", delta {delta:g}" if isinstance(delta, (int, float)) else ""
+
+    def rdp(guarantee: dict) -> str:
+        value = (guarantee.get("epsilon") or {}).get("rdp")
+        return f"{value:.3g}" if isinstance(value, (int, float)) and math.isfinite(value) else "inf"
+
+    proven = [g for g in guarantees if g.get("data_independent") and g.get("name") != "data_independent"]
+    if proven:
+        return f"eps {rdp(proven[0])} (RDP{delta_text})"
+    mmga = [g for g in guarantees if g.get("name") == "mmga"]
+    if mmga:
+        return f"no data-independent eps; MMGA eps {rdp(mmga[0])} (data-dependent, unproven{delta_text})"
+    return None
+
+
+def legend_label(summary: dict[str, Any]) -> str:
+    """:func:`run_label` plus what tells runs apart in an overlay: privacy, n, dataset."""
+    settings = summary.get("settings") or {}
+    parts = [run_label(summary)]
+    if settings.get("denoiser") or summary.get("denoiser_metadata") is not None:
+        parts.append(epsilon_text(summary.get("denoiser_metadata")) or "privacy unknown")
+    if settings.get("n") is not None:
+        parts.append(f"n {settings['n']}")
+    if settings.get("dataset"):
+        parts.append(str(settings["dataset"]))
+    return ", ".join(parts)
+
+
+def cap_note(summary: dict[str, Any]) -> tuple[float, str] | None:
+    """The largest radius this run could certify (set by n and alpha), and its label on a figure."""
+    cap = summary.get("max_certifiable_radius")
+    if not isinstance(cap, (int, float)):
+        return None
+    return float(cap), f"largest certifiable radius {cap:.3f} (n {summary.get('n')}, alpha {summary.get('alpha'):g})"
+
+
 # ----------------------------------------------------------------------------------------------- figures
 
 def _curve(records: Sequence[CertifyRecord], radii: np.ndarray) -> np.ndarray:
@@ -235,27 +279,41 @@ def _curve(records: Sequence[CertifyRecord], radii: np.ndarray) -> np.ndarray:
     return np.array([(correct_radii >= r).sum() / len(records) for r in radii])
 
 
-def plot_certified_accuracy(curves: Sequence[tuple[str, Sequence[CertifyRecord]]], path: Path,
-                            title: str = "Certified accuracy") -> Path:
-    """Certified accuracy (y) against L2 radius (x), one line per (label, records)."""
+def certified_accuracy_figure(curves: Sequence[tuple[str, Sequence[CertifyRecord]]], title: str = "Certified accuracy",
+                              caps: Sequence[tuple[float, str]] = ()):
+    """The figure: certified accuracy (y) against L2 radius (x), one line per (label, records); each cap in ``caps``
+    (radius, text) is drawn as a dotted vertical line with its text: no radius beyond it can be certified with that
+    run's n and alpha, so the curve's drop to 0 there is the sampling budget, not the model."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    largest = max([r.radius for _, records in curves for r in records] + [RADIUS_STEP])
-    radii = np.linspace(0.0, largest * 1.05, CURVE_POINTS)
+    largest = max([r.radius for _, records in curves for r in records] + [cap for cap, _ in caps] + [RADIUS_STEP])
+    radii = np.linspace(0.0, largest * 1.08, CURVE_POINTS)
     fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=120)
     for label, records in curves:
         ax.plot(radii, _curve(records, radii), label=label, drawstyle="steps-post")
+    for cap, text in dict(caps).items():  # one line per distinct cap
+        ax.axvline(cap, color="0.4", linestyle=":", linewidth=1)
+        ax.text(cap, 0.98, text, rotation=90, va="top", ha="right", fontsize="x-small", color="0.3")
     ax.set_xlabel("L2 radius (pixels in [0, 1])")
     ax.set_ylabel("certified accuracy")
     ax.set_ylim(0.0, 1.02)
     ax.set_xlim(0.0, radii[-1])
     ax.grid(alpha=0.3)
     ax.set_title(title)
-    ax.legend(loc="lower left", fontsize="small")
+    ax.legend(loc="lower left", fontsize="x-small")
     fig.tight_layout()
+    return fig
+
+
+def plot_certified_accuracy(curves: Sequence[tuple[str, Sequence[CertifyRecord]]], path: Path,
+                            title: str = "Certified accuracy", caps: Sequence[tuple[float, str]] = ()) -> Path:
+    """:func:`certified_accuracy_figure`, written to ``path`` (PNG)."""
+    import matplotlib.pyplot as plt
+
+    fig = certified_accuracy_figure(curves, title, caps)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fig.savefig(tmp, format="png")
     plt.close(fig)
@@ -265,14 +323,38 @@ def plot_certified_accuracy(curves: Sequence[tuple[str, Sequence[CertifyRecord]]
 
 # ----------------------------------------------------------------------------------------------- report.md
 
+def _number(value: Any, digits: int = 4) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "n/a" if value is None else str(value)
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    return f"{value:.{digits}g}"
+
+
 def _privacy_lines(denoiser_metadata: dict[str, Any] | None) -> list[str]:
+    """The denoiser's privacy as a short table (the full report stays in summary.json)."""
     if denoiser_metadata is None:
         return ["No denoiser: the smoothed classifier is the classifier itself under noise; no privacy claim."]
     privacy = denoiser_metadata.get("privacy")
-    if privacy is None:
+    if not isinstance(privacy, dict):
         return ["The denoiser's metadata holds no privacy report: no privacy claim is made for it."]
-    return ["The denoiser's privacy report, verbatim from its metadata (each epsilon there names its analysis; "
-            "see summary.json):", "", "```json", json.dumps(privacy, indent=2), "```"]
+    lines = [f"Arm {privacy.get('arm')}: {privacy.get('privacy_claim', '')}".rstrip(), "",
+             f"Training: sigma {_number(privacy.get('sigma'))}, clip norm C {_number(privacy.get('clip_norm'))}, "
+             f"noise multiplier xi_up {_number(privacy.get('xi_up'))}, sample rate q "
+             f"{_number(privacy.get('sample_rate'))}, {privacy.get('steps_done', privacy.get('steps_planned'))} "
+             f"steps, delta {_number(privacy.get('delta'))}.", ""]
+    guarantees = [g for g in privacy.get("guarantees", []) if isinstance(g, dict)]
+    if guarantees:
+        lines += ["| guarantee | data-independent | epsilon (RDP) | epsilon (PLD) | epsilon (GDP, approximate) |",
+                  "| --- | --- | ---: | ---: | ---: |"]
+        for g in guarantees:
+            eps = g.get("epsilon") or {}
+            lines.append(f"| {g.get('label') or g.get('name')} | {'yes' if g.get('data_independent') else 'no'} | "
+                         f"{_number(eps.get('rdp'))} | {_number(eps.get('pld'))} | {_number(eps.get('gdp_epsilon'))} |")
+        lines.append("")
+    lines.append("The full privacy report (every analysis and setting) is in summary.json, under "
+                 "`denoiser_metadata.privacy`.")
+    return lines
 
 
 def _settings_table(settings: dict[str, Any]) -> list[str]:
@@ -280,6 +362,8 @@ def _settings_table(settings: dict[str, Any]) -> list[str]:
     for key, value in settings.items():
         if key == "indices" and isinstance(value, list) and len(value) > 12:
             value = f"{len(value)} indices: {value[:6]} ..."
+        elif isinstance(value, float):
+            value = f"{value:.6g}"
         lines.append(f"| {key} | {value} |")
     return lines
 
@@ -314,7 +398,7 @@ def format_run_report(summary: dict[str, Any]) -> str:
               *[f"- hardware: {h}" for h in summary.get("hardware", [])], "",
               "## Models", "",
               f"- classifier: `{settings.get('classifier')}` ({cm.get('architecture')}, test accuracy "
-              f"{cm.get('test_accuracy', 'n/a')} as recorded in its metadata), sha256 "
+              f"{_number(cm.get('test_accuracy'))} as recorded in its metadata), sha256 "
               f"{str(settings.get('classifier_sha256'))[:16]}...",
               f"- denoiser: `{settings.get('denoiser')}`" + (
                   f" ({(summary.get('denoiser_metadata') or {}).get('architecture')}, arm "
@@ -361,8 +445,9 @@ def finalize_run(run_dirs: Sequence[Path], out_dir: Path | None = None) -> dict[
     write_json(out_dir / SUMMARY_FILE, summary)
     write_text(out_dir / REPORT_FILE, format_run_report(summary))
     if task == "certify":
-        plot_certified_accuracy([(run_label(summary), rows)], out_dir / PLOT_FILE,
-                                title=f"Certified accuracy, {run_label(summary)}")
+        cap = cap_note(summary)
+        plot_certified_accuracy([(legend_label(summary), rows)], out_dir / PLOT_FILE,
+                                title=f"Certified accuracy, {run_label(summary)}", caps=[cap] if cap else [])
     return summary
 
 
@@ -374,8 +459,11 @@ def read_certify_run(run_dir: Path) -> tuple[dict[str, Any], list[CertifyRecord]
     return summary, read_rows(run_dir / "certify.tsv", "certify")  # type: ignore[return-value]
 
 
-def overlay_runs(run_dirs: Sequence[Path], out_dir: Path) -> list[Path]:
-    """One figure and one table over several runs: certify runs (certify.tsv) and attack runs (attack.json)."""
+def overlay_runs(run_dirs: Sequence[Path], out_dir: Path, warn: Callable[[str], None] | None = None) -> list[Path]:
+    """One figure and one table over several runs: certify runs (certify.tsv) and attack runs (attack.json).
+
+    ``warn(line)`` receives a warning when the certify runs differ in dataset or sigma (also written into report.md).
+    """
     run_dirs = [Path(d) for d in run_dirs]
     if any(out_dir.resolve() == d.resolve() for d in run_dirs):
         raise UserError(f"--out {out_dir} is one of the runs: the overlay would overwrite its report; choose another")
@@ -395,7 +483,7 @@ def overlay_runs(run_dirs: Sequence[Path], out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     if certify_dirs:
-        written += _overlay_certify_runs(certify_dirs, out_dir)
+        written += _overlay_certify_runs(certify_dirs, out_dir, warn)
     if attack_dirs:
         from certify.attack_report import overlay_attack_runs
 
@@ -403,9 +491,24 @@ def overlay_runs(run_dirs: Sequence[Path], out_dir: Path) -> list[Path]:
     return written
 
 
-def _overlay_certify_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
+def overlay_warnings(summaries: Sequence[dict[str, Any]]) -> list[str]:
+    """Warnings for an overlay of runs that are not comparable: other datasets, other sigmas."""
+    warnings = []
+    for key, what in (("dataset", "datasets"), ("sigma", "sigmas")):
+        values = sorted({str((s.get("settings") or {}).get(key, s.get(key))) for s in summaries})
+        if len(values) > 1:
+            warnings.append(f"warning: the overlaid runs are on different {what} ({', '.join(values)}): their curves "
+                            "do not compare like for like (each legend names its own)")
+    return warnings
+
+
+def _overlay_certify_runs(run_dirs: list[Path], out_dir: Path, warn: Callable[[str], None] | None = None) -> list[Path]:
     runs = [read_certify_run(d) for d in run_dirs]
-    plain = [run_label(summary) for summary, _ in runs]
+    warnings = overlay_warnings([summary for summary, _ in runs])
+    for line in warnings:
+        if warn is not None:
+            warn(line)
+    plain = [legend_label(summary) for summary, _ in runs]
     labels = [f"{label} ({run_dir.name})" if plain.count(label) > 1 else label  # same label twice: add the folder
               for label, run_dir in zip(plain, run_dirs, strict=True)]
     largest = max(summary["max_certifiable_radius"] for summary, _ in runs)
@@ -419,10 +522,12 @@ def _overlay_certify_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
                       "certified_accuracy": {f"{r:.2f}": certified_accuracy(records, r) for r in radii},
                       "settings": {k: summary.get("settings", {}).get(k) for k in ("sigma", "n0", "n", "alpha",
                                                                                     "dataset", "split")}})
+    caps = [cap for cap in (cap_note(summary) for summary, _ in runs) if cap]
     png = plot_certified_accuracy(list(zip(labels, [records for _, records in runs], strict=True)), out_dir / PLOT_FILE,
-                                  title="Certified accuracy against L2 radius")
+                                  title="Certified accuracy against L2 radius", caps=caps)
     header = "| run | images | " + " | ".join(f"r = {r:.2f}" for r in radii) + " | ACR | abstained |"
-    lines = ["# Certified accuracy of several runs", "",
+    lines = ["# Certified accuracy of several runs", "", *[f"**{line}**" for line in warnings],
+             *([""] if warnings else []),
              "Certified accuracy at each L2 radius (pixels in [0,1]); ACR: average certified radius "
              f"({ACR_DEFINITION}).", "", header, "|" + " --- |" * (len(radii) + 4)]
     for row in table:

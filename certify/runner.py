@@ -111,7 +111,7 @@ def select_indices(size: int, skip: int = 1, max_index: int | None = None,
                    indices: Sequence[int] | None = None, what: str = "the split") -> list[int]:
     """The dataset indices to work on: ``indices`` as given, else every ``skip``-th index below ``max_index``.
 
-    ``max_index`` follows Cohen et al.'s ``--max`` (stop before that index); past the end is an error.
+    ``max_index`` (``--max-index``) follows Cohen et al.'s ``--max`` (stop before that index); past the end is an error.
     """
     if skip < 1:
         raise UserError(f"--skip must be >= 1, got {skip}")
@@ -126,10 +126,10 @@ def select_indices(size: int, skip: int = 1, max_index: int | None = None,
         return list(indices)
     if max_index is not None:
         if max_index < 1:
-            raise UserError(f"--max must be >= 1, got {max_index}")
+            raise UserError(f"--max-index must be >= 1, got {max_index}")
         if max_index > size:
-            raise UserError(f"--max {max_index} is past the end of {what} ({size} images); use --max {size} "
-                            f"or leave it out")
+            raise UserError(f"--max-index {max_index} is past the end of {what} ({size} images); use "
+                            f"--max-index {size} or leave it out")
     return list(range(0, size if max_index is None else max_index, skip))
 
 

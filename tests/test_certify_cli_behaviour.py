@@ -10,6 +10,12 @@ import pytest
 from transdenoiser.cli import main
 
 
+PRIVACY = {"arm": "sepdp", "privacy_claim": "a data-independent (epsilon, delta)-DP guarantee for the released denoiser:",
+           "sigma": 0.25, "clip_norm": 1.0, "xi_up": 1.0, "sample_rate": 0.0625, "steps_planned": 16, "delta": 1e-5,
+           "guarantees": [{"name": "sepdp", "label": "DP-SGD (sepdp)", "data_independent": True,
+                           "epsilon": {"rdp": 2.9971234567891, "pld": 2.338123456, "gdp_epsilon": 1.3531234}}]}
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """An untrained cnn28 (certificates need no accuracy) and a tiny denoiser trained at sigma 0.25, on mnist10k."""
@@ -23,10 +29,10 @@ def models(tmp_path_factory):
     dataset = {"name": "mnist10k"}
     classifier = save_checkpoint(root / "classifier", build_model("cnn28"), {
         "kind": "classifier", "architecture": "cnn28", "arch_kwargs": {}, "input_shape": [1, 28, 28],
-        "num_classes": 10, "dataset": dataset})
+        "num_classes": 10, "dataset": dataset, "test_accuracy": 0.9800399201596807})
     denoiser = save_checkpoint(root / "denoiser", build_model("tiny", in_channels=1), {
         "kind": "denoiser", "architecture": "tiny", "arch_kwargs": {"in_channels": 1}, "input_shape": [1, 28, 28],
-        "sigma": 0.25, "classifier": {"num_classes": 10}, "dataset": dataset})
+        "sigma": 0.25, "classifier": {"num_classes": 10}, "dataset": dataset, "privacy": PRIVACY})
     fashion = save_checkpoint(root / "fashion", build_model("cnn28"), {
         "kind": "classifier", "architecture": "cnn28", "arch_kwargs": {}, "input_shape": [1, 28, 28],
         "num_classes": 10, "dataset": {"name": "fashion-mnist"}})
@@ -110,3 +116,34 @@ def test_old_flag_spellings_still_work_with_a_note(models, tmp_path, capsys):
     assert "--batch is now spelled --batch-size" in err and "--max is now spelled --max-index" in err
     settings = json.loads((tmp_path / "run" / "settings.json").read_text())
     assert settings["batch"] == 32 and settings["max"] == 2
+
+
+def test_report_has_a_privacy_table_rounded_numbers_legends_and_the_radius_cap(models, tmp_path, capsys):
+    import re
+
+    from certify.report import cap_note, certified_accuracy_figure, legend_label, read_certify_run
+
+    classifier, denoiser, _ = models
+    with_denoiser, plain = tmp_path / "td", tmp_path / "plain"
+    assert main([*certify_argv(classifier, with_denoiser, "--denoiser", str(denoiser)), "--max-index", "3"]) == 0
+    argv = certify_argv(classifier, plain, "--max-index", "3")
+    argv[argv.index("--sigma") + 1] = "0.5"
+    assert main(argv) == 0
+    report = (with_denoiser / "report.md").read_text()
+    assert "```json" not in report and not re.search(r"\d\.\d{7,}", report)
+    assert "| DP-SGD (sepdp) | yes | 2.997 | 2.338 | 1.353 |" in report and "test accuracy 0.98 " in report
+
+    summary, records = read_certify_run(with_denoiser)
+    assert legend_label(summary) == "sepdp, sigma 0.25, eps 3 (RDP, delta 1e-05), n 16, mnist10k"
+    cap, text = cap_note(summary)
+    assert cap == pytest.approx(summary["max_certifiable_radius"]) and text.startswith("largest certifiable radius")
+    axes = certified_accuracy_figure([(legend_label(summary), records)], caps=[(cap, text)]).axes[0]
+    assert any(list(line.get_xdata()) == [cap, cap] for line in axes.lines)
+    assert [t.get_text() for t in axes.texts] == [text]
+
+    capsys.readouterr()
+    assert main(["report", str(with_denoiser), str(plain), "--out", str(tmp_path / "overlay")]) == 0
+    warning = "warning: the overlaid runs are on different sigmas (0.25, 0.5)"
+    assert warning in capsys.readouterr().err
+    overlay = (tmp_path / "overlay" / "report.md").read_text()
+    assert warning in overlay and "n 16, mnist10k" in overlay

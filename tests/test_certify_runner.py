@@ -23,7 +23,7 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-FAST = ["--sigma", "0.25", "--n0", "8", "--n", "40", "--batch", "64", "--alpha", "0.01", "--device", "cpu"]
+FAST = ["--sigma", "0.25", "--n0", "8", "--n", "40", "--batch-size", "64", "--alpha", "0.01", "--device", "cpu"]
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +120,7 @@ def test_cli_choices_match_the_library():
 
 def test_cli_writes_all_four_files_and_report_overlays(tiny_classifier_dir, tmp_path, capsys):
     out = tmp_path / "run"
-    code, stdout, _ = run_cli(["certify", "--classifier", tiny_classifier_dir, *FAST, "--max", "6", "--out", out],
+    code, stdout, _ = run_cli(["certify", "--classifier", tiny_classifier_dir, *FAST, "--max-index", "6", "--out", out],
                               capsys)
     assert code == 0, stdout
     for name in ("certify.tsv", "summary.json", "report.md", "certified_accuracy.png"):
@@ -138,7 +138,7 @@ def test_cli_writes_all_four_files_and_report_overlays(tiny_classifier_dir, tmp_
     assert (out / "certified_accuracy.png").read_bytes()[:4] == b"\x89PNG"
 
     other = tmp_path / "run_sigma"
-    code, _, _ = run_cli(["certify", "--classifier", tiny_classifier_dir, *FAST, "--sigma", "0.5", "--max", "4",
+    code, _, _ = run_cli(["certify", "--classifier", tiny_classifier_dir, *FAST, "--sigma", "0.5", "--max-index", "4",
                           "--out", other], capsys)
     assert code == 0
     code, stdout, _ = run_cli(["report", out, other, "--out", tmp_path / "overlay"], capsys)
@@ -160,7 +160,7 @@ def test_cli_writes_all_four_files_and_report_overlays(tiny_classifier_dir, tmp_
 
 def test_shards_merge_to_the_single_run(tiny_classifier_dir, tmp_path, capsys):
     # 8 + 41 samples per image, batch 16: units of 3 images whose forward passes straddle images
-    common = ["certify", "--classifier", tiny_classifier_dir, *FAST, "--n", "41", "--batch", "16",
+    common = ["certify", "--classifier", tiny_classifier_dir, *FAST, "--n", "41", "--batch-size", "16",
               "--indices", "0-8,20", "--seed", "5"]
     single = tmp_path / "single"
     assert run_cli([*common, "--out", single], capsys)[0] == 0
@@ -188,7 +188,7 @@ def test_shards_merge_to_the_single_run(tiny_classifier_dir, tmp_path, capsys):
 
 
 def test_resume_skips_done_rows_and_tolerates_a_cut_line(tiny_classifier_dir, tmp_path, capsys):
-    args = ["certify", "--classifier", tiny_classifier_dir, *FAST, "--max", "5"]
+    args = ["certify", "--classifier", tiny_classifier_dir, *FAST, "--max-index", "5"]
     full = tmp_path / "full"
     assert run_cli([*args, "--out", full], capsys)[0] == 0
     out = tmp_path / "cut"
@@ -208,7 +208,7 @@ def test_resume_skips_done_rows_and_tolerates_a_cut_line(tiny_classifier_dir, tm
 def test_predict_writes_cohen_columns(tiny_classifier_dir, tmp_path, capsys):
     out = tmp_path / "predict"
     code, stdout, _ = run_cli(["predict", "--classifier", tiny_classifier_dir, "--sigma", "0.25", "--n", "40",
-                               "--batch", "64", "--device", "cpu", "--skip", "200", "--out", out], capsys)
+                               "--batch-size", "64", "--device", "cpu", "--skip", "200", "--out", out], capsys)
     assert code == 0
     lines = (out / "predict.tsv").read_text().splitlines()
     assert lines[0].split("\t") == ["idx", "label", "predict", "correct", "time"]
@@ -232,7 +232,7 @@ def test_bad_flags_exit_2_naming_the_problem(tiny_classifier_dir, tmp_path, caps
 
 
 @pytest.mark.parametrize(("extra", "message"), [
-    (["--max", "5000"], "--max 5000 is past the end of mnist10k's test split (2004 images)"),
+    (["--max-index", "5000"], "--max-index 5000 is past the end of mnist10k's test split (2004 images)"),
     (["--indices", "2003-2004"], "index 2004 is past the end"),
 ])
 def test_bad_data_choice_exits_2_with_one_line(tiny_classifier_dir, tmp_path, capsys, extra, message):
@@ -243,8 +243,9 @@ def test_bad_data_choice_exits_2_with_one_line(tiny_classifier_dir, tmp_path, ca
 
 def test_refuses_to_mix_runs_and_unfit_models(tiny_classifier_dir, tmp_path, capsys):
     out = tmp_path / "run"
-    assert run_cli(["certify", "--classifier", tiny_classifier_dir, *FAST, "--max", "2", "--out", out], capsys)[0] == 0
-    code, _, err = run_cli(["certify", "--classifier", tiny_classifier_dir, *FAST, "--max", "2", "--n", "41",
+    assert run_cli(["certify", "--classifier", tiny_classifier_dir, *FAST, "--max-index", "2", "--out", out],
+                   capsys)[0] == 0
+    code, _, err = run_cli(["certify", "--classifier", tiny_classifier_dir, *FAST, "--max-index", "2", "--n", "41",
                             "--out", out], capsys)
     assert code == 2 and "different settings" in err and "n 40 there, 41 now" in err
     assert len(err.strip().splitlines()) == 1
@@ -262,7 +263,8 @@ def test_refuses_to_mix_runs_and_unfit_models(tiny_classifier_dir, tmp_path, cap
 
 # ----------------------------------------------------------------------------------------------- adaptive runs
 
-ADAPTIVE = ["--sigma", "0.25", "--n0", "8", "--n-max", "300", "--batch", "64", "--alpha", "0.01", "--device", "cpu"]
+ADAPTIVE = ["--sigma", "0.25", "--n0", "8", "--n-max", "300", "--batch-size", "64", "--alpha", "0.01",
+            "--device", "cpu"]
 
 
 def rows_but_time(path):
@@ -320,7 +322,7 @@ def test_adaptive_runs_write_samples_resume_shard_merge_and_overlay(tiny_classif
                             "--out", single], capsys)
     assert code == 2 and "different settings" in err
     fixed = tmp_path / "fixed"
-    assert run_cli(["certify", "--classifier", tiny_classifier_dir, *FAST, "--max", "3", "--out", fixed],
+    assert run_cli(["certify", "--classifier", tiny_classifier_dir, *FAST, "--max-index", "3", "--out", fixed],
                    capsys)[0] == 0
     assert run_cli(["report", single, fixed, "--out", tmp_path / "overlay"], capsys)[0] == 0
     assert (tmp_path / "overlay" / "certified_accuracy.png").is_file()
