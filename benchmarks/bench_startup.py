@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
               "median_seconds": {name: statistics.median(values) for name, values in times.items()},
               "hardware": f"CPU {_cpu_model()}, python {sys.version.split()[0]}"}
     if "help_all_modules" in times:
-        result["all_modules_over_help"] = result["median_seconds"]["help_all_modules"] / result["median_seconds"]["help"]
+        medians = result["median_seconds"]
+        result["all_modules_over_help"] = medians["help_all_modules"] / medians["help"]
     print(json.dumps(result, indent=2))
     if args.json:
         with open(args.json, "w") as handle:

@@ -9,8 +9,8 @@ import pytest
 
 from transdenoiser.cli import main
 
-
-PRIVACY = {"arm": "sepdp", "privacy_claim": "a data-independent (epsilon, delta)-DP guarantee for the released denoiser:",
+PRIVACY = {"arm": "sepdp",
+           "privacy_claim": "a data-independent (epsilon, delta)-DP guarantee for the released denoiser:",
            "sigma": 0.25, "clip_norm": 1.0, "xi_up": 1.0, "sample_rate": 0.0625, "steps_planned": 16, "delta": 1e-5,
            "guarantees": [{"name": "sepdp", "label": "DP-SGD (sepdp)", "data_independent": True,
                            "epsilon": {"rdp": 2.9971234567891, "pld": 2.338123456, "gdp_epsilon": 1.3531234}}]}

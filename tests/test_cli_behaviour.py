@@ -21,7 +21,8 @@ def test_help_is_fast_and_imports_neither_torch_nor_numpy():
     code = ("import sys, time; started = time.perf_counter(); import transdenoiser.cli as c\n"
             "try:\n    c.main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
             "import json; print(json.dumps({'seconds': time.perf_counter() - started, "
-            "'heavy': sorted(m for m in ('torch', 'numpy', 'scipy', 'dp_accounting', 'bentoml') if m in sys.modules)}))")
+            "'heavy': sorted(m for m in ('torch', 'numpy', 'scipy', 'dp_accounting', 'bentoml') "
+            "if m in sys.modules)}))")
     started = time.perf_counter()
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     wall = time.perf_counter() - started
@@ -46,7 +47,8 @@ def test_input_errors_are_one_line_fast_and_import_no_torch():
             f"for argv in {BAD_INPUT!r}:\n"
             "    err = io.StringIO(); started = time.perf_counter()\n"
             "    with contextlib.redirect_stderr(err):\n"
-            "        try:\n            code = c.main(argv)\n        except SystemExit as e:\n            code = e.code\n"
+            "        try:\n            code = c.main(argv)\n"
+            "        except SystemExit as e:\n            code = e.code\n"
             "    out.append([argv, code, err.getvalue(), time.perf_counter() - started])\n"
             "print(json.dumps({'runs': out, 'torch': 'torch' in sys.modules}))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -146,7 +148,7 @@ def test_torch_free_training_choices_match_the_modules():
 
 
 def test_serving_doc_warns_that_bentoml_build_installs_uv():
-    """docs/SERVING.md says `bentoml build` pip-installs uv when none is on PATH: still true of the installed BentoML?"""
+    """docs/SERVING.md says `bentoml build` pip-installs uv when none is on PATH: still true of this BentoML?"""
     import inspect
     from pathlib import Path
 
@@ -168,7 +170,8 @@ def test_deprecated_spelling_still_works_with_a_note(capsys):
     parser.add_argument("--batch-size", type=positive_int, default=None)
     add_deprecated_spelling(parser, "--batch", "--batch-size", "batch_size", type=positive_int)
     assert parser.parse_args(["--batch", "8"]).batch_size == 8
-    assert capsys.readouterr().err == "note: --batch is now spelled --batch-size (the old spelling still works for now)\n"
+    assert capsys.readouterr().err == ("note: --batch is now spelled --batch-size (the old spelling still works "
+                                       "for now)\n")
     assert parser.parse_args([]).batch_size is None and "--batch " not in parser.format_help()
     with pytest.raises(SystemExit):
         parser.parse_args(["--batch", "0"])

@@ -1,4 +1,5 @@
-"""import-classifier: 1-channel first layers, wrappers and prefixes, exact mismatch messages, chance level, --overwrite."""
+"""import-classifier: 1-channel first layers, wrappers and prefixes, exact mismatch messages, chance level,
+--overwrite."""
 from __future__ import annotations
 
 import pytest

@@ -12,7 +12,8 @@ from transdenoiser.errors import UserError
 from transdenoiser.lock import RunLock, lock_path
 
 HOLD = ("import sys, time; from transdenoiser.lock import RunLock; "
-        "lock = RunLock(sys.argv[1], purpose='certify --out run').acquire(); print('held', flush=True); time.sleep(120)")
+        "lock = RunLock(sys.argv[1], purpose='certify --out run').acquire(); print('held', flush=True); "
+        "time.sleep(120)")
 
 
 @pytest.fixture

@@ -205,7 +205,7 @@ def _first_conv_key(net) -> str | None:
 
 def fit_torchvision_weights(arch: str, state: dict, image_shape: tuple[int, int, int], num_classes: int,
                             mean: list[float] | None, std: list[float] | None, notes: list[str]):
-    """A TorchvisionClassifier for ``image_shape`` holding ``state`` (a torchvision state dict); returns (model, kwargs).
+    """A TorchvisionClassifier for ``image_shape`` holding ``state`` (a torchvision state dict): (model, kwargs).
 
     The number of input channels comes from the file's first convolution. A 1-channel first layer is
     kept exactly: the model is built with 3 input channels, the file's kernel goes to the first and the
