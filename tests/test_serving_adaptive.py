@@ -255,3 +255,18 @@ def test_a_real_server_answers_both_adaptive_kinds(server, digits):
         metrics = http.get("/metrics").text
         assert 'transdenoiser_requests_total{kind="decide",status="200"}' in metrics
         assert 'transdenoiser_requests_total{kind="estimate",status="200"}' in metrics
+
+
+@pytest.mark.server
+def test_the_adaptive_api_benchmark_runs_against_a_server(server, digits):
+    """benchmarks.bench_serving_adaptive's measuring code, tiny, on this module's server."""
+    from benchmarks.bench_serving_adaptive import measure
+
+    x, y = digits
+    result = measure(server.url, x[:2].tolist(), y[:2].tolist(), radius=0.25, n=300, clients=2, seconds=1, repeats=1,
+                     max_requests=3)
+    for mode in ("fixed", "decide"):
+        (phase,) = result["phases"][mode]
+        assert phase["requests"] >= 1 and not phase["failures"] and phase["requests_per_s"] > 0
+    assert result["images_compared"] >= 1 and result["speedup"] > 0
+    assert result["mean_samples"]["fixed"] == N0 + 300 and result["mean_samples"]["decide"] < N0 + 300

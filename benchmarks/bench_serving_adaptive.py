@@ -1,0 +1,165 @@
+"""Adaptive requests vs fixed n in the API: requests/s at C clients and the certified fraction at radius R.
+
+    python -m benchmarks.bench_serving_adaptive [--model-dir runs/demo/serve] [--no-denoiser] [--clients 16]
+        [--radius 0.5] [--n 10000] [--seconds 60] [--fixed-waves 1] [--repeats 2] [--quick]
+
+One real server (``transdenoiser serve``, 127.0.0.1 only) starts from a copy of the model directory's checkpoints
+with ``max_n = --n``. Phases alternate, ``--repeats`` times: *fixed* sends ``{"images": [x], "n": N}`` (Cohen's
+CERTIFY, n0 + N samples) and counts an image certified at R when ``certified_radius >= R``; *decide* sends
+``{"images": [x], "radius": R}`` (budget N, the server's max_n) and counts ``certified == true``. C client
+threads send one-image requests, cycling through the first ``--images`` mnist10k test images; no new request
+after ``--seconds``, and a fixed phase sends at most ``--fixed-waves`` x C requests (the scheduler serves
+requests round robin, so C fixed requests finish together: one wave is a steady-state measurement); a phase's
+throughput is completed requests over its wall time (including the requests still running at the cut-off). The noise is keyed per image, so every answer about an
+image is the same whichever phase asked: the certified fractions are compared on the images both modes answered.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from benchmarks.serving_common import percentiles, run_record, running_server
+from transdenoiser.argtypes import positive_float, positive_int
+
+MODES = ("fixed", "decide")
+
+
+def run_phase(url: str, images: list, body: dict, clients: int, max_seconds: float, max_requests: int) -> dict:
+    """One-image requests ``{**body, "images": [image]}`` from ``clients`` threads, cycling through ``images``."""
+    latencies: list[float] = []
+    failures: list[str] = []
+    answers: dict[int, dict] = {}
+    samples: list[int] = []
+    lock = threading.Lock()
+    issued = 0
+    start = time.perf_counter()
+
+    def client() -> None:
+        nonlocal issued
+        with httpx.Client(base_url=url, timeout=900) as http:
+            while True:
+                with lock:
+                    if issued >= max_requests or time.perf_counter() - start > max_seconds:
+                        return
+                    index = issued % len(images)
+                    issued += 1
+                sent = time.perf_counter()
+                response = http.post("/predict", json={**body, "images": [images[index]]})
+                elapsed = time.perf_counter() - sent
+                with lock:
+                    if response.status_code == 200:
+                        latencies.append(elapsed)
+                        prediction = response.json()["predictions"][0]
+                        answers[index] = prediction
+                        samples.append(prediction["samples"])
+                    else:
+                        failures.append(f"{response.status_code}: {response.text[:200]}")
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - start
+    return {"requests": len(latencies), "failures": failures, "wall_s": wall,
+            "requests_per_s": len(latencies) / wall, "mean_samples": statistics.fmean(samples) if samples else None,
+            **percentiles(latencies), "answers": answers}
+
+
+def certified(mode: str, prediction: dict, radius: float) -> bool:
+    if mode == "fixed":
+        return prediction["label"] is not None and prediction["certified_radius"] >= radius
+    return prediction["certified"] is True
+
+
+def measure(url: str, images: list, labels: list[int], radius: float, n: int, clients: int, seconds: float,
+            repeats: int, max_requests: int = 100_000, fixed_requests: int | None = None) -> dict:
+    """Interleaved phases of both modes on one server; the median throughput ratio and the certified fractions."""
+    bodies = {"fixed": {"n": n}, "decide": {"radius": radius}}
+    phases: dict[str, list[dict]] = {mode: [] for mode in MODES}
+    answers: dict[str, dict[int, dict]] = {mode: {} for mode in MODES}
+    for _ in range(repeats):
+        for mode in MODES:
+            limit = min(max_requests, fixed_requests or max_requests) if mode == "fixed" else max_requests
+            phase = run_phase(url, images, bodies[mode], clients, seconds, limit)
+            answers[mode].update(phase.pop("answers"))
+            phases[mode].append(phase)
+    common = sorted(set(answers["fixed"]) & set(answers["decide"]))
+    fractions = {mode: (sum(certified(mode, answers[mode][i], radius) for i in common) / len(common)
+                        if common else None) for mode in MODES}
+    accuracy = {mode: (sum(certified(mode, answers[mode][i], radius) and answers[mode][i]["label"] == labels[i]
+                           for i in common) / len(common) if common else None) for mode in MODES}
+    disagree = [i for i in common if certified("fixed", answers["fixed"][i], radius)
+                != certified("decide", answers["decide"][i], radius)]
+    rates = {mode: statistics.median(p["requests_per_s"] for p in phases[mode]) for mode in MODES}
+    per_repeat = [d["requests_per_s"] / f["requests_per_s"] if f["requests_per_s"] > 0 else None
+                  for f, d in zip(phases["fixed"], phases["decide"], strict=True)]
+    return {"phases": phases, "median_requests_per_s": rates,
+            "speedup": rates["decide"] / rates["fixed"] if rates["fixed"] > 0 else None,
+            "speedup_per_repeat": per_repeat, "images_compared": len(common),
+            "certified_fraction": fractions, "certified_accuracy": accuracy, "disagreements": disagree,
+            "mean_samples": {mode: statistics.fmean(p["mean_samples"] for p in phases[mode]
+                                                    if p["mean_samples"] is not None) for mode in MODES}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_serving_adaptive",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--model-dir", default="runs/demo/serve", help="model directory (its checkpoints are used)")
+    parser.add_argument("--radius", type=positive_float, default=0.5, help="L2 radius to decide at")
+    parser.add_argument("--n", type=positive_int, default=10_000, help="fixed n, and the adaptive budget (max_n)")
+    parser.add_argument("--clients", type=positive_int, default=16, help="concurrent clients")
+    parser.add_argument("--images", type=positive_int, default=64, help="test images cycled through")
+    parser.add_argument("--seconds", type=positive_float, default=40, help="no new request after this, per phase")
+    parser.add_argument("--fixed-waves", type=positive_int, default=1, help="fixed phases: at most this x clients "
+                                                                               "requests")
+    parser.add_argument("--no-denoiser", action="store_true", help="serve the classifier alone")
+    parser.add_argument("--repeats", type=positive_int, default=2, help="interleaved phases per mode")
+    parser.add_argument("--quick", action="store_true", help="smoke run: n = 200, 2 clients, 4 images, 3 s phases")
+    parser.add_argument("--out", default="runs/bench_serving_adaptive.json", help="JSON results file")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.n, args.clients, args.images, args.seconds, args.repeats = 200, 2, 4, 3.0, 1
+
+    from serving.config import load_config
+    from training.datasets import load_dataset
+
+    model_dir = Path(args.model_dir)
+    config = load_config(model_dir)
+    denoiser = (str(model_dir / config.denoiser) if config.denoiser is not None and not args.no_denoiser
+                else None)
+    x, y = load_dataset("mnist10k").test.tensors()
+    images = [x[i].tolist() for i in range(args.images)]
+    labels = [int(v) for v in y[:args.images]]
+    record = {**run_record(argv, "benchmarks.bench_serving_adaptive"), "model_dir": str(model_dir),
+              "sigma": config.sigma, "n0": config.n0, "alpha": config.alpha, "n": args.n, "radius": args.radius,
+              "clients": args.clients, "images": args.images, "denoiser": denoiser is not None}
+    with tempfile.TemporaryDirectory(prefix="bench_serving_adaptive_") as tmp:
+        with running_server(Path(tmp), str(model_dir / config.classifier), denoiser, sigma=config.sigma,
+                            n0=config.n0, alpha=config.alpha, n=min(1000, args.n), max_n=args.n,
+                            max_latency_ms=900_000, max_queued_requests=max(64, args.clients)) as server:
+            run_phase(server.url, images[:1], {"n": 100}, 1, 60, 1)  # warm the HTTP path
+            record.update(measure(server.url, images, labels, args.radius, args.n, args.clients, args.seconds,
+                                  args.repeats, fixed_requests=args.fixed_waves * args.clients))
+    for mode in MODES:
+        rates = ", ".join(f"{p['requests_per_s']:.3f}" for p in record["phases"][mode])
+        print(f"{mode:7s} req/s per phase: {rates}; mean samples/request {record['mean_samples'][mode]:.0f}; "
+              f"certified fraction at R = {args.radius}: {record['certified_fraction'][mode]}")
+    print(f"decide / fixed requests per second at {args.clients} clients: {record['speedup']:.2f}x "
+          f"(median of {args.repeats} interleaved phases; {record['images_compared']} images compared, "
+          f"{len(record['disagreements'])} certified differently)")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(record, indent=2))
+    print(f"hardware: {record['hardware']}; commit {record['commit']}; results in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
