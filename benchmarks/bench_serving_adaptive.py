@@ -10,8 +10,9 @@ CERTIFY, n0 + N samples) and counts an image certified at R when ``certified_rad
 threads send one-image requests, cycling through the first ``--images`` mnist10k test images; no new request
 after ``--seconds``, and a fixed phase sends at most ``--fixed-waves`` x C requests (the scheduler serves
 requests round robin, so C fixed requests finish together: one wave is a steady-state measurement); a phase's
-throughput is completed requests over its wall time (including the requests still running at the cut-off). The noise is keyed per image, so every answer about an
-image is the same whichever phase asked: the certified fractions are compared on the images both modes answered.
+throughput is completed requests over its wall time (including the requests still running at the cut-off).
+The noise is keyed per image, so every answer about an image is the same whichever phase asked: the certified
+fractions are compared on the images both modes answered.
 """
 from __future__ import annotations
 
