@@ -49,6 +49,7 @@ def clipped_sum_by_autograd(model: torch.nn.Module, z: torch.Tensor, x: torch.Te
         loss = (model(z[i:i + 1]) - x[i:i + 1]).pow(2).sum()
         g = torch.cat([t.reshape(-1) for t in torch.autograd.grad(loss, params)]).double()
         factor = min(1.0, clip_norm / float(g.norm()))
+        assert factor < 1.0, "the test needs clipping to be active"
         total += factor * g
     return total
 
@@ -72,7 +73,9 @@ def backed_out_noise(arm, x: torch.Tensor, seed: int):
 def make_arm(arm_class, width=8, **overrides):
     torch.manual_seed(0)
     model = build_model("tiny", width=width, activation="silu")
-    cfg = config(**{"arm": arm_class.name, "clip_norm": 0.5, "sigma": 0.25, "xi_up": 2.0, "xi_low": 0.5, **overrides})
+    # C = 0.05 lies below every per-example gradient norm here: clipping is active, so a skipped clip shows
+    cfg = config(**{"arm": arm_class.name, "clip_norm": 0.05, "sigma": 0.25, "xi_up": 2.0, "xi_low": 0.5,
+                    **overrides})
     return arm_class(model, cfg, xi_up=2.0, expected_batch=4.0, total_steps=100)
 
 
@@ -138,7 +141,7 @@ def test_a_zero_taylor_remainder_counts_as_negative():
 
 
 @pytest.mark.parametrize("split", [[False] * 6, [True] * 6, [True, False] * 3])
-def test_uncredited_steps_add_xi_up_once_to_the_whole_sum(split):
+def test_uncredited_steps_add_xi_up_noise_once_to_the_whole_sum(split):
     """merge_uncredited_noise (the default): no input-noise credit (S_min taken as 0), so one draw of xi_up x C
     on the whole clipped sum, whatever the split: the step is sepdp's."""
     arm = make_arm(TransDenoiserArm)
