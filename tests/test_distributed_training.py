@@ -239,3 +239,44 @@ def test_bench_ddp_quick_measures_one_and_two_processes(tmp_path):
     assert two["all_reduce_calls_per_step"] == [1.0] and one["all_reduce_calls_per_step"] == [0.0]
     assert two["bytes_per_all_reduce"] == 4 * (WIDTH2_PARAMETERS + 1)  # every clipped sum + the loss sum, float32
     assert one["median_examples_per_second"] > 0 and two["median_examples_per_second"] > 0
+
+
+class _RecordingGroup(RankGroup):
+    """Rank ``rank`` of 2 without a process group: keeps what it would all-reduce and returns it unsummed."""
+
+    def sum_over_ranks(self, tensors):
+        self.sent = {k: v.clone() for k, v in tensors.items()}
+        return tensors
+
+
+@pytest.mark.parametrize("noise_draws", [1, 3])
+def test_rank_shares_sum_to_the_whole_batch(noise_draws):
+    """Each rank's contribution (its share of 5 examples, each the mean over noise_draws input-noise draws, clipped)
+    summed over the 2 ranks is the one-process clipped sum, and every rank consumes the generator exactly as one
+    process does (so the shared generator stays in step)."""
+    from training.models import build_model
+    from training.private_train import SepDPArm
+
+    torch.manual_seed(0)
+    model = build_model("tiny", width=2, in_channels=1)
+    config = TrainConfig(**dict(BASE, arm="sepdp", noise_draws=noise_draws, clip_norm=0.05))
+    x = torch.rand(5, 1, 28, 28, generator=torch.Generator().manual_seed(1))
+    single = SepDPArm(model, config, 2.0, 4.0, 10)
+    generator = torch.Generator().manual_seed(7)
+    _, grads, losses, factors = single.clipped(x, generator)
+    whole = single.clipper.weighted_sum(grads, factors)
+    assert float(factors.min()) < 1  # clipping is active
+    sent = []
+    for rank in (0, 1):
+        group = _RecordingGroup(rank=rank, world_size=2)
+        rank_generator = torch.Generator().manual_seed(7)
+        SepDPArm(model, config, 2.0, 4.0, 10, group=group).gradient(x, rank_generator)
+        sent.append(group.sent)
+        # after the clipped sums, the one-process arm would draw the DP noise from the same generator state
+        reference = torch.Generator().manual_seed(7)
+        single.clipped(x, reference)
+        single.noise.add(whole, 2.0, reference)
+        assert torch.equal(rank_generator.get_state(), reference.get_state())
+    for name, value in whole.items():
+        assert torch.allclose(sent[0][f"grad.{name}"] + sent[1][f"grad.{name}"], value, rtol=1e-5, atol=1e-7), name
+    assert float(sent[0]["loss_sum"] + sent[1]["loss_sum"]) == pytest.approx(float(losses.sum()), rel=1e-5)
