@@ -209,20 +209,8 @@ def cmd_predict(args) -> int:
 
 
 def _run(args, task: str) -> int:
-    from certify.core import Smooth
-    from certify.pipeline import check_dataset_fits, load_pipeline
-    from certify.runner import (
-        RunDirectory,
-        RunSettings,
-        Shard,
-        adaptive_pack_size,
-        pack_size,
-        rank_device,
-        select_indices,
-    )
-    from training.cli import load_dataset_from_args
+    from certify.runner import Shard
     from transdenoiser.lock import RunLock
-    from transdenoiser.runtime import resolve_device
 
     if args.threads is not None:
         import torch
@@ -231,6 +219,20 @@ def _run(args, task: str) -> int:
     shard = args.shard if args.shard is not None else Shard.from_environment()
     if shard is not None and shard.count == 1:
         shard = None  # --shard 0/1 is the whole run
+    lock = RunLock(args.out, part=shard.stem if shard else None).acquire()  # one writer per run (or shard), at once
+    try:
+        return _run_locked(args, task, shard)
+    finally:
+        lock.release()
+
+
+def _run_locked(args, task: str, shard) -> int:
+    from certify.core import Smooth
+    from certify.pipeline import check_dataset_fits, load_pipeline
+    from certify.runner import RunDirectory, RunSettings, adaptive_pack_size, pack_size, rank_device, select_indices
+    from training.cli import load_dataset_from_args
+    from transdenoiser.runtime import resolve_device
+
     device = rank_device(resolve_device(args.device))
     pipeline = load_pipeline(args.classifier, args.denoiser, device)
     dataset = load_dataset_from_args(args)
@@ -278,11 +280,7 @@ def _run(args, task: str) -> int:
         indices=args.indices, seed=args.seed, shards=shard.count if shard else 1, pack=pack,
         noise_device=device.type, memory_format=smooth.memory_format, extra=extra)
     run = RunDirectory(args.out, settings, shard)
-    lock = RunLock(args.out, part=shard.stem if shard else None).acquire()  # one writer per run (or shard)
-    try:
-        return _certify_locked(args, task, run, pipeline, split, smooth, indices, pack, mode, n, extra, device, shard)
-    finally:
-        lock.release()
+    return _certify_locked(args, task, run, pipeline, split, smooth, indices, pack, mode, n, extra, device, shard)
 
 
 def _certify_locked(args, task, run, pipeline, split, smooth, indices, pack, mode, n, extra, device, shard) -> int:
