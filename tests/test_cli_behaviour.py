@@ -175,3 +175,20 @@ def test_deprecated_spelling_still_works_with_a_note(capsys):
     assert parser.parse_args([]).batch_size is None and "--batch " not in parser.format_help()
     with pytest.raises(SystemExit):
         parser.parse_args(["--batch", "0"])
+
+
+def test_demo_passes_each_step_only_the_common_options_it_takes(monkeypatch, tmp_path):
+    from transdenoiser import demo
+
+    calls = []
+    monkeypatch.setattr(cli, "main", lambda argv: calls.append(argv) or 0)
+    monkeypatch.setattr(demo, "_done", lambda directory: False)
+    monkeypatch.setattr("serving.bundle.write_model_dir", lambda *a, **k: None)
+    args = cli.build_parser(["demo"]).parse_args(["demo", "--out", str(tmp_path), "--device", "cpu", "--seed", "3"])
+    assert demo.cmd_demo(args) == 0
+    by_command = {argv[0]: argv for argv in calls}
+    assert "--device" not in by_command["data"] and "--seed" not in by_command["data"]
+    for command in ("pretrain", "train", "certify"):
+        assert by_command[command][-4:] == ["--device", "cpu", "--seed", "3"], command
+    for argv in calls:  # and every step's flags parse
+        cli.build_parser(argv).parse_args(argv)

@@ -52,7 +52,11 @@ def cmd_demo(args) -> int:
     certify_dir, serve_dir = out / "certify", out / "serve"
 
     def run(argv: list[str]) -> None:
-        code = main(argv + common)
+        from transdenoiser.cli import COMMON_OPTIONS_USED
+
+        used = COMMON_OPTIONS_USED.get(argv[0], ("device", "seed"))  # only the options the command takes
+        code = main(argv + [word for flag, value in zip(common[::2], common[1::2], strict=True)
+                            if flag.lstrip("-") in used for word in (flag, value)])
         if code != 0:
             raise UserError(f"step `transdenoiser {' '.join(argv)}` failed (exit {code})")
 
