@@ -348,8 +348,10 @@ def _certify_locked(args, task, run, pipeline, split, smooth, indices, pack, mod
 
 def cmd_merge(args) -> int:
     from certify.report import finalize_run, format_certified_accuracy_table, format_prediction_summary
+    from transdenoiser.lock import RunLock
 
-    summary = finalize_run(args.run_dirs, args.out)
+    with RunLock(args.out or args.run_dirs[0]):  # not while a whole (unsharded) run still writes there
+        summary = finalize_run(args.run_dirs, args.out)
     print(format_certified_accuracy_table(summary) if summary["task"] == "certify"
           else format_prediction_summary(summary))
     out = args.out or args.run_dirs[0]

@@ -147,3 +147,11 @@ def test_report_has_a_privacy_table_rounded_numbers_legends_and_the_radius_cap(m
     assert warning in capsys.readouterr().err
     overlay = (tmp_path / "overlay" / "report.md").read_text()
     assert warning in overlay and "n 16, mnist10k" in overlay
+
+
+def test_merge_is_refused_while_a_run_writes_into_the_folder(tmp_path, capsys):
+    from transdenoiser.lock import RunLock
+
+    with RunLock(tmp_path / "run"):
+        assert main(["certify-merge", str(tmp_path / "run")]) == 2
+    assert "being written by process" in capsys.readouterr().err
