@@ -33,6 +33,9 @@ CASES = {
     # S_min never computed (w > max_smin_dim) with merge_uncredited_noise: every step the merged sepdp step
     "transdenoiser_merged": (dict(BASE, arm="transdenoiser", epochs=1, max_smin_dim=10), None),
 }
+# Two spawned ranks pay for importing torch and the training modules: generous on a shared machine (measured: 12 min
+# of wall time at load average 17 for this module, 2.5 min of CPU); a deadlock would still be caught.
+pytestmark = pytest.mark.timeout(1800)
 HISTORY_EXACT = ("batch_size", "num_nonnegative", "smin_method")
 HISTORY_CLOSE = ("smin", "input_multiplier", "sigma_bar", "explicit_multiplier", "mean_loss")
 
@@ -117,6 +120,8 @@ def runs(mnist10k, classifier_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("ddp")
     ranks = mp.start_processes(_worker, args=(2, _free_port(), str(classifier_dir), str(out)), nprocs=2, join=False,
                                start_method="spawn")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the 2 ranks hold a core each
     try:
         single_dir = tmp_path_factory.mktemp("single")
         classifier = load_checkpoint(classifier_dir, kind="classifier")
@@ -125,6 +130,7 @@ def runs(mnist10k, classifier_dir, tmp_path_factory):
             model, batches = _run_case(name, overrides, None, mnist10k, classifier, single_dir, None)
             single[name] = ({k: v.clone() for k, v in model.state_dict().items()}, batches)
     finally:
+        torch.set_num_threads(threads)
         while not ranks.join():
             pass
     return out, single_dir, single
