@@ -38,7 +38,7 @@ BAD_INPUT = [
     ["data", "--bogus"], ["pretrain", "--epochs", "x"], ["pretrain", "--out"], ["import-classifier", "--arch"],
     ["certify", "--sigma", "abc"], ["predict", "--n", "-1"], ["report", "--device", "cpu"],
     ["attack", "--eps", "x"], ["audit", "--bogus"], ["privacy", "--bogus"], ["serve", "--seed", "1"],
-    ["demo", "--n", "0"], ["train-head", "--bogus"], ["certfy"],
+    ["demo", "--n", "0"], ["train-head", "--bogus"], ["certfy"], ["train", "--bogus"], ["train", "--sig", "1"],
 ]
 
 

@@ -287,3 +287,42 @@ def test_calibration_answers_or_refuses_in_seconds(target, q, steps, accountant)
     else:
         achieved = epsilon_for_accountant(accountant, q, z, steps, 1e-5)
     assert achieved <= target
+
+
+# ------------------------------------------------------------------------------------------------ train CLI
+
+def test_train_refuses_a_run_directory_another_process_writes(classifier_dir, tmp_path, capsys):
+    import os
+
+    from transdenoiser.cli import main
+    from transdenoiser.lock import RunLock
+
+    out = tmp_path / "run"
+    with RunLock(out, purpose="another train"):
+        code = main(["train", "--arm", "sepdp", "--denoiser", "tiny", "--epochs", "1", "--train-examples", "32",
+                     "--classifier", str(classifier_dir), "--out", str(out), "--delta", "1e-3"])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert str(os.getpid()) in err and not (out / "metadata.json").exists()
+
+
+def test_train_resume_takes_the_saved_dataset(mnist10k, clf, tmp_path, capsys, monkeypatch):
+    import training.cli
+    from transdenoiser.cli import main
+
+    run = tmp_path / "run"
+    config = cfg(arm="sepdp", epochs=2, train_examples=32, eval_examples=20)
+    train_denoiser(config, mnist10k, clf, CPU, checkpoint_dir=run, stop_after_epochs=1)
+    meta_path = run / "metadata.json"
+    meta = json.loads(meta_path.read_text())
+    meta["dataset"]["name"] = "fashion-mnist"  # as if saved by a Fashion-MNIST run
+    meta_path.write_text(json.dumps(meta))
+    seen = {}
+
+    def fake_load(args):
+        seen["dataset"] = args.dataset
+        raise UserError("stop here")
+
+    monkeypatch.setattr(training.cli, "load_dataset_from_args", fake_load)
+    assert main(["train", "--out", str(run), "--resume"]) == 2
+    assert seen["dataset"] == "fashion-mnist"  # not the default mnist10k: --dataset need not be repeated

@@ -19,6 +19,8 @@ from transdenoiser.progress import bar, silent
 from transdenoiser.runtime import hardware_description, resolve_device, seed_everything
 from transdenoiser.toml import read_toml
 
+DEFAULT_DATASET = "mnist10k"  # training.cli.add_dataset_args's default
+
 # flag destination -> TrainConfig field
 FLAG_FIELDS = {"arm": "arm", "sigma": "sigma", "clip_norm": "clip_norm", "xi_up": "xi_up", "xi_low": "xi_low",
                "target_epsilon": "target_epsilon", "delta": "delta", "batch_size": "batch_size", "epochs": "epochs",
@@ -30,9 +32,8 @@ FLAG_FIELDS = {"arm": "arm", "sigma": "sigma", "clip_norm": "clip_norm", "xi_up"
 
 
 def register(subparsers, common) -> None:
+    from training.choices import ACTIVATIONS, ARMS, DENOISERS, OPTIMIZERS
     from training.cli import add_dataset_args
-    from training.denoisers import ACTIVATIONS, DENOISERS
-    from training.private_train import ARMS, OPTIMIZERS
 
     p = subparsers.add_parser(
         "train", parents=[common], help="train the denoiser with DP on the private split (nodp|sepdp|transdenoiser)",
@@ -150,7 +151,12 @@ def cmd_train(args) -> int:
 
             device = rank_device(device)
             group = rank_group_from_environment(device)
-        return _train(args, device, group)
+        if group is not None and not group.is_writer:
+            return _train(args, device, group)
+        from transdenoiser.lock import RunLock
+
+        with RunLock(args.out, purpose="train"):  # one writer per run directory
+            return _train(args, device, group)
     finally:
         if group is not None:
             from training.distributed import close
@@ -181,6 +187,12 @@ def _train(args, device, group) -> int:
             raise UserError(f"--resume: {args.out} does not hold a denoiser training run")
         base = saved["config"]
         classifier_dir = args.classifier or Path(saved["classifier"]["path"])
+        saved_data = saved.get("dataset") or {}
+        if args.dataset == DEFAULT_DATASET and saved_data.get("name") not in (None, DEFAULT_DATASET):
+            args.dataset = saved_data["name"]  # the run's own data set, without repeating --dataset
+            args.split_seed = saved_data.get("split_seed", args.split_seed)
+            print(f"note: --resume: data set {args.dataset} (split seed {args.split_seed}) as saved in {args.out}",
+                  file=sys.stderr)
     else:
         if args.classifier is None:
             raise UserError("--classifier is required (the frozen classifier checkpoint directory)")
