@@ -1,0 +1,62 @@
+"""What a one-run white-box audit can reach on an idealised DP-SGD run (no training, seconds).
+
+Each of m canaries is included with probability 1/2; an included canary's score is the number of the T steps it
+was Poisson-sampled into (rate q) plus the projection of the noise, N(0, T xi^2), with xi calibrated to the target
+epsilon by the RDP accountant (as ``--target-epsilon`` does). That is the ``known_others`` score of
+``transdenoiser privacy-audit`` without a model. Prints the lower bounds of both analyses.
+
+    python scripts/audit_simulation.py --epsilon 8 --sample-rate 0.5 --steps 20
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+
+import numpy as np
+
+
+def simulate(epsilon: float, sample_rate: float, steps: int, canaries: int, delta: float, seeds: int) -> dict:
+    """Lower bounds of both analyses over ``seeds`` independent simulated runs: median, min and max."""
+    from training.accounting import noise_multiplier_for_epsilon
+    from training.privacy.bounds import one_run_lower_bounds
+
+    xi = noise_multiplier_for_epsilon(epsilon, sample_rate, steps, delta)
+    steinke, fdp = [], []
+    for seed in range(seeds):
+        rng = np.random.default_rng(seed)
+        included = rng.random(canaries) < 0.5
+        insertions = (rng.random((canaries, steps)) < sample_rate).sum(1) * included
+        scores = insertions + rng.standard_normal(canaries) * xi * np.sqrt(steps)
+        bounds = one_run_lower_bounds(scores, included, delta)
+        steinke.append(bounds["epsilon_steinke"])
+        fdp.append(bounds["epsilon_fdp"])
+    return {"epsilon": epsilon, "sample_rate": sample_rate, "steps": steps, "noise_multiplier": xi,
+            "canaries": canaries, "seeds": seeds,
+            "epsilon_steinke": {"median": float(np.median(steinke)), "min": min(steinke), "max": max(steinke)},
+            "epsilon_fdp": {"median": float(np.median(fdp)), "min": min(fdp), "max": max(fdp)}}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epsilon", type=float, nargs="+", default=[1.0, 8.0])
+    parser.add_argument("--sample-rate", type=float, nargs="+", default=[0.5, 0.1])
+    parser.add_argument("--steps", type=int, nargs="+", default=[20, 50], help="one per sample rate")
+    parser.add_argument("--canaries", type=int, default=1000)
+    parser.add_argument("--delta", type=float, default=1e-5)
+    parser.add_argument("--seeds", type=int, default=10, help="simulated runs per setting (seeds 0..N-1)")
+    parser.add_argument("--quick", action="store_true", help="one small setting (for the smoke test)")
+    args = parser.parse_args(argv)
+    logging.getLogger("absl").setLevel(logging.ERROR)
+    if args.quick:
+        args.epsilon, args.sample_rate, args.steps, args.canaries, args.seeds = [8.0], [0.5], [4], 100, 2
+    if len(args.steps) != len(args.sample_rate):
+        parser.error("give one --steps value per --sample-rate")
+    for epsilon in args.epsilon:
+        for q, steps in zip(args.sample_rate, args.steps, strict=True):
+            print(json.dumps(simulate(epsilon, q, steps, args.canaries, args.delta, args.seeds)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
