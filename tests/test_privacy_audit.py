@@ -217,3 +217,17 @@ def test_blackbox_canaries_join_the_private_split(tmp_path, classifier_dir):
     mia = meta["audit"]["membership_inference"]
     for attack in ("loss_threshold", "calibrated"):
         assert 0 <= mia[attack]["auc"] <= 1 and mia[attack]["members"] == mia[attack]["nonmembers"] == 100
+
+
+def test_audit_simulation_script_quick(capsys):
+    """Smoke test of scripts/audit_simulation.py --quick: valid JSON, bounds within [0, claimed epsilon]."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "audit_simulation.py"
+    spec = importlib.util.spec_from_file_location("audit_simulation", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--quick"]) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert row["seeds"] == 2 and 0 <= row["epsilon_steinke"]["max"] <= 8.0 and 0 <= row["epsilon_fdp"]["max"] <= 8.0
