@@ -7,7 +7,14 @@ import sys
 import time
 from pathlib import Path
 
-from transdenoiser.argtypes import float_list, nonnegative_float, open_unit_interval, positive_float, positive_int
+from transdenoiser.argtypes import (
+    add_deprecated_spelling,
+    float_list,
+    nonnegative_float,
+    open_unit_interval,
+    positive_float,
+    positive_int,
+)
 from transdenoiser.errors import UserError
 from transdenoiser.progress import bar
 from transdenoiser.runtime import hardware_description, resolve_device, seed_everything
@@ -68,9 +75,12 @@ def register(subparsers, common) -> None:
     p.add_argument("--n", type=positive_int, default=100, help="noise samples per smoothed prediction (default: 100)")
     p.add_argument("--alpha", type=open_unit_interval, default=0.001,
                    help="smoothed prediction's abstention test level (default: 0.001)")
-    p.add_argument("--max", type=positive_int, default=100,
-                   help="images attacked, spread evenly over the split (default: 100)")
+    p.add_argument("--max-images", dest="max_images", type=positive_int, default=100,
+                   help="how many images are attacked, spread evenly over the split (a count; default: 100)")
+    add_deprecated_spelling(p, "--max", "--max-images", "max_images", type=positive_int)
     p.add_argument("--batch-size", type=positive_int, default=100, help="images attacked at once (default: 100)")
+    p.add_argument("--allow-sigma-mismatch", action="store_true",
+                   help="allow a --sigma other than the denoiser's training sigma (refused by default)")
     p.add_argument("--out", type=Path, default=Path("runs/attack"), help="output directory (default: runs/attack)")
     p.set_defaults(handler=cmd_attack)
 
@@ -105,6 +115,7 @@ def _checkpoint_path(path: Path | None, flag: str) -> Path | None:
 def cmd_attack(args) -> int:
     from certify.attack_eval import FORMAT_VERSION, RESULT_FORMAT, AttackConfig, evenly_spaced, run_attack_eval
     from certify.attack_report import write_attack_outputs
+    from certify.cli import check_models_and_data
     from certify.pipeline import check_dataset_fits, load_pipeline
     from training.cli import load_dataset_from_args
 
@@ -120,7 +131,8 @@ def cmd_attack(args) -> int:
     dataset = load_dataset_from_args(args)
     split = dataset.split(args.split)
     check_dataset_fits(pipeline, dataset.image_shape, dataset.num_classes, f"dataset {dataset.name}")
-    indices = evenly_spaced(len(split), args.max)
+    check_models_and_data(args, pipeline, dataset.name)
+    indices = evenly_spaced(len(split), args.max_images)
     images, labels = split.subset(indices).tensors(device)
     record = run_attack_eval(pipeline, images, labels, config, args.seed, track=bar)
     record = {
@@ -128,7 +140,7 @@ def cmd_attack(args) -> int:
         "settings": {**record["settings"], "classifier": str(args.classifier),
                      "denoiser": str(args.denoiser) if args.denoiser else None, "dataset": dataset.name,
                      "data_root": str(args.data_root) if args.data_root else None, "split_seed": args.split_seed,
-                     "split": args.split, "max": args.max, "image_selection": "evenly spaced over the split",
+                     "split": args.split, "max": args.max_images, "image_selection": "evenly spaced over the split",
                      "seed": args.seed, "device": str(device)},
         "hardware": hardware_description(device),
         "command": " ".join(["transdenoiser"] + sys.argv[1:]),

@@ -5,6 +5,7 @@ import json
 import shutil
 
 import pytest
+import torch
 
 from certify.attack_eval import (
     AttackConfig,
@@ -183,3 +184,19 @@ def test_audit_library_counts_and_refuses_bad_runs(certify_run, classifier_dir, 
     rows[1] = "\t".join(fields)
     (mismatched / "certify.tsv").write_text("\n".join(rows) + "\n")
     assert main(["audit", str(mismatched), *AUDIT_FLAGS]) == 2
+
+
+def test_attack_refuses_a_sigma_the_denoiser_was_not_trained_at(classifier_dir, mnist10k, tmp_path, capsys):
+    from training.checkpoint import load_checkpoint
+    from training.private_train import TrainConfig, train_denoiser
+
+    denoiser = tmp_path / "den"
+    config = TrainConfig(arm="nodp", denoiser="tiny", denoiser_kwargs={"width": 2}, epochs=1, batch_size=32,
+                         train_examples=32, eval_examples=20, sigma=0.25)
+    train_denoiser(config, mnist10k, load_checkpoint(classifier_dir, kind="classifier"), torch.device("cpu"),
+                   checkpoint_dir=denoiser)
+    args = tiny_attack_args(classifier_dir, tmp_path / "out") + ["--denoiser", str(denoiser), "--sigma", "0.5"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "sigma" in err and "0.25" in err and "--allow-sigma-mismatch" in err
+    assert not (tmp_path / "out").exists()
