@@ -93,6 +93,14 @@ def model_card(bundle: ModelBundle, device: str, batching: str) -> dict[str, Any
                          "with the same settings always gets the same certificate, so asking again cannot shop "
                          "for a larger radius; inputs that differ in any pixel get independent certificates "
                          "(docs/SERVING.md, 'One certificate per input')",
+            "adaptive_requests": {
+                "decide": "send \"radius\": R to ask whether the prediction is certified at L2 radius R",
+                "estimate": "send \"adaptive\": true for the largest certifiable radius under the budget",
+                "default_budget": config.max_n,
+                "method": "anytime-valid: union of one-sided Clopper-Pearson bounds over a geometric schedule of "
+                          "looks (alpha split over the looks); stops as soon as the answer is settled "
+                          "(docs/CERTIFY.md, 'Adaptive certification (anytime-valid)')",
+            },
         },
         "limits": {"max_images": config.max_images, "max_payload_bytes": config.max_payload_bytes,
                    "max_n": config.max_n, "max_latency_ms": config.max_latency_ms,

@@ -317,6 +317,7 @@ def test_service_metadata_card(service_client):
         "max_images": 4, "max_payload_bytes": 200_000, "max_n": 500}
     assert card["limits"]["max_request_samples"] > 0 and card["limits"]["max_queued_requests"] > 0
     assert "HMAC" in card["certification"]["noise"] and "cannot shop" in card["certification"]["guarantee"]
+    assert card["certification"]["adaptive_requests"]["default_budget"] == 500  # the server's max_n
 
 
 def test_epsilon_statements_name_their_analysis():
