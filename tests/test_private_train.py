@@ -171,7 +171,7 @@ def test_each_arm_trains_and_writes_checkpoint_with_report(arm, mnist10k, clf, t
                                                                 rel=1e-9)
         assert "NOT a data-independent guarantee" in text and "the sepdp mechanism exactly" in text
         private = load_private_record(out)["privacy"]
-        explicit = private["guarantees"][1]
+        (explicit,) = [g for g in private["guarantees"] if g["name"] == "explicit_noise_alone"]
         assert explicit["name"] == "explicit_noise_alone" and explicit["data_independent"] is False
         assert "max_smin_dim=10" in private["transdenoiser"]["smin_not_computed"]  # w = 77 > 10: treated as 0
         assert "transdenoiser" not in privacy and "S_min(K_t)" not in text and "empty Poisson" not in text

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 import transdenoiser
@@ -170,13 +171,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"transdenoiser {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # output piped into `head` and the like: not an error of ours
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     finally:
         absl.removeFilter(convergence)
-        if convergence.count:
+        if convergence.count and os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks
             print(CONVERGENCE_NOTE.format(count=convergence.count), file=sys.stderr)
 
 
