@@ -160,13 +160,7 @@ def privacy_audit(config, dataset, classifier, device: torch.device, settings: A
     """
     from training.denoisers import denoiser_kwargs
     from training.models import build_model
-    from training.private_train import (
-        ARM_CLASSES,
-        _subset,
-        load_private_record,
-        plan,
-        train_denoiser,
-    )
+    from training.private_train import ARM_CLASSES, _subset, load_private_record, train_denoiser
 
     settings.validate()
     out_dir = Path(out_dir)
@@ -189,8 +183,7 @@ def privacy_audit(config, dataset, classifier, device: torch.device, settings: A
         shape_model = build_model(config.denoiser, **denoiser_kwargs(config.denoiser, dataset.image_shape[0],
                                                                      config.activation, config.denoiser_kwargs))
         train_config.validate(len(members))
-        schedule = plan(train_config, len(members))
-        rate = schedule["sample_rate"] or min(1.0, config.batch_size / len(members))
+        rate = min(1.0, config.batch_size / len(members))  # the run's Poisson rate q = B/N (see ``plan``)
         canaries = GradientCanaries(shape_model.to(device), m, settings.audit_seed, config.clip_norm, rate,
                                     settings.whitebox_score)
         audit_dataset = dataclasses.replace(dataset, private=members)
