@@ -9,7 +9,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from transdenoiser.argtypes import float_list, nonnegative_int, open_unit_interval, positive_float, positive_int
+from transdenoiser.argtypes import (
+    float_list,
+    nonnegative_float,
+    nonnegative_int,
+    open_unit_interval,
+    positive_float,
+    positive_int,
+)
 
 # flag destination -> TrainConfig field (the training flags `train` has that an audit needs)
 FLAG_FIELDS = {"arm": "arm", "sigma": "sigma", "clip_norm": "clip_norm", "xi_up": "xi_up", "xi_low": "xi_low",
@@ -68,7 +75,7 @@ def register(subparsers, common) -> None:
     g.add_argument("--sigma", type=positive_float, default=None)
     g.add_argument("--clip-norm", type=positive_float, default=None)
     g.add_argument("--xi-up", type=positive_float, default=None)
-    g.add_argument("--xi-low", type=positive_float, default=None)
+    g.add_argument("--xi-low", type=nonnegative_float, default=None)
     g.add_argument("--target-epsilon", type=positive_float, default=None)
     g.add_argument("--delta", type=open_unit_interval, default=None)
     g.add_argument("--batch-size", type=positive_int, default=None)
