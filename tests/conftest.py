@@ -30,3 +30,14 @@ def classifier(classifier_dir):
     from training.checkpoint import load_checkpoint
 
     return load_checkpoint(classifier_dir, kind="classifier").model
+
+
+def forget_bentoml_metrics() -> None:
+    """An in-process BentoML app registers its request metrics in prometheus_client's default registry, and a
+    second app in the same test process would register them again (DuplicateTimeseries). The in-process
+    service fixtures call this when they tear their app down."""
+    from prometheus_client import REGISTRY
+
+    for collector, names in list(REGISTRY._collector_to_names.items()):
+        if any(name.startswith("bentoml_") for name in names):
+            REGISTRY.unregister(collector)

@@ -18,6 +18,7 @@ from serving.config import ServingConfig, load_config, validate_config
 from serving.engine import CertifyWork, NoiseJob, VoteCounter, job_seed, plan_jobs
 from serving.limits import PayloadLimitMiddleware
 from serving.validation import RequestError, decode_image, parse_payload
+from tests.conftest import forget_bentoml_metrics
 from transdenoiser.cli import main as cli_main
 from transdenoiser.errors import UserError
 
@@ -246,8 +247,11 @@ def service_client(model_dir):
         patch.delenv("TRANSDENOISER_API_KEY", raising=False)
         from serving.service import TransDenoiser
 
-        with TestClient(TransDenoiser.to_asgi(), raise_server_exceptions=False) as client:
-            yield client
+        try:
+            with TestClient(TransDenoiser.to_asgi(), raise_server_exceptions=False) as client:
+                yield client
+        finally:
+            forget_bentoml_metrics()
 
 
 def test_service_predicts_json_and_png(service_client, digits):

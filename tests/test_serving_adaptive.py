@@ -18,6 +18,7 @@ from serving.engine import SequentialWork, VoteCounter
 from serving.process import ServerProcess
 from serving.scheduler import BudgetExceeded, FairScheduler
 from serving.validation import RequestError, form_bool, form_radius, parse_payload
+from tests.conftest import forget_bentoml_metrics
 from tests.test_serving_server import START_TIMEOUT_S, png
 
 SHAPE = (1, 28, 28)
@@ -170,8 +171,11 @@ def service(model_dir):
         patch.delenv("TRANSDENOISER_API_KEY", raising=False)
         from serving.service import TransDenoiser
 
-        with TestClient(TransDenoiser.to_asgi(), raise_server_exceptions=False) as client:
-            yield client
+        try:
+            with TestClient(TransDenoiser.to_asgi(), raise_server_exceptions=False) as client:
+                yield client
+        finally:
+            forget_bentoml_metrics()
 
 
 def test_service_answers_reproduce_offline_and_duplicates_agree(service, smooth, digits):
