@@ -1,6 +1,8 @@
 """Shared fixtures. Heavy objects are session-scoped so the suite stays well under 10 minutes on 2 CPU cores."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -41,3 +43,21 @@ def forget_bentoml_metrics() -> None:
     for collector, names in list(REGISTRY._collector_to_names.items()):
         if any(name.startswith("bentoml_") for name in names):
             REGISTRY.unregister(collector)
+
+
+@contextlib.contextmanager
+def in_process_service(model_dir):
+    """A Starlette test client of the BentoML service over ``model_dir`` (CPU, no API key), torn down cleanly."""
+    from starlette.testclient import TestClient
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRANSDENOISER_MODEL_DIR", str(model_dir))
+        patch.setenv("TRANSDENOISER_DEVICE", "cpu")
+        patch.delenv("TRANSDENOISER_API_KEY", raising=False)
+        from serving.service import TransDenoiser
+
+        try:
+            with TestClient(TransDenoiser.to_asgi(), raise_server_exceptions=False) as client:
+                yield client
+        finally:
+            forget_bentoml_metrics()

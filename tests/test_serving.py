@@ -18,7 +18,7 @@ from serving.config import ServingConfig, load_config, validate_config
 from serving.engine import CertifyWork, NoiseJob, VoteCounter, job_seed, plan_jobs
 from serving.limits import PayloadLimitMiddleware
 from serving.validation import RequestError, decode_image, parse_payload
-from tests.conftest import forget_bentoml_metrics
+from tests.conftest import in_process_service
 from transdenoiser.cli import main as cli_main
 from transdenoiser.errors import UserError
 
@@ -239,19 +239,8 @@ def test_payload_limit_middleware():
 
 @pytest.fixture(scope="module")
 def service_client(model_dir):
-    from starlette.testclient import TestClient
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TRANSDENOISER_MODEL_DIR", str(model_dir))
-        patch.setenv("TRANSDENOISER_DEVICE", "cpu")
-        patch.delenv("TRANSDENOISER_API_KEY", raising=False)
-        from serving.service import TransDenoiser
-
-        try:
-            with TestClient(TransDenoiser.to_asgi(), raise_server_exceptions=False) as client:
-                yield client
-        finally:
-            forget_bentoml_metrics()
+    with in_process_service(model_dir) as client:
+        yield client
 
 
 def test_service_predicts_json_and_png(service_client, digits):

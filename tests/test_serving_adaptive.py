@@ -18,7 +18,7 @@ from serving.engine import SequentialWork, VoteCounter
 from serving.process import ServerProcess
 from serving.scheduler import BudgetExceeded, FairScheduler
 from serving.validation import RequestError, form_bool, form_radius, parse_payload
-from tests.conftest import forget_bentoml_metrics
+from tests.conftest import in_process_service
 from tests.test_serving_server import START_TIMEOUT_S, png
 
 SHAPE = (1, 28, 28)
@@ -163,19 +163,8 @@ def test_adaptive_fields_are_read(config):
 
 @pytest.fixture(scope="module")
 def service(model_dir):
-    from starlette.testclient import TestClient
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TRANSDENOISER_MODEL_DIR", str(model_dir))
-        patch.setenv("TRANSDENOISER_DEVICE", "cpu")
-        patch.delenv("TRANSDENOISER_API_KEY", raising=False)
-        from serving.service import TransDenoiser
-
-        try:
-            with TestClient(TransDenoiser.to_asgi(), raise_server_exceptions=False) as client:
-                yield client
-        finally:
-            forget_bentoml_metrics()
+    with in_process_service(model_dir) as client:
+        yield client
 
 
 def test_service_answers_reproduce_offline_and_duplicates_agree(service, smooth, digits):
