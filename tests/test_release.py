@@ -326,3 +326,30 @@ def test_train_resume_takes_the_saved_dataset(mnist10k, clf, tmp_path, capsys, m
     monkeypatch.setattr(training.cli, "load_dataset_from_args", fake_load)
     assert main(["train", "--out", str(run), "--resume"]) == 2
     assert seen["dataset"] == "fashion-mnist"  # not the default mnist10k: --dataset need not be repeated
+
+
+def test_train_interrupt_says_what_was_kept_and_how_to_resume(mnist10k, clf, tmp_path):
+    from training.train_cli import interrupted_message
+
+    run = tmp_path / "run"
+    first = interrupted_message(run, 3)
+    assert "nothing was saved" in first and "first epoch" in first
+    train_denoiser(cfg(arm="sepdp", epochs=3, train_examples=32, eval_examples=20), mnist10k, clf, CPU,
+                   checkpoint_dir=run, stop_after_epochs=1)
+    later = interrupted_message(run, 3)
+    assert "1 of 3 epochs are saved" in later and f"transdenoiser train --out {run} --resume" in later
+
+
+def test_train_cli_interrupt_exits_130_with_the_message(classifier_dir, tmp_path, capsys, monkeypatch):
+    import training.private_train
+    from transdenoiser.cli import main
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(training.private_train, "train_denoiser", interrupted)
+    code = main(["train", "--arm", "sepdp", "--denoiser", "tiny", "--train-examples", "32", "--batch-size", "16",
+                 "--delta", "1e-3", "--classifier", str(classifier_dir), "--out", str(tmp_path / "run"),
+                 "--device", "cpu"])
+    assert code == 130
+    assert "nothing was saved" in capsys.readouterr().err.strip().splitlines()[-1]

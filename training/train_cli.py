@@ -141,6 +141,21 @@ def config_from_args(args, base: dict | None = None):
     return TrainConfig.from_dict(values, source=str(args.config or "flags")), given
 
 
+def interrupted_message(out: Path, epochs: int) -> str:
+    """What an interrupted ``train`` kept in ``out`` (a checkpoint is written after every whole epoch)."""
+    import json
+
+    try:
+        done = int(json.loads((Path(out) / "metadata.json").read_text())["epochs_done"])
+    except (OSError, ValueError, KeyError, TypeError):
+        done = 0
+    if done == 0:
+        return (f"transdenoiser train: interrupted during the first epoch: nothing was saved in {out} (a checkpoint "
+                "is written after each whole epoch); run the same command again to start over")
+    return (f"transdenoiser train: interrupted: {done} of {epochs} epochs are saved in {out} (the epoch in "
+            f"progress is not); resume with: transdenoiser train --out {out} --resume")
+
+
 def cmd_train(args) -> int:
     device = resolve_device(args.device)
     group = None
@@ -222,9 +237,13 @@ def _train(args, device, group) -> int:
               f"PSNR {row['psnr']:.2f} dB  classifier acc on g(x+noise) {row['accuracy_denoised']:.4f}  "
               f"({row['seconds']:.0f} s)", file=sys.stderr, flush=True)
 
-    model, meta = train_denoiser(config, dataset, classifier, device, track=bar if writer else silent,
-                                 checkpoint_dir=args.out, resume=args.resume, on_epoch=on_epoch if writer else None,
-                                 group=group)
+    try:
+        model, meta = train_denoiser(config, dataset, classifier, device, track=bar if writer else silent,
+                                     checkpoint_dir=args.out, resume=args.resume,
+                                     on_epoch=on_epoch if writer else None, group=group)
+    except KeyboardInterrupt:
+        print(interrupted_message(args.out, config.epochs), file=sys.stderr)
+        return 130
     if not writer:
         return 0
     if args.json:
