@@ -15,3 +15,14 @@ def prepare_process(threads: int | None, device_name: str):
     if threads:
         torch.set_num_threads(threads)
     return allocator, resolve_device(device_name)
+
+
+def write_result(out, record: dict):
+    """Write a benchmark's JSON record to ``out`` (parents created); return the path."""
+    import json
+    from pathlib import Path
+
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2))
+    return path

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks import write_result
 from benchmarks.serving_common import percentiles, run_record, running_server
 from transdenoiser.argtypes import positive_int
 
@@ -108,8 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{phase:7s} requests={f['count']:3d} p50={f['p50_s']:.3f}s p99={f['p99_s']:.3f}s")
     print(f"loaded / idle: median {figures['median_ratio']:.2f}x, p99 {figures['p99_ratio']:.2f}x "
           f"(target <= {TARGET_RATIO:g}x: {'met' if figures['target_met'] else 'NOT met'})")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    write_result(args.out, result)
     print(f"results in {args.out}")
     return 0
 

@@ -12,7 +12,6 @@ at most ``max(--min-requests, C * --requests-per-client)`` requests and no new r
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -25,6 +24,7 @@ import httpx
 import numpy as np
 import torch
 
+from benchmarks import write_result
 from serving.bundle import write_model_dir
 from serving.process import ServerProcess
 from training.datasets import load_dataset
@@ -118,8 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                  / results["modes"]["one-at-a-time"][index]["requests_per_s"])
         results.setdefault("speedup", {})[str(count)] = ratio
         print(f"adaptive / one-at-a-time throughput at {count} clients: {ratio:.2f}x")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2))
+    write_result(args.out, results)
     print(f"hardware: {results['hardware']}; results in {args.out}")
     return 0
 

@@ -17,7 +17,6 @@ fractions are compared on the images both modes answered.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import threading
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks import write_result
 from benchmarks.serving_common import percentiles, run_record, running_server
 from transdenoiser.argtypes import positive_float, positive_int
 
@@ -156,8 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"decide / fixed requests per second at {args.clients} clients: {record['speedup']:.2f}x "
           f"(median of {args.repeats} interleaved phases; {record['images_compared']} images compared, "
           f"{len(record['disagreements'])} certified differently)")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(record, indent=2))
+    write_result(args.out, record)
     print(f"hardware: {record['hardware']}; commit {record['commit']}; results in {args.out}")
     return 0
 

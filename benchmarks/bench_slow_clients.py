@@ -14,7 +14,6 @@ Loopback only; bounded by the counts.
 from __future__ import annotations
 
 import argparse
-import json
 import socket
 import tempfile
 import threading
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks import write_result
 from benchmarks.serving_common import percentiles, run_record, running_server
 from transdenoiser.argtypes import positive_int
 
@@ -162,8 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{target:6s} {phase:7s} requests={p['count']:3d} p50={p['p50_s']}s p99={p['p99_s']}s")
         print(f"{target:6s} p99 stalled / idle: {f.get('p99_ratio')} failures={f['failures']} "
               f"target met: {f.get('target_met')}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    write_result(args.out, result)
     print(f"results in {args.out}")
     return 0
 

@@ -28,6 +28,7 @@ import httpx
 import numpy as np
 from PIL import Image
 
+from benchmarks import write_result
 from benchmarks.serving_common import percentiles, run_record, running_server, worker_process
 from transdenoiser.argtypes import positive_float, positive_int
 
@@ -178,8 +179,7 @@ def main(argv: list[str] | None = None) -> int:
               f"statuses={figures['statuses']}")
     print(f"5xx={result['responses_5xx']} dropped={result['dropped_connections']} unexpected={result['unexpected']} "
           f"memory={result.get('memory')} passed={result['passed']}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    write_result(args.out, result)
     print(f"results in {args.out}")
     return 0 if result["passed"] else 1
 
