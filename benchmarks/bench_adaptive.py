@@ -96,11 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     stride = max(1, len(spread) // 10)
     indices = [spread[k + stride * j] for k in range(stride) for j in range(10) if k + stride * j < len(spread)]
     indices += [i for i in spread if i not in set(indices)]
-    big = max(args.fixed)
+    big = max(args.fixed) if len(args.fixed) > 1 else None  # --images-100k limits only the largest of several
     every = max(1, round(len(spread) / max(1, args.images_100k)))  # evenly over the split, hence over classes
     big_indices = set(spread[::every][:args.images_100k])
     estimate_indices = set(spread if args.estimate_images is None else
-                           spread[::max(1, round(len(spread) / args.estimate_images))][:args.estimate_images])
+                           spread[::max(1, round(len(spread) / max(1, args.estimate_images)))][:args.estimate_images])
     smooth = Smooth(pipeline.classifier, pipeline.num_classes, args.sigma, pipeline.denoiser, args.batch, device,
                     workers=args.workers)
     rows: dict[str, list[dict]] = {f"fixed_n{n}": [] for n in args.fixed}
