@@ -121,6 +121,12 @@ class TrainConfig:
     train_on: str = "private"
     # a denoiser checkpoint trained on the public split whose weights start this run (public initialisation)
     init_from: str | None = None
+    # sepdp's gradient noise (training/shaped_noise.py, docs/PRIVACY.md): "isotropic" (DP-SGD), "shaped" (per-layer
+    # clip budgets and noise shaped from shape_examples public images per step: the same epsilon for xi_up), or
+    # "optimized" (Xiang et al.'s Algorithm 1 as written: NO privacy guarantee; needs acknowledge_unsound)
+    noise: str = "isotropic"
+    shape_examples: int = 128
+    acknowledge_unsound: bool = False
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> TrainConfig:
@@ -175,6 +181,9 @@ class TrainConfig:
         for key in ("in_channels", "activation"):
             if key in self.denoiser_kwargs:
                 raise UserError(f"denoiser_kwargs must not set {key!r} (it comes from the data / --activation)")
+        from training.shaped_noise import check_noise_settings
+
+        check_noise_settings(self)
         if self.arm == "nodp":
             return
         if self.target_epsilon is not None and not self.target_epsilon > 0:
@@ -322,8 +331,12 @@ class SepDPArm(DPArm):
     """DP-SGD: noise N(0, (xi_up C)^2) on the summed clipped gradient every step (empty batch included)."""
 
     name = "sepdp"
+    shaper = None  # --noise shaped|optimized: set by training.shaped_noise.attach_noise_shaper
 
     def gradient(self, x, generator):
+        if self.shaper is not None:
+            update, multiplier, mean_loss = self.shaper.gradient(self, x, generator)
+            return update, StepRecord(len(x), explicit_multiplier=multiplier, mean_loss=mean_loss)
         if len(x) == 0:
             return self.finish(self.noise.add(self.zeros(), self.xi_up, generator)), StepRecord(
                 0, explicit_multiplier=self.xi_up)
@@ -711,6 +724,10 @@ def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint
 
     arm = ARM_CLASSES[config.arm](model, config, schedule["xi_up"] or 0.0, float(config.batch_size),
                                   schedule["total_steps"], group=group)
+    if config.arm == "sepdp":  # --noise shaped|optimized (training/shaped_noise.py)
+        from training.shaped_noise import attach_noise_shaper
+
+        attach_noise_shaper(arm, config, dataset, x_train, start_step=len(records))
     sampler = PoissonSampler(num_examples, schedule["sample_rate"]) if config.arm != "nodp" else None
     last_epoch = config.epochs if stop_after_epochs is None else min(config.epochs, stop_after_epochs)
     started = time.perf_counter()
@@ -812,6 +829,9 @@ class _RunFacts:
             target_epsilon=config.target_epsilon if config.arm != "nodp" else None,
             calibration_accountant=config.calibration_accountant
             if config.target_epsilon is not None and config.arm != "nodp" else None)
+        from training.shaped_noise import noise_report
+
+        report = noise_report(report, config, [r.explicit_multiplier for r in records])
         self._report = (len(records), report)
         return report
 
@@ -864,12 +884,19 @@ def released_metadata(run: _RunFacts, records: list[StepRecord], metrics: list[d
         "complete": epochs_done == config.epochs,
         "metrics": [{k: row[k] for k in RELEASED_METRICS} for row in metrics],
         "baselines": run.baselines,
-        "privacy": released_privacy_report(run.full_report(records)),
+        "privacy": _released_report(run, records),
         "private_record": {"path": f"{PRIVATE_DIR}/{RECORD_FILE}", "released": False,
                            "holds": list(NOT_RELEASED)},
         "device": str(run.device),
         "hardware": hardware_description(torch.device(run.device)),
     })
+
+
+def _released_report(run: _RunFacts, records: list[StepRecord]) -> dict[str, Any]:
+    from training.shaped_noise import released_noise_report
+
+    full = run.full_report(records)
+    return released_noise_report(released_privacy_report(full), full, run.config)
 
 
 def load_private_record(directory: str | Path) -> dict[str, Any]:

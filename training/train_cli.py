@@ -28,7 +28,8 @@ FLAG_FIELDS = {"arm": "arm", "sigma": "sigma", "clip_norm": "clip_norm", "xi_up"
                "activation": "activation", "train_examples": "train_examples", "eval_examples": "eval_examples",
                "max_smin_dim": "max_smin_dim", "calibration_accountant": "calibration_accountant",
                "reproducible_noise": "reproducible_noise", "merge_uncredited_noise": "merge_uncredited_noise",
-               "noise_draws": "noise_draws", "train_on": "train_on", "init_from": "init_from"}
+               "noise_draws": "noise_draws", "train_on": "train_on", "init_from": "init_from",
+               "noise": "noise", "shape_examples": "shape_examples", "i_understand_unsound": "acknowledge_unsound"}
 
 
 def register(subparsers, common) -> None:
@@ -80,6 +81,15 @@ def register(subparsers, common) -> None:
     g.add_argument("--noise-draws", type=positive_int, default=None,
                    help="sepdp: average each example's gradient over K input-noise draws, then clip once (same "
                         "privacy cost; less gradient variance) (default: 1)")
+    g.add_argument("--noise", choices=("isotropic", "shaped", "optimized"), default=None,
+                   help="sepdp's gradient noise: isotropic (DP-SGD, default); shaped (per-layer clip budgets C_g, "
+                        "sum C_g^2 = C^2, and per-layer noise shaped from the public split: the same epsilon as "
+                        "isotropic noise at xi_up); optimized (Xiang et al.'s Algorithm 1 as written: its claimed "
+                        "epsilon does NOT hold; refused without --i-understand-unsound)")
+    g.add_argument("--shape-examples", type=positive_int, default=None,
+                   help="--noise shaped: public images per step from which the noise shape is computed (default: 128)")
+    g.add_argument("--i-understand-unsound", action="store_const", const=True, default=None,
+                   help="allow --noise optimized, whose privacy claim does not hold (for reproducing the paper only)")
     g.add_argument("--reproducible-noise", action="store_const", const=True, default=None,
                    help="draw the DP noise and Poisson batches from --seed (research only: the seed is recorded and "
                         "anyone who has it can subtract the noise, so no epsilon holds; every report says so). "
@@ -227,6 +237,10 @@ def _train(args, device, group) -> int:
     if config.reproducible_noise and config.arm != "nodp":
         print(f"WARNING: --reproducible-noise: the DP noise is drawn from seed {config.seed}, which is recorded; "
               "the epsilon does not hold against anyone who has it (every report says so)", file=sys.stderr)
+    if config.noise == "optimized":
+        print("WARNING: --noise optimized (Xiang et al.'s Algorithm 1 as written): its claimed epsilon does not hold "
+              "and no data-independent epsilon exists; do not release this model as private (docs/PRIVACY.md)",
+              file=sys.stderr)
     if config.target_epsilon is not None and config.arm != "nodp":
         print(f"note: xi_up will be calibrated for target epsilon {config.target_epsilon} "
               f"({config.calibration_accountant} accountant); the configured xi_up {config.xi_up:g} is not used",
