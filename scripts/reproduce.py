@@ -1,0 +1,793 @@
+"""Regenerate the comparisons of the TransDenoiser paper's Section 3.2 (Figures 2, 3, 4 and 7) with the product's
+own commands, on mnist10k, full Fashion-MNIST and (given the data) CIFAR-10. Run through scripts/reproduce.sh.
+
+Every step is one ``transdenoiser`` command (printed as ``+ transdenoiser ...`` before it runs), run in this process
+by default (``--subprocess`` runs each as its own process; the results are the same); every step is skipped when its
+output is complete and resumes where a checkpointed step stopped. A step that fails is reported and the others go
+on; the exit status is 1 if any failed. Training arms that ``transdenoiser train --help`` does not list are reported
+as ``skipped: arm X not available`` and run as soon as they exist.
+
+Outputs, per data set D under --out: D/classifier, D/train/RUN_sSEED (checkpoints), D/certify/RUN_sSEED,
+D/attack/RUN_sSEED/ATTACK, D/eps/ARM_epsE_sSEED (Figure 4's trainings and their attack at bound 2.0),
+D/figures/{figure2,figure3,figure4,figure7}.png and D/tables.md, D/results.json; OUT/steps.jsonl records every
+step's command, wall seconds and amount of work (``--estimate-from`` turns it into a wall-time estimate).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import math
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# The paper's arms: (run name, training arm, input/smoothing sigma). Figure 2a compares transdenoiser with the
+# baselines, Figure 2b with the ablations.
+ARM_RUNS = (
+    ("nodp", "nodp", 0.25),
+    ("sepdp", "sepdp", 0.25),
+    ("transdenoiser", "transdenoiser", 0.25),
+    ("transdenoiser_sigma010", "transdenoiser", 0.1),
+    ("securesgd-prt", "securesgd-prt", 0.25),
+    ("securesgd-sct", "securesgd-sct", 0.25),
+    ("stobatch", "stobatch", 0.25),
+)
+LABELS = {"nodp": "TransDenoiser_nodp", "sepdp": "TransDenoiser_sepdp", "transdenoiser": "TransDenoiser",
+          "transdenoiser_sigma010": "TransDenoiser_inp_0.1", "securesgd-prt": "SecureSGD_prt",
+          "securesgd-sct": "SecureSGD_sct", "stobatch": "StoBatch", "none": "no denoiser"}
+BASELINE_RUNS = ("transdenoiser", "securesgd-prt", "securesgd-sct", "stobatch")
+ABLATION_RUNS = ("transdenoiser", "nodp", "sepdp", "transdenoiser_sigma010")
+DP_ARMS = ("sepdp", "transdenoiser", "securesgd-prt", "securesgd-sct", "stobatch")  # Figure 4's epsilon sweep
+ATTACKS = ("fgsm", "ifgsm", "mim", "pgd")
+ATTACK_NAMES = {"fgsm": "FGSM", "ifgsm": "I-FGSM", "mim": "MIM", "pgd": "PGD (MadryEtAl)"}
+PAPER_EPSILON = 1.0  # the (1.0, 1e-5)-DP of Figures 2, 3 and 7; configs/*_sigma025.toml's target
+FIGURE4_BOUND = 2.0  # Figure 4's attack bound (L2)
+CONFIGS = {  # data set -> (config at sigma 0.25, config at sigma 0.1)
+    "mnist10k": ("configs/mnist_sigma025.toml", "configs/mnist_sigma010.toml"),
+    "mnist": ("configs/mnist_sigma025.toml", "configs/mnist_sigma010.toml"),
+    "fashion-mnist": ("configs/paper_fashion_sigma025.toml", "configs/paper_fashion_sigma010.toml"),
+    "cifar10": ("configs/paper_cifar10_sigma025.toml", "configs/paper_cifar10_sigma010.toml"),
+}
+
+
+@dataclass
+class Settings:
+    datasets: list[str]
+    out: Path
+    data_root: str | None = None
+    device: str = "cpu"
+    seeds: int = 1
+    images: int = 500               # certified test images, evenly spread
+    n0: int = 100
+    n: int | None = None            # fixed n; None: adaptive (estimate) mode with n_max
+    n_max: int = 10_000
+    alpha: float = 0.001
+    attack_images: int = 500
+    attack_eps: tuple[float, ...] = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0)
+    attacks: tuple[str, ...] = ATTACKS
+    figure4_attacks: tuple[str, ...] = ATTACKS
+    epsilons: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+    threat: str = "classifier"
+    attack_steps: int = 10
+    attack_n: int = 100
+    runs: tuple[str, ...] = tuple(name for name, _, _ in ARM_RUNS)
+    pretrain_epochs: int | None = None
+    train_extra: list[str] = field(default_factory=list)  # e.g. --epochs 1 in --quick
+    subprocess: bool = False
+    mode: str = "full"
+
+
+class Runner:
+    """Runs steps (``transdenoiser`` commands), skips finished ones and records each step's time and work."""
+
+    def __init__(self, settings: Settings, dry_run: bool = False):
+        self.s = settings
+        self.dry_run = dry_run
+        self.failures: list[str] = []
+        self.skipped: list[str] = []
+        self.planned: list[dict] = []
+        self.log = settings.out / "steps.jsonl"
+
+    def step(self, name: str, argv: list[str], done: bool, work: dict) -> bool:
+        """Run one command unless ``done``; True if its output is there afterwards."""
+        if self.dry_run:
+            self.planned.append({"name": name, "argv": argv, "work": work, "done": done})
+            return True  # plan the steps that depend on this one too
+        if done:
+            print(f"done: {name}", flush=True)
+            return True
+        print("+ transdenoiser " + shlex.join(argv), flush=True)
+        started = time.perf_counter()
+        code = self._call(argv)
+        seconds = time.perf_counter() - started
+        self.s.out.mkdir(parents=True, exist_ok=True)
+        with self.log.open("a") as f:
+            f.write(json.dumps({"name": name, "argv": argv, "exit": code, "seconds": round(seconds, 2),
+                                "work": work, "mode": self.s.mode, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
+                    + "\n")
+        if code != 0:
+            print(f"FAILED (exit {code}): {name}", flush=True)
+            self.failures.append(name)
+            return False
+        return True
+
+    def _call(self, argv: list[str]) -> int:
+        if self.s.subprocess:
+            exe = Path(sys.executable).with_name("transdenoiser")
+            command = [str(exe)] if exe.exists() else [sys.executable, "-m", "transdenoiser.cli"]
+            return subprocess.call(command + argv)
+        from transdenoiser.cli import main
+
+        saved = sys.argv
+        sys.argv = ["transdenoiser", *argv]  # the commands record the command line they were given
+        try:
+            return main(argv)
+        except SystemExit as exc:  # argparse flag errors
+            return int(exc.code or 0) if not isinstance(exc.code, str) else 2
+        finally:
+            sys.argv = saved
+
+    def skip(self, message: str) -> None:
+        if message not in self.skipped:
+            self.skipped.append(message)
+            if not self.dry_run:
+                print(message, flush=True)
+
+
+def available_arms() -> set[str]:
+    """The arms ``transdenoiser train --help`` lists."""
+    from transdenoiser.cli import main
+
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text), contextlib.suppress(SystemExit):
+        main(["train", "--help"])
+    found = re.search(r"--arm \{([^}]*)\}", text.getvalue())
+    return set(found.group(1).split(",")) if found else set()
+
+
+def available_commands() -> set[str]:
+    from transdenoiser.cli import COMMANDS
+
+    return set(COMMANDS)
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def checkpoint_complete(path: Path) -> bool:
+    meta = read_json(path / "metadata.json")
+    return bool(meta) and meta.get("complete", True) is True and (path / "weights.safetensors").exists()
+
+
+def split_sizes(dataset: str, data_root: str | None) -> dict[str, int]:
+    from training.datasets import load_dataset
+
+    data = load_dataset(dataset, data_root)
+    return {name: len(data.split(name)) for name in ("public", "private", "test")}
+
+
+def evenly_spaced_indices(size: int, count: int) -> str:
+    count = min(count, size)
+    return ",".join(str(int(i * size / count)) for i in range(count))
+
+
+def flag_value(argv: list[str], flag: str, default=None):
+    return argv[argv.index(flag) + 1] if flag in argv else default
+
+
+def reproduce_dataset(runner: Runner, dataset: str, arms: set[str], commands: set[str]) -> None:
+    s = runner.s
+    root = s.out / dataset
+    common = ["--dataset", dataset] + (["--data-root", s.data_root] if s.data_root else [])
+    device = ["--device", s.device]
+    sizes = split_sizes(dataset, s.data_root)
+    cfg025, cfg010 = (str(REPO / c) for c in CONFIGS.get(dataset, CONFIGS["mnist10k"]))
+
+    clf = root / "classifier"
+    epochs = ["--epochs", str(s.pretrain_epochs)] if s.pretrain_epochs else []
+    if not runner.step(f"{dataset}: pretrain", ["pretrain", *common, *device, *epochs, "--out", str(clf)],
+                       checkpoint_complete(clf),
+                       {"kind": "pretrain", "dataset": dataset, "images": sizes["public"],
+                        "epochs": s.pretrain_epochs or 8}):
+        return
+
+    def train(run_dir: Path, arm: str, sigma: float, seed: int, epsilon: float | None, label: str) -> bool:
+        if arm not in arms:
+            runner.skip(f"skipped: arm {arm} not available (`transdenoiser train --help` does not list it)")
+            return False
+        meta = read_json(run_dir / "metadata.json")
+        if meta is not None and meta.get("complete") is False and meta.get("kind") == "denoiser":
+            argv = ["train", "--out", str(run_dir), "--resume", *device]
+        else:
+            argv = ["train", "--config", cfg010 if sigma == 0.1 else cfg025, "--arm", arm, "--classifier", str(clf),
+                    "--out", str(run_dir), *common, *device, "--seed", str(seed), *s.train_extra]
+            if epsilon is not None:
+                argv += ["--target-epsilon", f"{epsilon:g}"]
+            if arm == "nodp":
+                argv += ["--optimizer", "adam", "--lr", "1e-3"]  # as docs/RESULTS.md section 2
+        examples = int(flag_value(s.train_extra, "--train-examples", 0)) or sizes["private"]
+        return runner.step(f"{dataset}: train {label}", argv, checkpoint_complete(run_dir),
+                           {"kind": "train", "arm": arm, "dataset": dataset, "examples": examples,
+                            "epochs": int(flag_value(s.train_extra, "--epochs", 5))})
+
+    def models(run_dir: Path) -> list[str]:
+        """--classifier/--denoiser for a trained run: classifiers trained from scratch stand alone."""
+        meta = read_json(run_dir / "metadata.json") or {}
+        if meta.get("kind") == "classifier":
+            return ["--classifier", str(run_dir)]
+        return ["--classifier", str(clf), "--denoiser", str(run_dir)]
+
+    def attack(run_dir: Path | None, out: Path, sigma: float, name: str, eps: tuple[float, ...], seed: int) -> None:
+        argv = ["attack", *(models(run_dir) if run_dir else ["--classifier", str(clf)]), *common, *device,
+                "--attack", name, "--norm", "l2", "--eps", ",".join(f"{e:g}" for e in eps), "--threat", s.threat,
+                "--sigma", f"{sigma:g}", "--steps", str(s.attack_steps), "--n", str(s.attack_n),
+                "--alpha", f"{s.alpha:g}", "--max-images", str(s.attack_images), "--seed", str(seed),
+                "--out", str(out)]
+        runner.step(f"{dataset}: attack {out.relative_to(root)}", argv, (out / "attack.json").exists(),
+                    {"kind": "attack", "attack": name, "threat": s.threat, "dataset": dataset,
+                     "images": min(s.attack_images, sizes["test"]), "eps": len(eps), "steps": s.attack_steps,
+                     "n": s.attack_n, "denoiser": bool(run_dir)})
+
+    indices = evenly_spaced_indices(sizes["test"], s.images)
+    n_images = min(s.images, sizes["test"])
+    estimation = (["--n", str(s.n)] if s.n else ["--adaptive", "--n-max", str(s.n_max)])
+
+    def certify(model_args: list[str], out: Path, sigma: float, seed: int) -> None:
+        argv = ["certify", *model_args, *common, *device, "--sigma", f"{sigma:g}", "--n0", str(s.n0), *estimation,
+                "--alpha", f"{s.alpha:g}", "--indices", indices, "--seed", str(seed), "--out", str(out)]
+        runner.step(f"{dataset}: certify {out.name}", argv, (out / "summary.json").exists(),
+                    {"kind": "certify", "dataset": dataset, "images": n_images,
+                     "samples_per_image": s.n0 + (s.n or s.n_max), "adaptive": not s.n})
+
+    # Figures 2, 3 and 7: every arm at the paper's setting, certified and attacked.
+    certify(["--classifier", str(clf)], root / "certify" / "none_s0", 0.25, 0)
+    for run, arm, sigma in ARM_RUNS:
+        if run not in s.runs:
+            continue
+        for seed in range(s.seeds):
+            run_dir = root / "train" / f"{run}_s{seed}"
+            if not train(run_dir, arm, sigma, seed, None, f"{run} seed {seed}"):
+                continue
+            certify(models(run_dir), root / "certify" / f"{run}_s{seed}", sigma, seed)
+            if "baseline-certify" in commands and arm in ("securesgd-prt", "securesgd-sct", "stobatch"):
+                out = root / "baseline_certify" / f"{run}_s{seed}"
+                skip = max(1, sizes["test"] // n_images)
+                runner.step(f"{dataset}: baseline-certify {run} seed {seed}",
+                            ["baseline-certify", "--model", str(run_dir), "--classifier", str(clf), *common, *device,
+                             "--skip", str(skip), "--max-images", str(n_images), "--n0", str(s.n0),
+                             "--n", str(s.n or s.n_max), "--alpha", f"{s.alpha:g}", "--seed", str(seed),
+                             "--out", str(out)],
+                            (out / "summary.json").exists(),
+                            {"kind": "baseline-certify", "dataset": dataset, "images": n_images,
+                             "samples_per_image": s.n0 + (s.n or s.n_max)})
+            for name in s.attacks:
+                attack(run_dir, root / "attack" / f"{run}_s{seed}" / name, sigma, name, s.attack_eps, seed)
+
+    # Figure 4: the DP arms trained at each epsilon, attacked at L2 bound 2.0 (epsilon 1.0: the runs above).
+    for arm in DP_ARMS:
+        if arm not in s.runs:
+            continue
+        for epsilon in s.epsilons:
+            for seed in range(s.seeds):
+                if epsilon == PAPER_EPSILON:
+                    continue  # the paper-setting run above is the epsilon-1.0 point
+                run_dir = root / "eps" / f"{arm}_eps{epsilon:g}_s{seed}"
+                if not train(run_dir, arm, 0.25, seed, epsilon, f"{arm} epsilon {epsilon:g} seed {seed}"):
+                    continue
+                for name in s.figure4_attacks:
+                    attack(run_dir, run_dir / f"attack_{name}", 0.25, name, (FIGURE4_BOUND,), seed)
+        if PAPER_EPSILON in s.epsilons:
+            for seed in range(s.seeds):
+                run_dir = root / "train" / f"{arm}_s{seed}"
+                if arm in arms and (runner.dry_run or checkpoint_complete(run_dir)):
+                    for name in s.figure4_attacks:
+                        if name not in s.attacks or FIGURE4_BOUND not in s.attack_eps:
+                            attack(run_dir, root / "eps" / f"{arm}_eps1_s{seed}_attack_{name}", 0.25, name,
+                                   (FIGURE4_BOUND,), seed)
+    if "nodp" in s.runs:  # Figure 4's no-privacy reference line
+        for seed in range(s.seeds):
+            run_dir = root / "train" / f"nodp_s{seed}"
+            if "nodp" in arms and (runner.dry_run or checkpoint_complete(run_dir)):
+                for name in s.figure4_attacks:
+                    if name not in s.attacks or FIGURE4_BOUND not in s.attack_eps:
+                        attack(run_dir, root / "eps" / f"nodp_s{seed}_attack_{name}", 0.25, name,
+                               (FIGURE4_BOUND,), seed)
+
+
+# ---------------------------------------------------------------------------------------------------- results
+
+
+def read_certify_rows(run: Path) -> list[dict]:
+    lines = (run / "certify.tsv").read_text().splitlines()
+    header = lines[0].split("\t")
+    rows = []
+    for line in lines[1:]:
+        values = dict(zip(header, line.split("\t")))
+        rows.append({"radius": float(values["radius"]), "correct": int(values["correct"])})
+    return rows
+
+
+def certified_accuracy(rows: list[dict], radius: float) -> float:
+    """Fraction of images classified correctly with a certified radius >= ``radius`` (abstentions count wrong)."""
+    return sum(1 for r in rows if r["correct"] and r["radius"] >= radius) / len(rows) if rows else math.nan
+
+
+def mean_and_range(values: list[float]) -> dict:
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    if not values:
+        return {"mean": None, "low": None, "high": None, "seeds": 0}
+    return {"mean": sum(values) / len(values), "low": min(values), "high": max(values), "seeds": len(values)}
+
+
+def attack_accuracy(record: dict, eps: float) -> float | None:
+    if eps == 0:
+        return record["clean"]["smoothed_accuracy"]
+    for row in record["results"]:
+        if abs(row["eps"] - eps) < 1e-9:
+            return row["smoothed_accuracy"]
+    return None
+
+
+def epsilons_of(meta: dict) -> dict:
+    """Every epsilon the checkpoint's privacy report names (RDP upper bound), by guarantee name."""
+    privacy = meta.get("privacy") or {}
+    found = {}
+    for guarantee in privacy.get("guarantees", []) or []:
+        epsilon = guarantee.get("epsilon") or {}
+        if isinstance(epsilon, dict) and epsilon.get("rdp") is not None:
+            found[guarantee.get("name", "?")] = epsilon["rdp"]
+    return found
+
+
+def collect(root: Path, settings: Settings) -> dict:
+    """Everything the figures and tables show, read back from the runs' files."""
+    result: dict = {"dataset": root.name, "certify": {}, "attack": {}, "figure4": {}, "training": {}}
+    radii = [0.0, 0.25, 0.5, 0.75, 1.0]
+    for run in ("none", *settings.runs):
+        per_seed = sorted((root / "certify").glob(f"{run}_s*")) if (root / "certify").exists() else []
+        per_seed = [p for p in per_seed if re.fullmatch(rf"{re.escape(run)}_s\d+", p.name)
+                    and (p / "summary.json").exists()]
+        if not per_seed:
+            continue
+        rows = [read_certify_rows(p) for p in per_seed]
+        summaries = [read_json(p / "summary.json") or {} for p in per_seed]
+        result["certify"][run] = {
+            "images": [len(r) for r in rows],
+            "sigma": summaries[0].get("sigma"),
+            "certified_accuracy": {f"{r:g}": mean_and_range([certified_accuracy(x, r) for x in rows]) for r in radii},
+            "acr": mean_and_range([s.get("average_certified_radius") for s in summaries]),
+            "abstention": mean_and_range([s.get("abstention_rate") for s in summaries]),
+            "runs": [str(p) for p in per_seed], "rows": rows,
+        }
+        train_dirs = [root / "train" / p.name for p in per_seed]
+        metas = [read_json(d / "metadata.json") or {} for d in train_dirs if (d / "metadata.json").exists()]
+        if metas:
+            accuracies = [(m.get("metrics") or [{}])[-1].get("accuracy_denoised") for m in metas]
+            result["training"][run] = {"accuracy_denoised": mean_and_range(accuracies),
+                                       "epsilons": [epsilons_of(m) for m in metas]}
+    for run in settings.runs:
+        per_seed = sorted((root / "baseline_certify").glob(f"{run}_s*")) if (root / "baseline_certify").exists() else []
+        rows = []
+        for folder in per_seed:
+            tsv = folder / "baseline_certify.tsv"
+            if not tsv.exists():
+                continue
+            lines = tsv.read_text().splitlines()
+            header = lines[0].split("\t")
+            values = [dict(zip(header, line.split("\t"))) for line in lines[1:]]
+            rows.append([{"radius": float(v["phan_radius"]), "correct": int(v["phan_correct"])} for v in values])
+        if rows:
+            result.setdefault("baseline_certify", {})[run] = {
+                "images": [len(r) for r in rows], "rows": rows,
+                "certified_accuracy": {f"{r:g}": mean_and_range([certified_accuracy(x, r) for x in rows])
+                                       for r in radii}}
+    for run in ("none", *settings.runs):
+        base = root / "attack"
+        if not base.exists():
+            continue
+        for name in settings.attacks:
+            records = [read_json(p / name / "attack.json") for p in sorted(base.glob(f"{run}_s*"))
+                       if re.fullmatch(rf"{re.escape(run)}_s\d+", p.name)]
+            records = [r for r in records if r]
+            if not records:
+                continue
+            eps = [0.0, *sorted({row["eps"] for r in records for row in r["results"]})]
+            result["attack"].setdefault(run, {})[name] = {
+                f"{e:g}": mean_and_range([attack_accuracy(r, e) for r in records]) for e in eps}
+            result["attack"][run][name]["images"] = records[0]["num_images"]
+    for arm in (*DP_ARMS, "nodp"):
+        if arm not in settings.runs:
+            continue
+        for name in settings.figure4_attacks:
+            points = {}
+            for epsilon in settings.epsilons if arm != "nodp" else (None,):
+                values = []
+                for seed in range(settings.seeds):
+                    if epsilon is None or epsilon == PAPER_EPSILON:
+                        candidates = [root / "attack" / f"{arm}_s{seed}" / name,
+                                      root / "eps" / f"{arm}_eps1_s{seed}_attack_{name}",
+                                      root / "eps" / f"{arm}_s{seed}_attack_{name}"]
+                    else:
+                        candidates = [root / "eps" / f"{arm}_eps{epsilon:g}_s{seed}" / f"attack_{name}"]
+                    for candidate in candidates:
+                        record = read_json(candidate / "attack.json")
+                        value = attack_accuracy(record, FIGURE4_BOUND) if record else None
+                        if value is not None:
+                            values.append(value)
+                            break
+                if values:
+                    points["none" if epsilon is None else f"{epsilon:g}"] = mean_and_range(values)
+            if points:
+                result["figure4"].setdefault(arm, {})[name] = points
+    return result
+
+
+def percent(entry: dict | None) -> str:
+    if not entry or entry.get("mean") is None:
+        return "-"
+    text = f"{100 * entry['mean']:.1f}"
+    if entry["seeds"] > 1:
+        text += f" ({100 * entry['low']:.1f}-{100 * entry['high']:.1f})"
+    return text
+
+
+def number(value) -> str:
+    try:
+        return f"{float(value):.3g}"
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def write_tables(result: dict, path: Path, settings: Settings, header: str) -> None:
+    lines = [f"# Reproduction of the TransDenoiser paper's Section 3.2 on {result['dataset']}", "", header, ""]
+    seeds_note = (f"Each cell is the mean over {settings.seeds} training seeds (min-max in brackets)."
+                  if settings.seeds > 1 else "One training seed per arm.")
+    lines += ["## Figure 2: certified accuracy (%) against L2 radius", "", seeds_note, "",
+              "| run | images | r = 0 | 0.25 | 0.5 | 0.75 | 1.0 | ACR | abstained |", "|---|---|---|---|---|---|---|---|---|"]
+    for run, entry in result["certify"].items():
+        acc = entry["certified_accuracy"]
+        acr = entry["acr"]["mean"]
+        lines.append(f"| {LABELS.get(run, run)} (sigma {entry['sigma']:g}) | {entry['images'][0]} | "
+                     + " | ".join(percent(acc[k]) for k in ("0", "0.25", "0.5", "0.75", "1"))
+                     + f" | {acr:.3f} | {percent(entry['abstention'])} |")
+    if result.get("baseline_certify"):
+        lines += ["", "Phan et al.'s own certificate of the baselines (`transdenoiser baseline-certify`, the same images):",
+                  "", "| run | images | r = 0 | 0.25 | 0.5 | 0.75 | 1.0 |", "|---|---|---|---|---|---|---|"]
+        for run, entry in result["baseline_certify"].items():
+            acc = entry["certified_accuracy"]
+            lines.append(f"| {LABELS.get(run, run)}, Phan et al.'s bound | {entry['images'][0]} | "
+                         + " | ".join(percent(acc[k]) for k in ("0", "0.25", "0.5", "0.75", "1")) + " |")
+    if result["training"]:
+        lines += ["", "## The trained arms", "",
+                  "| run | classifier accuracy on g(x + noise) (%) | epsilon at delta 1e-5 (RDP), per analysis named in the report |",
+                  "|---|---|---|"]
+        for run, entry in result["training"].items():
+            eps = "; ".join(", ".join(f"{k} {number(v)}" for k, v in e.items()) for e in entry["epsilons"][:1])
+            lines.append(f"| {LABELS.get(run, run)} | {percent(entry['accuracy_denoised'])} | {eps or 'none'} |")
+    for figure, names in (("7", ("fgsm", "ifgsm")), ("3", ("mim", "pgd"))):
+        present = [n for n in names if any(n in a for a in result["attack"].values())]
+        if not present:
+            continue
+        lines += ["", f"## Figure {figure}: accuracy (%) of the smoothed prediction under attack, by L2 bound", "",
+                  f"Threat `{settings.threat}`; abstain = wrong; bound 0 = clean examples.", ""]
+        for name in present:
+            eps_keys = sorted({k for a in result["attack"].values() if name in a for k in a[name] if k != "images"},
+                              key=float)
+            lines += [f"**{ATTACK_NAMES[name]}**", "", "| run | images | " + " | ".join(eps_keys) + " |",
+                      "|---|---|" + "---|" * len(eps_keys)]
+            for run, per_attack in result["attack"].items():
+                if name in per_attack:
+                    lines.append(f"| {LABELS.get(run, run)} | {per_attack[name]['images']} | "
+                                 + " | ".join(percent(per_attack[name].get(k)) for k in eps_keys) + " |")
+            lines.append("")
+    if result["figure4"]:
+        lines += ["", f"## Figure 4: accuracy (%) under attack at L2 bound {FIGURE4_BOUND:g} against epsilon", "",
+                  "Each DP arm trained with `--target-epsilon E` (delta 1e-5); nodp has no epsilon.", ""]
+        for name in settings.figure4_attacks:
+            keys = [f"{e:g}" for e in settings.epsilons]
+            lines += [f"**{ATTACK_NAMES[name]}**", "", "| arm | " + " | ".join(f"eps {k}" for k in keys) + " |",
+                      "|---|" + "---|" * len(keys)]
+            for arm, per_attack in result["figure4"].items():
+                if name in per_attack:
+                    points = per_attack[name]
+                    cells = [percent(points.get("none")) for _ in keys] if arm == "nodp" else \
+                        [percent(points.get(k)) for k in keys]
+                    lines.append(f"| {LABELS.get(arm, arm)} | " + " | ".join(cells) + " |")
+            lines.append("")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def plot_figures(result: dict, folder: Path, settings: Settings) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    dataset = result["dataset"]
+    if result["certify"]:
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+        top = max((r["radius"] for e in result["certify"].values() for rows in e["rows"] for r in rows), default=1.0)
+        grid = [top * 1.05 * i / 200 for i in range(201)]
+        for ax, group, title in ((axes[0], BASELINE_RUNS, "(a) TransDenoiser and baselines"),
+                                 (axes[1], ("none", *ABLATION_RUNS), "(b) ablations")):
+            for run in group:
+                entry = result["certify"].get(run)
+                if not entry:
+                    continue
+                curves = [[certified_accuracy(rows, r) for r in grid] for rows in entry["rows"]]
+                mean = [sum(c[i] for c in curves) / len(curves) for i in range(len(grid))]
+                line, = ax.plot(grid, mean, label=f"{LABELS.get(run, run)} (sigma {entry['sigma']:g})",
+                                linestyle="--" if run == "none" else "-")
+                own = result.get("baseline_certify", {}).get(run)
+                if own and group is BASELINE_RUNS:
+                    own_curves = [[certified_accuracy(rows, r) for r in grid] for rows in own["rows"]]
+                    ax.plot(grid, [sum(c[i] for c in own_curves) / len(own_curves) for i in range(len(grid))],
+                            color=line.get_color(), linestyle=":", label=f"{LABELS.get(run, run)}: Phan et al.'s bound")
+                if len(curves) > 1:
+                    ax.fill_between(grid, [min(c[i] for c in curves) for i in range(len(grid))],
+                                    [max(c[i] for c in curves) for i in range(len(grid))],
+                                    color=line.get_color(), alpha=0.2)
+            ax.set_title(title)
+            ax.set_xlabel("L2 radius")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        axes[0].set_ylabel("certified accuracy")
+        fig.suptitle(f"Figure 2 ({dataset}): certified accuracy against L2 radius")
+        fig.tight_layout()
+        written.append(folder / "figure2.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+    for figure, names in (("7", ("fgsm", "ifgsm")), ("3", ("mim", "pgd"))):
+        names = [n for n in names if any(n in a for a in result["attack"].values())]
+        if not names:
+            continue
+        fig, axes = plt.subplots(len(names), 2, figsize=(11, 3.6 * len(names)), sharey=True, squeeze=False)
+        for row, name in enumerate(names):
+            for col, (group, title) in enumerate(((BASELINE_RUNS, "baselines"), (ABLATION_RUNS, "ablations"))):
+                ax = axes[row][col]
+                clean = None
+                for run in group:
+                    entry = result["attack"].get(run, {}).get(name)
+                    if not entry:
+                        continue
+                    keys = sorted((k for k in entry if k not in ("images", "0")), key=float)
+                    xs = [float(k) for k in keys]
+                    means = [entry[k]["mean"] for k in keys]
+                    line, = ax.plot(xs, means, marker="o", label=LABELS.get(run, run))
+                    if entry[keys[0]]["seeds"] > 1:
+                        ax.fill_between(xs, [entry[k]["low"] for k in keys], [entry[k]["high"] for k in keys],
+                                        color=line.get_color(), alpha=0.2)
+                    if run == "transdenoiser":
+                        clean = (xs, entry["0"]["mean"])
+                if clean:
+                    ax.plot(clean[0], [clean[1]] * len(clean[0]), color="black", linestyle=":",
+                            label="Clean examples (TransDenoiser)")
+                ax.set_title(f"{ATTACK_NAMES[name]}: {title}")
+                ax.set_xlabel("attack L2 bound")
+                ax.grid(alpha=0.3)
+                ax.legend(fontsize=8)
+            axes[row][0].set_ylabel("accuracy (smoothed)")
+        fig.suptitle(f"Figure {figure} ({dataset}): accuracy under attack (threat {settings.threat})")
+        fig.tight_layout()
+        written.append(folder / f"figure{figure}.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+    if result["figure4"]:
+        names = [n for n in settings.figure4_attacks if any(n in a for a in result["figure4"].values())]
+        fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.8), sharey=True, squeeze=False)
+        for ax, name in zip(axes[0], names):
+            for arm, per_attack in result["figure4"].items():
+                points = per_attack.get(name)
+                if not points:
+                    continue
+                if arm == "nodp":
+                    value = points["none"]["mean"]
+                    ax.axhline(value, color="grey", linestyle="--", label=LABELS["nodp"])
+                    continue
+                keys = sorted(points, key=float)
+                xs = [float(k) for k in keys]
+                line, = ax.plot(xs, [points[k]["mean"] for k in keys], marker="o", label=LABELS.get(arm, arm))
+                if any(points[k]["seeds"] > 1 for k in keys):
+                    ax.fill_between(xs, [points[k]["low"] for k in keys], [points[k]["high"] for k in keys],
+                                    color=line.get_color(), alpha=0.2)
+            ax.set_xscale("log")
+            ax.set_title(f"{ATTACK_NAMES[name]}, L2 bound {FIGURE4_BOUND:g}")
+            ax.set_xlabel("epsilon (delta 1e-5)")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        axes[0][0].set_ylabel("accuracy (smoothed)")
+        fig.suptitle(f"Figure 4 ({dataset}): accuracy under attack against epsilon")
+        fig.tight_layout()
+        written.append(folder / "figure4.png")
+        fig.savefig(written[-1], dpi=110)
+        plt.close(fig)
+    return written
+
+
+def write_results(root: Path, settings: Settings, command: str) -> list[Path]:
+    from transdenoiser.runtime import hardware_description
+
+    import torch
+
+    result = collect(root, settings)
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip() or "unknown"
+    header = (f"Command: `{command}` ({settings.mode} mode). Hardware: {hardware_description(torch.device('cpu'))}. "
+              f"Commit: {commit}. Certification: {settings.images} images requested, n0 {settings.n0}, "
+              + (f"n {settings.n}" if settings.n else f"adaptive, n_max {settings.n_max}")
+              + f", alpha {settings.alpha:g}. Attacks: {settings.attack_images} images requested, {settings.attack_steps}"
+              f" steps, smoothed prediction n {settings.attack_n}.")
+    figures = plot_figures(result, root / "figures", settings)
+    write_tables(result, root / "tables.md", settings, header)
+    slim = json.loads(json.dumps(result, default=str))
+    for entry in (*slim["certify"].values(), *slim.get("baseline_certify", {}).values()):
+        entry.pop("rows", None)
+    (root / "results.json").write_text(json.dumps({"header": header, "commit": commit, **slim}, indent=1) + "\n")
+    return [*figures, root / "tables.md", root / "results.json"]
+
+
+# ---------------------------------------------------------------------------------------------------- estimate
+
+
+def estimate(plan: list[dict], measured: list[dict]) -> dict:
+    """Wall time of ``plan`` (dry-run steps) from the per-unit rates of ``measured`` steps (steps.jsonl)."""
+    def units(work: dict) -> float:
+        kind = work.get("kind")
+        if kind == "pretrain":
+            return work["images"] * work["epochs"]
+        if kind == "train":
+            return work["examples"] * work["epochs"]
+        if kind == "certify":
+            return work["images"] * work["samples_per_image"]
+        if kind == "attack":
+            return work["images"] * work["eps"]
+        return 1.0
+
+    def key(work: dict) -> tuple:
+        kind = work.get("kind")
+        if kind == "train":
+            return (kind, work["arm"])
+        if kind == "attack":
+            return (kind, work["attack"], work["threat"], work["denoiser"])
+        return (kind,)
+
+    rates: dict[tuple, list[float]] = {}
+    for step in measured:
+        if step.get("exit") == 0 and step["seconds"] > 0 and units(step["work"]) > 0:
+            rates.setdefault(key(step["work"]), []).append(step["seconds"] / units(step["work"]))
+    total, missing, by_kind = 0.0, [], {}
+    for step in plan:
+        if step["done"]:
+            continue
+        per_unit = rates.get(key(step["work"]))
+        if not per_unit:
+            missing.append(step["name"])
+            continue
+        seconds = sorted(per_unit)[len(per_unit) // 2] * units(step["work"])
+        total += seconds
+        by_kind[step["work"]["kind"]] = by_kind.get(step["work"]["kind"], 0.0) + seconds
+    return {"seconds": total, "by_kind": by_kind, "steps": len(plan), "not_estimated": missing}
+
+
+# ---------------------------------------------------------------------------------------------------- command line
+
+
+def float_list(text: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in text.split(",") if x)
+
+
+def parse_args(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
+    p = argparse.ArgumentParser(prog="scripts/reproduce.sh", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    p.add_argument("--quick", action="store_true",
+                   help="minutes: mnist10k, 1-epoch models on 128 private examples, 4 images, n 50, 2 bounds")
+    p.add_argument("--datasets", default=None, help="comma-separated (default: mnist10k,fashion-mnist; --quick: "
+                   "mnist10k); cifar10 needs --data-root")
+    p.add_argument("--data-root", default=None, help="torchvision-layout data folder (cifar10, mnist)")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default: runs/reproduce/full or /quick)")
+    p.add_argument("--images", type=int, default=None, help="certified test images (default: 500)")
+    p.add_argument("--n", type=int, default=None, help="fixed n per image (default: adaptive, --n-max 10000)")
+    p.add_argument("--n-max", type=int, default=None, help="adaptive mode's budget (default: 10000)")
+    p.add_argument("--attack-images", type=int, default=None, help="attacked test images (default: 500)")
+    p.add_argument("--attack-eps", type=float_list, default=None, help="L2 bounds (default: 0.5,1,1.5,2,2.5,3)")
+    p.add_argument("--attacks", default=None, help="attacks of Figures 3 and 7 (default: fgsm,ifgsm,mim,pgd)")
+    p.add_argument("--figure4-attacks", default=None, help="attacks of Figure 4 (default: fgsm,ifgsm,mim,pgd)")
+    p.add_argument("--epsilons", type=float_list, default=None, help="Figure 4 (default: 0.1,0.25,0.5,1,2,4,8)")
+    p.add_argument("--seeds", type=int, default=None, help="training seeds per arm (default: 3; --quick: 1)")
+    p.add_argument("--runs", default=None, help="subset of " + ",".join(name for name, _, _ in ARM_RUNS))
+    p.add_argument("--threat", default="classifier", choices=("classifier", "pipeline", "smoothed"),
+                   help="attack threat model (default: classifier, the paper's white-box attack on the classifier)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--subprocess", action="store_true", help="run each step as its own transdenoiser process")
+    p.add_argument("--plan", action="store_true", help="print the steps and whether each is done; run nothing")
+    p.add_argument("--figures-only", action="store_true", help="only (re)write figures and tables from finished runs")
+    p.add_argument("--estimate-from", type=Path, default=None, metavar="STEPS_JSONL",
+                   help="estimate this mode's wall time from the step rates measured in a steps.jsonl; run nothing")
+    args = p.parse_args(argv)
+    quick = args.quick
+    mode = "quick" if quick else ("full" if all(getattr(args, k) is None for k in
+                                                ("images", "n", "n_max", "attack_images", "seeds", "epsilons",
+                                                 "attack_eps")) else "custom")
+    settings = Settings(
+        datasets=(args.datasets or ("mnist10k" if quick else "mnist10k,fashion-mnist")).split(","),
+        out=args.out or REPO / "runs" / "reproduce" / ("quick" if quick else "full"),
+        data_root=args.data_root, device=args.device, mode=mode, subprocess=args.subprocess, threat=args.threat,
+        seeds=args.seeds or (1 if quick else 3),
+        images=args.images or (4 if quick else 500),
+        n0=20 if quick else 100,
+        n=args.n or (50 if quick else None),
+        n_max=args.n_max or 10_000,
+        attack_images=args.attack_images or (4 if quick else 500),
+        attack_eps=args.attack_eps or ((0.5, 2.0) if quick else (0.5, 1.0, 1.5, 2.0, 2.5, 3.0)),
+        attacks=tuple((args.attacks or ",".join(ATTACKS)).split(",")),
+        figure4_attacks=tuple((args.figure4_attacks or ("pgd" if quick else ",".join(ATTACKS))).split(",")),
+        epsilons=args.epsilons or ((1.0, 8.0) if quick else (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)),
+        attack_steps=2 if quick else 10, attack_n=10 if quick else 100,
+        runs=tuple(args.runs.split(",")) if args.runs else tuple(name for name, _, _ in ARM_RUNS),
+        pretrain_epochs=1 if quick else None,
+        train_extra=["--epochs", "1", "--train-examples", "128", "--eval-examples", "50"] if quick else [],
+    )
+    unknown = [d for d in settings.datasets if d not in CONFIGS]
+    bad_attacks = [a for a in (*settings.attacks, *settings.figure4_attacks) if a not in ATTACKS]
+    bad_runs = [r for r in settings.runs if r not in LABELS]
+    if unknown or bad_attacks or bad_runs:
+        p.error(f"unknown: {', '.join(unknown + bad_attacks + bad_runs)}")
+    return settings, args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    settings, args = parse_args(argv)
+    command = "scripts/reproduce.sh " + shlex.join(argv)
+    if not args.figures_only:
+        from transdenoiser.runtime import keep_freed_memory
+
+        keep_freed_memory()
+    arms = available_arms()
+    commands = available_commands()
+    runner = Runner(settings, dry_run=args.plan or args.estimate_from is not None)
+    if not args.figures_only:
+        for dataset in settings.datasets:
+            reproduce_dataset(runner, dataset, arms, commands)
+    if args.estimate_from is not None:
+        measured = [json.loads(line) for line in args.estimate_from.read_text().splitlines() if line.strip()]
+        found = estimate(runner.planned, measured)
+        print(json.dumps({"mode": settings.mode, **found}, indent=1))
+        print(f"estimated wall time: {found['seconds'] / 3600:.1f} h for {found['steps']} steps "
+              f"({len(found['not_estimated'])} without a measured rate)")
+        return 0
+    if args.plan:
+        for step in runner.planned:
+            print(("done  " if step["done"] else "to do ") + "transdenoiser " + shlex.join(step["argv"]))
+        for message in runner.skipped:
+            print(message)
+        return 0
+    for dataset in settings.datasets:
+        root = settings.out / dataset
+        if root.exists():
+            for path in write_results(root, settings, command):
+                print(f"wrote {path}")
+    for message in runner.skipped:
+        print(message)
+    if runner.failures:
+        print(f"{len(runner.failures)} step(s) failed: " + "; ".join(runner.failures))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

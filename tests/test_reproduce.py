@@ -1,0 +1,111 @@
+"""scripts/reproduce.sh --quick: every step of the paper's comparisons runs end to end on tiny settings, the tables
+agree with the runs' own files, missing baseline arms are reported as skipped, and a second run redoes nothing.
+
+The quick mode trains seven tiny denoisers and runs about 35 commands (in one process): ~60-90 s on 2 quiet cores,
+several minutes when other jobs share them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "reproduce.sh"
+PAPER_RUNS = {"nodp": "nodp", "sepdp": "sepdp", "transdenoiser": "transdenoiser",
+              "transdenoiser_sigma010": "transdenoiser", "securesgd-prt": "securesgd-prt",
+              "securesgd-sct": "securesgd-sct", "stobatch": "stobatch"}
+
+
+def run_script(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHON": sys.executable}
+    return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+
+
+def certified_fraction(tsv: Path, radius: float) -> float:
+    """Cohen et al.'s certified accuracy, counted straight from certify.tsv."""
+    lines = tsv.read_text().splitlines()
+    header = lines[0].split("\t")
+    rows = [dict(zip(header, line.split("\t"))) for line in lines[1:]]
+    return sum(1 for r in rows if r["correct"] == "1" and float(r["radius"]) >= radius) / len(rows)
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reproduce")
+    first = run_script("--quick", "--out", str(out))
+    return out, first
+
+
+def test_quick_mode_runs_every_available_arm_and_skips_the_others(quick_run):
+    from training.choices import ARMS
+
+    out, first = quick_run
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    root = out / "mnist10k"
+    for run, arm in PAPER_RUNS.items():
+        if arm in ARMS:
+            assert (root / "certify" / f"{run}_s0" / "certify.tsv").exists(), run
+            for attack in ("fgsm", "ifgsm", "mim", "pgd"):
+                assert (root / "attack" / f"{run}_s0" / attack / "attack.json").exists(), (run, attack)
+        else:
+            assert f"skipped: arm {arm} not available" in first.stdout
+            assert not (root / "train" / f"{run}_s0").exists()
+    for figure in ("figure2", "figure3", "figure4", "figure7"):
+        assert (root / "figures" / f"{figure}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", figure
+    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    assert steps and all(step["exit"] == 0 and step["seconds"] > 0 for step in steps)
+
+
+def test_tables_agree_with_the_runs_files(quick_run):
+    out, _ = quick_run
+    root = out / "mnist10k"
+    tables = (root / "tables.md").read_text()
+    for run, label in (("none", "no denoiser"), ("transdenoiser", "TransDenoiser"), ("sepdp", "TransDenoiser_sepdp")):
+        tsv = root / "certify" / f"{run}_s0" / "certify.tsv"
+        expected = [f"{100 * certified_fraction(tsv, r):.1f}" for r in (0.0, 0.25, 0.5)]
+        row = re.search(rf"^\| {re.escape(label)} \(sigma 0\.25\) \| (\d+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \|",
+                        tables, re.MULTILINE)
+        assert row, label
+        assert int(row.group(1)) == len((tsv.read_text().splitlines())) - 1
+        assert [row.group(i).strip() for i in (2, 3, 4)] == expected, label
+    results = json.loads((root / "results.json").read_text())
+    record = json.loads((root / "attack" / "transdenoiser_s0" / "pgd" / "attack.json").read_text())
+    got = results["attack"]["transdenoiser"]["pgd"]
+    assert got["0"]["mean"] == record["clean"]["smoothed_accuracy"]
+    for row in record["results"]:
+        assert got[f"{row['eps']:g}"]["mean"] == row["smoothed_accuracy"]
+    # Figure 4: the epsilon-8 point is the attack at bound 2 on the model trained with --target-epsilon 8.
+    eps8 = json.loads((root / "eps" / "transdenoiser_eps8_s0" / "attack_pgd" / "attack.json").read_text())
+    assert eps8["results"][0]["eps"] == 2.0
+    assert results["figure4"]["transdenoiser"]["pgd"]["8"]["mean"] == eps8["results"][0]["smoothed_accuracy"]
+    meta = json.loads((root / "eps" / "transdenoiser_eps8_s0" / "metadata.json").read_text())
+    assert meta["config"]["target_epsilon"] == 8.0
+
+
+def test_second_run_redoes_nothing(quick_run):
+    out, _ = quick_run
+    before = (out / "steps.jsonl").read_text()
+    again = run_script("--quick", "--out", str(out), timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "+ transdenoiser" not in again.stdout
+    assert again.stdout.count("done: ") >= before.count("\n")
+    assert (out / "steps.jsonl").read_text() == before
+
+
+def test_plan_and_estimate_name_the_full_mode_without_running(quick_run):
+    out, _ = quick_run
+    plan = run_script("--plan", "--datasets", "mnist10k", "--out", str(out / "full"), timeout=300)
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    assert "--adaptive --n-max 10000" in plan.stdout and "--max-images 500" in plan.stdout
+    assert not (out / "full").exists()
+    estimate = run_script("--estimate-from", str(out / "steps.jsonl"), "--datasets", "mnist10k",
+                          "--out", str(out / "full"), timeout=300)
+    assert estimate.returncode == 0, estimate.stderr[-2000:]
+    found = json.loads(estimate.stdout[:estimate.stdout.rindex("}") + 1])
+    assert found["seconds"] > 0 and found["mode"] == "full"
