@@ -30,6 +30,13 @@ FLAG_FIELDS = {"arm": "arm", "sigma": "sigma", "clip_norm": "clip_norm", "xi_up"
                "reproducible_noise": "reproducible_noise", "merge_uncredited_noise": "merge_uncredited_noise",
                "noise_draws": "noise_draws", "train_on": "train_on", "init_from": "init_from",
                "noise": "noise", "shape_examples": "shape_examples", "i_understand_unsound": "acknowledge_unsound"}
+FLAG_FIELDS["ema"] = "ema_decay"  # the tuned recipe (training/recipe.py)
+DEFAULT_MIN_STEPS = 200  # --batch-size auto: the largest batch that leaves at least this many steps
+
+
+def batch_size_or_auto(text: str):
+    """``--batch-size``: a positive integer, or ``auto`` (planned for --target-epsilon by training.recipe)."""
+    return "auto" if text == "auto" else positive_int(text)
 
 
 def register(subparsers, common) -> None:
@@ -95,13 +102,22 @@ def register(subparsers, common) -> None:
                         "anyone who has it can subtract the noise, so no epsilon holds; every report says so). "
                         "Default: a secret generator seeded from the OS, its seed never stored")
     g = p.add_argument_group("optimisation")
-    g.add_argument("--batch-size", type=positive_int, default=None,
-                   help="expected batch size B; Poisson rate q = B/N for the DP arms (default: 64)")
+    g.add_argument("--batch-size", type=batch_size_or_auto, default=None,
+                   help="expected batch size B; Poisson rate q = B/N for the DP arms; auto (needs --target-epsilon): "
+                        "the largest power of two >= 64 that leaves --min-steps steps, see --plan (default: 64)")
+    g.add_argument("--min-steps", type=positive_int, default=None,
+                   help=f"--batch-size auto: the fewest steps T to leave (default: {DEFAULT_MIN_STEPS})")
+    g.add_argument("--plan", action="store_true",
+                   help="print the batch-size plan for --target-epsilon (steps, calibrated xi, xi/B per batch size) "
+                        "and exit without training")
     g.add_argument("--epochs", type=positive_int, default=None, help="epochs; T = epochs * round(N/B) (default: 10)")
     g.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
                    help="sgd or adam (DP-Adam: Adam on the privatised gradient) (default: sgd)")
     g.add_argument("--lr", type=positive_float, default=None, help="learning rate (default: 0.1)")
     g.add_argument("--momentum", type=nonnegative_float, default=None, help="SGD momentum (default: 0.9)")
+    g.add_argument("--ema", type=nonnegative_float, default=None, metavar="DECAY",
+                   help="parameter averaging: evaluate and release an exponential moving average of the weights "
+                        "with this decay, e.g. 0.999 (post-processing: no privacy cost) (default: 0 = off)")
     g.add_argument("--train-examples", type=nonnegative_int, default=None,
                    help="train on a fixed random subset of this many private examples (default: 0 = all)")
     g.add_argument("--eval-examples", type=nonnegative_int, default=None,
@@ -115,6 +131,9 @@ def register(subparsers, common) -> None:
     g.add_argument("--denoiser-width", type=positive_int, default=None,
                    help="width of tiny / dncnn (channels); for autoencoder use denoiser_kwargs.widths in --config")
     g.add_argument("--dncnn-depth", type=positive_int, default=None, help="dncnn depth in layers (default: 17)")
+    g.add_argument("--norm", choices=("group", "none"), default=None,
+                   help="autoencoder / dncnn normalisation: GroupNorm (per example) or none; BatchNorm is refused by "
+                        "the DP arms (it mixes a batch's examples) (default: none for autoencoder, group for dncnn)")
     g.add_argument("--max-smin-dim", type=positive_int, default=None,
                    help="largest parameter count w for which S_min is computed; above, it is treated as 0 "
                         "(full explicit noise) and reported (default: 4096)")
@@ -143,6 +162,10 @@ def config_from_args(args, base: dict | None = None):
         extra["width"] = args.denoiser_width
     if args.dncnn_depth is not None:
         extra["depth"] = args.dncnn_depth
+    if getattr(args, "norm", None) is not None:
+        extra["norm"] = args.norm
+    if given.get("batch_size") == "auto":  # resolved by resolve_auto_batch once the data set's size is known
+        del given["batch_size"]
     if extra:
         given["denoiser_kwargs"] = extra
     if base is None or args.seed != 0:
@@ -166,7 +189,36 @@ def interrupted_message(out: Path, epochs: int) -> str:
             f"progress is not); resume with: transdenoiser train --out {out} --resume")
 
 
+def resolve_auto_batch(args, config, num_examples: int, print=builtins.print) -> None:  # noqa: A002
+    """``--batch-size auto`` or ``--plan``: plan the batch sizes for the target epsilon (training.recipe), print
+    the plan, and set ``config.batch_size`` to the chosen one."""
+    from training.recipe import choose_batch_size, format_plan, plan_batch_sizes
+
+    if config.target_epsilon is None or config.arm == "nodp":
+        raise UserError("--batch-size auto and --plan need --target-epsilon and a DP arm (sepdp or transdenoiser)")
+    min_steps = args.min_steps or DEFAULT_MIN_STEPS
+    plans = plan_batch_sizes(config.target_epsilon, config.delta, num_examples, config.epochs,
+                             accountant=config.calibration_accountant)
+    chosen = choose_batch_size(plans, min_steps)
+    print(format_plan(plans, chosen, config.target_epsilon, config.delta, config.calibration_accountant,
+                      config.epochs, min_steps), file=sys.stderr if not args.plan else sys.stdout)
+    config.batch_size = chosen.batch_size
+
+
+def _plan_only(args) -> int:
+    """``train --plan``: the batch-size plan for this data set and target epsilon; nothing is trained or written."""
+    from training.cli import load_dataset_from_args
+
+    config, _ = config_from_args(args)
+    dataset = load_dataset_from_args(args)
+    split = dataset.split(config.train_on)
+    resolve_auto_batch(args, config, min(config.train_examples, len(split)) if config.train_examples else len(split))
+    return 0
+
+
 def cmd_train(args) -> int:
+    if getattr(args, "plan", False):
+        return _plan_only(args)
     device = resolve_device(args.device)
     group = None
     try:
@@ -199,6 +251,10 @@ def _train(args, device, group) -> int:
 
     writer = group is None or group.is_writer
     print = builtins.print if writer else _silent  # noqa: A001 -- only rank 0 speaks under torchrun
+    if args.arm in ("securesgd-prt", "securesgd-sct"):  # Phan et al.'s SecureSGD baselines (training/baselines)
+        from training.baselines.securesgd import cmd_train_securesgd
+
+        return cmd_train_securesgd(args, print)
     base = None
     if args.resume:
         if writer:
@@ -226,6 +282,10 @@ def _train(args, device, group) -> int:
     seed_everything(config.seed)
     dataset = load_dataset_from_args(args)
     classifier = load_checkpoint(classifier_dir, kind="classifier", map_location=device)
+    if args.batch_size == "auto":
+        split = dataset.split(config.train_on)
+        resolve_auto_batch(args, config, min(config.train_examples, len(split)) if config.train_examples
+                           else len(split), print=print)
     config.validate(len(dataset.private) if not config.train_examples
                     else min(config.train_examples, len(dataset.private)))
     print(f"train {config.arm}: {config.denoiser} ({config.activation}) on {dataset.name} private split, "

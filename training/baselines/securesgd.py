@@ -1,0 +1,710 @@
+"""SecureSGD (Phan et al., IJCAI 2019): the Heterogeneous Gaussian Mechanism (HGM), a noise layer after the first
+layer that gives their robustness bound, and DP-SGD training. Two arms:
+
+- ``securesgd-prt``: a denoiser (the product's autoencoder) with the noise layer after its first convolution,
+  trained with DP-SGD on the private split in front of the frozen classifier (loss: eq. (1), ||g(x + N(0, sigma^2))
+  - x||^2, as the product's arms). Saved as a DENOISER checkpoint.
+- ``securesgd-sct``: a classifier (``cnn28``) with the noise layer after its first convolution, trained from
+  scratch with DP-SGD (cross-entropy on x + N(0, sigma^2)) on the private split. Saved as a CLASSIFIER checkpoint.
+
+The mechanisms, as implemented here (docs/BASELINES.md, "SecureSGD", says what differs from the paper and its code):
+
+- Extended Gaussian mechanism (EGM, the paper's bound valid for every epsilon > 0): std >= sqrt(2) Delta
+  (sqrt(s) + sqrt(s + epsilon)) / (2 epsilon), s = ln(sqrt(2/pi) / delta) (:func:`egm_noise_multiplier`).
+- HGM: noise N(0, sigma_h^2 diag(r)) with a redistribution vector r > 0, sum r = K. Its (epsilon, delta) is computed
+  from the r-weighted sensitivity ||diag(r)^(-1/2) (f(D) - f(D'))||_2 <= Delta / sqrt(min r) (Corollary 1 of the
+  TransDenoiser paper: a multivariate Gaussian is as private as its smallest-variance direction).
+- The noise layer: h = W x + b + N(0, sigma_h^2 diag(r)), the first layer's operator norm per unit of input L2
+  norm kept at 1 by a projection after every step (post-processing), so an input change of L2 size L moves h by
+  at most L; sigma_h is calibrated by the HGM for (robust_epsilon, robust_delta) at attack size ``attack_bound``.
+- Training privacy: DP-SGD (Poisson sampling, every per-example gradient clipped to C over all parameters, noise
+  on the sum), accounted by training/accounting.py (RDP, PLD, GDP): a data-independent guarantee. The noise layer
+  is NOT counted towards the training data's privacy (it protects against input changes, not record changes).
+- The robustness certificate (:func:`phan_certificate`): Lecuyer et al.'s condition for the noise layer's
+  (epsilon, delta), maximised over (epsilon, delta) with the HGM calibration, from Monte-Carlo counts with
+  Clopper-Pearson bounds (selection and estimation samples apart).
+"""
+from __future__ import annotations
+
+import math
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from training.baselines.common import (
+    DPSGDStep,
+    clopper_pearson_bounds,
+    conv_operator_norm_bound,
+    dp_sgd_privacy_report,
+    example_loss_of,
+    format_baseline_privacy_report,
+    largest_robust_size,
+)
+from training.datasets import Dataset
+from transdenoiser.errors import UserError
+from transdenoiser.progress import Track, silent
+
+ARMS = ("securesgd-prt", "securesgd-sct")
+NOISE_LAYER_FILE = "noise_layer"  # noise_layer.safetensors beside the weights: the redistribution vector r
+REPORT_FILE = "privacy_report.txt"
+MAX_ROBUST_DELTA = 0.5  # the EGM bound needs s = ln(sqrt(2/pi)/delta) > 0, i.e. delta < 0.798; capped lower
+EVAL_BATCH = 500
+
+
+# ------------------------------------------------------------------------------------------ EGM / HGM
+
+def egm_noise_multiplier(epsilon: float, delta: float) -> float:
+    """std / Delta of the paper's extended Gaussian mechanism: sqrt(2) (sqrt(s) + sqrt(s + eps)) / (2 eps),
+    s = ln(sqrt(2/pi) / delta); for every epsilon > 0 and 0 < delta < sqrt(2/pi)."""
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise UserError(f"epsilon must be > 0, got {epsilon}")
+    if not 0 < delta < math.sqrt(2 / math.pi):
+        raise UserError(f"delta must lie in (0, sqrt(2/pi)) for the EGM bound, got {delta}")
+    s = math.log(math.sqrt(2 / math.pi) / delta)
+    return math.sqrt(2) * (math.sqrt(s) + math.sqrt(s + epsilon)) / (2 * epsilon)
+
+
+def hgm_noise_std(epsilon: float, delta: float, sensitivity: float, redistribution: torch.Tensor) -> float:
+    """sigma_h such that f(D) + N(0, sigma_h^2 diag(r)) is (epsilon, delta)-DP for L2 sensitivity ``sensitivity``:
+    the EGM bound with the r-weighted sensitivity ``sensitivity / sqrt(min r)``."""
+    r_min = float(redistribution.min())
+    if not r_min > 0:
+        raise UserError("every entry of the redistribution vector must be > 0 (a zero variance has no DP)")
+    return egm_noise_multiplier(epsilon, delta) * sensitivity / math.sqrt(r_min)
+
+
+def hgm_attack_size(epsilon: float, delta: float, noise_std: float, redistribution_min: float,
+                    sensitivity_per_unit: float) -> float:
+    """The largest input L2 change L for which the noise layer is (epsilon, delta)-DP by the EGM/HGM bound:
+    L = sigma_h sqrt(min r) / (sensitivity_per_unit * egm(epsilon, delta))."""
+    return noise_std * math.sqrt(redistribution_min) / (sensitivity_per_unit * egm_noise_multiplier(epsilon, delta))
+
+
+# ------------------------------------------------------------------------------------------ models
+
+class NoiseLayerModel(nn.Module):
+    """A registered architecture (``cnn28`` or ``autoencoder``) run with noise added after its first convolution.
+
+    ``forward(x, layer_noise)``: ``layer_noise`` (shape of the first layer's output) is added before the first
+    activation; without it the model is exactly the registered one (what ``load_checkpoint`` builds)."""
+
+    def __init__(self, base: nn.Module, kind: str):
+        super().__init__()
+        if kind not in ("classifier", "denoiser"):
+            raise ValueError(f"kind must be classifier or denoiser, got {kind!r}")
+        self.base, self.kind = base, kind
+
+    @property
+    def first_layer(self) -> nn.Conv2d:
+        return self.base.features[0] if self.kind == "classifier" else self.base.encoder[0]
+
+    @property
+    def first_layer_name(self) -> str:
+        return "features.0" if self.kind == "classifier" else "encoder.0"
+
+    def input_scale(self) -> float:
+        """How much one unit of input L2 norm is stretched before the first layer (1 / min std for cnn28)."""
+        if self.kind == "classifier":
+            return 1.0 / float(self.base.normalize.std.min())
+        return 1.0
+
+    def hidden(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "classifier":
+            return self.first_layer(self.base.normalize(x))
+        return self.first_layer(x)
+
+    def forward(self, x: torch.Tensor, layer_noise: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.hidden(x)
+        if layer_noise is not None:
+            h = h + layer_noise
+        if self.kind == "classifier":
+            return self.base.head(self.base.features[1:](h))
+        return torch.sigmoid(self.base.decoder(self.base.encoder[1:](h)))
+
+    def sensitivity_per_unit(self) -> float:
+        """Upper bound on ||h(x) - h(x')||_2 / ||x - x'||_2 (:func:`conv_operator_norm_bound`, times the input scale)."""
+        layer = self.first_layer
+        return conv_operator_norm_bound(layer.weight, layer.stride) * self.input_scale()
+
+    @torch.no_grad()
+    def project(self) -> None:
+        """Rescale the first layer's weight so that :meth:`sensitivity_per_unit` is 1 (post-processing)."""
+        self.first_layer.weight.mul_(1.0 / self.sensitivity_per_unit())
+
+    def hidden_shape(self, image_shape: tuple[int, int, int]) -> tuple[int, ...]:
+        with torch.no_grad():
+            probe = torch.zeros((1, *image_shape), device=self.first_layer.weight.device)
+            return tuple(self.hidden(probe).shape[1:])
+
+
+class WithLayerNoise(nn.Module):
+    """``model(x)`` with fresh layer noise N(0, noise_std^2 diag(r)) each call (torch's global generator): the
+    randomised model whose robustness the paper certifies; randomized smoothing of it is valid too."""
+
+    def __init__(self, model: NoiseLayerModel, noise_std: float, redistribution: torch.Tensor):
+        super().__init__()
+        self.model = model
+        self.register_buffer("scale", noise_std * redistribution.sqrt())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        noise = torch.randn((len(x), *self.scale.shape), device=x.device, dtype=x.dtype) * self.scale
+        return self.model(x, noise)
+
+
+def build_noise_layer_model(arm: str, image_shape: tuple[int, int, int], num_classes: int,
+                            mean: list[float], std: list[float], widths: list[int], activation: str
+                            ) -> tuple[NoiseLayerModel, str, dict[str, Any]]:
+    """(model, registered architecture, its arch_kwargs) for ``arm``."""
+    from training.models import build_model
+
+    if arm == "securesgd-sct":
+        kwargs = {"in_channels": image_shape[0], "num_classes": num_classes, "mean": list(mean), "std": list(std)}
+        architecture = "cnn28"
+        if tuple(image_shape[1:]) != (28, 28):
+            raise UserError(f"securesgd-sct trains the cnn28 classifier, which takes 28x28 images, got {image_shape}")
+        return NoiseLayerModel(build_model(architecture, **kwargs), "classifier"), architecture, kwargs
+    kwargs = {"in_channels": image_shape[0], "activation": activation, "widths": [int(w) for w in widths]}
+    return NoiseLayerModel(build_model("autoencoder", **kwargs), "denoiser"), "autoencoder", kwargs
+
+
+# ------------------------------------------------------------------------------------------ configuration
+
+@dataclass
+class SecureSGDConfig:
+    """Everything that decides a SecureSGD run (saved in the checkpoint)."""
+
+    arm: str = "securesgd-prt"
+    sigma: float = 0.25  # input noise std (pixels in [0, 1]) during training; the smoothing sigma at certification
+    clip_norm: float = 1.0  # C, per-example over all parameters
+    noise_multiplier: float = 2.0  # std / C of the gradient noise on the sum (replaced when target_epsilon is set)
+    target_epsilon: float | None = None
+    calibration_accountant: str = "rdp"
+    delta: float = 1e-5
+    batch_size: int = 64  # expected batch size B; Poisson rate q = B / N
+    epochs: int = 5
+    optimizer: str = "sgd"
+    learning_rate: float = 0.1
+    momentum: float = 0.9
+    seed: int = 0
+    reproducible_noise: bool = False
+    train_examples: int = 0
+    eval_examples: int = 0
+    eval_noise_seed: int = 12345
+    grad_chunk_size: int = 32
+    # the noise layer (robustness): (robust_epsilon, robust_delta) of the layer for input changes of L2 size
+    # attack_bound; defaults from the authors' MNIST script (dp_epsilon 4.0, attack_norm_bound 0.2, delta 1e-5)
+    robust_epsilon: float = 4.0
+    robust_delta: float = 1e-5
+    attack_bound: float = 0.2
+    # r = (1 - mix) * 1 + mix * r_grad, r_grad from the public split (see redistribution_vector); 0: EGM (no HGM)
+    redistribution_mix: float = 0.5
+    redistribution_steps: int = 100  # non-private steps on the PUBLIC split before r is measured (then re-initialised)
+    widths: list[int] = field(default_factory=lambda: [32, 64])  # prt: the autoencoder's widths
+    activation: str = "relu"  # prt: the autoencoder's activation
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], source: str = "config") -> SecureSGDConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise UserError(f"{source}: unknown SecureSGD setting(s) {', '.join(unknown)}; known: "
+                            f"{', '.join(sorted(known))}")
+        return cls(**values)
+
+    def validate(self, num_examples: int) -> None:
+        checks = [
+            (self.arm in ARMS, f"arm must be one of {', '.join(ARMS)}, got {self.arm!r}"),
+            (self.sigma >= 0 and (self.sigma > 0 or self.arm == "securesgd-sct"),
+             f"sigma must be > 0 (>= 0 for securesgd-sct), got {self.sigma}"),
+            (self.clip_norm > 0, f"clip norm C must be > 0, got {self.clip_norm}"),
+            (self.noise_multiplier > 0 or self.target_epsilon is not None,
+             f"the noise multiplier must be > 0, got {self.noise_multiplier}"),
+            (self.target_epsilon is None or self.target_epsilon > 0, f"target epsilon must be > 0"),
+            (self.calibration_accountant in ("rdp", "pld"), "calibration accountant must be rdp or pld"),
+            (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
+            (self.batch_size >= 1, f"batch size must be >= 1, got {self.batch_size}"),
+            (self.learning_rate > 0, f"learning rate must be > 0, got {self.learning_rate}"),
+            (self.momentum >= 0, f"momentum must be >= 0, got {self.momentum}"),
+            (self.optimizer in ("sgd", "adam"), f"optimizer must be sgd or adam, got {self.optimizer!r}"),
+            (self.robust_epsilon > 0, f"robust epsilon must be > 0, got {self.robust_epsilon}"),
+            (0 < self.robust_delta < MAX_ROBUST_DELTA, f"robust delta must lie in (0, {MAX_ROBUST_DELTA})"),
+            (self.attack_bound > 0, f"attack bound must be > 0, got {self.attack_bound}"),
+            (0 <= self.redistribution_mix < 1, f"redistribution mix must lie in [0, 1), got {self.redistribution_mix}"),
+            (self.redistribution_steps >= 0, "redistribution steps must be >= 0"),
+            (num_examples >= 1, "the private training set is empty"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise UserError(message)
+        q = self.batch_size / num_examples
+        if not 0 < q <= 1:
+            raise UserError(f"sample rate q = B/N = {self.batch_size}/{num_examples} lies outside (0, 1]")
+        if not 0 < self.delta < 1 / num_examples:
+            raise UserError(f"delta must lie in (0, 1/N) = (0, {1 / num_examples:.3g}), got {self.delta}")
+
+
+def plan(config: SecureSGDConfig, num_examples: int) -> dict[str, Any]:
+    """Sample rate, steps and the gradient noise multiplier (calibrated by our accountant for a target epsilon)."""
+    from training.accounting import noise_multiplier_for_epsilon, steps_for_epochs
+
+    q = config.batch_size / num_examples
+    total = steps_for_epochs(config.epochs, q)
+    z = config.noise_multiplier
+    if config.target_epsilon is not None:
+        z = noise_multiplier_for_epsilon(config.target_epsilon, q, total, config.delta,
+                                         accountant=config.calibration_accountant)
+    return {"sample_rate": q, "steps_per_epoch": max(1, round(1 / q)), "total_steps": total, "noise_multiplier": z}
+
+
+# ------------------------------------------------------------------------------------------ redistribution
+
+def _task_loss(kind: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    if kind == "classifier":
+        return lambda out, y: F.cross_entropy(out, y, reduction="sum")
+    return lambda out, x: (out - x).pow(2).sum()
+
+
+def redistribution_vector(model: NoiseLayerModel, x: torch.Tensor, targets: torch.Tensor, sigma: float,
+                          mix: float, generator: torch.Generator) -> torch.Tensor:
+    """r of the HGM from PUBLIC data: r_grad = |mean over examples of sign(d loss_i / d h_i)| per coordinate of the
+    first layer's output, normalised to sum K, then mixed with the uniform vector: r = (1 - mix) + mix r_grad
+    (sum K, min r >= 1 - mix > 0)."""
+    z = x + sigma * torch.randn(x.shape, generator=generator).to(x.device) if sigma > 0 else x
+    h = model.hidden(z).detach().requires_grad_(True)
+    if model.kind == "classifier":
+        out = model.base.head(model.base.features[1:](h.clone()))
+    else:
+        out = torch.sigmoid(model.base.decoder(model.base.encoder[1:](h.clone())))
+    loss = _task_loss(model.kind)(out, targets)
+    (grad,) = torch.autograd.grad(loss, h)
+    r_grad = grad.sign().mean(0).abs()
+    k = r_grad.numel()
+    total = float(r_grad.sum())
+    r_grad = r_grad * (k / total) if total > 0 else torch.ones_like(r_grad)
+    return ((1 - mix) + mix * r_grad).detach()
+
+
+# ------------------------------------------------------------------------------------------ training
+
+def _noise_description(config: SecureSGDConfig) -> dict[str, Any]:
+    from training.private_train import noise_description
+
+    return noise_description(config)  # same wording as the product's arms (reads mode and seed only)
+
+
+def _subset(split, size: int):
+    from training.private_train import _subset as subset
+
+    return subset(split, size)
+
+
+@torch.no_grad()
+def _classifier_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, sigma: float, seed: int,
+                         layer_scale: torch.Tensor | None = None) -> float:
+    """Accuracy of ``model`` on x (+ N(0, sigma^2) with a fixed seed), optionally with one layer-noise draw."""
+    generator = torch.Generator().manual_seed(seed)
+    correct = 0
+    for start in range(0, len(x), EVAL_BATCH):
+        xb = x[start:start + EVAL_BATCH]
+        if sigma > 0:
+            xb = xb + sigma * torch.randn(xb.shape, generator=generator).to(xb.device)
+        if layer_scale is not None:
+            noise = torch.randn((len(xb), *layer_scale.shape), generator=generator).to(xb.device) * layer_scale
+            logits = model(xb, noise)
+        else:
+            logits = model(xb)
+        correct += int((logits.argmax(1) == y[start:start + EVAL_BATCH]).sum())
+    return correct / max(1, len(x))
+
+
+@torch.no_grad()
+def _denoiser_metrics(model: NoiseLayerModel, classifier: nn.Module, x: torch.Tensor, y: torch.Tensor, sigma: float,
+                      seed: int, layer_scale: torch.Tensor) -> dict[str, float]:
+    from training.private_train import evaluate
+
+    plain = evaluate(model.base, classifier, x, y, sigma, seed)  # the registered denoiser: what certify runs
+    noisy = _classifier_accuracy(lambda xb, noise=None: classifier(model(xb, noise)), x, y, sigma, seed,
+                                 layer_scale)
+    return {**plain, "accuracy_denoised_layer_noise": noisy}
+
+
+def train_securesgd(config: SecureSGDConfig, dataset: Dataset, device: torch.device | str = "cpu",
+                    classifier=None, track: Track = silent, *, checkpoint_dir: str | Path | None = None,
+                    on_epoch: Callable[[dict], None] | None = None) -> tuple[nn.Module, dict[str, Any]]:
+    """Train a SecureSGD baseline on ``dataset.private``; return (the registered model, released metadata).
+
+    ``classifier``: a ``training.checkpoint.Checkpoint`` of the frozen classifier (required for
+    ``securesgd-prt``; for ``securesgd-sct`` only its input shape and classes are checked). ``checkpoint_dir``:
+    written after every epoch (weights, metadata with the privacy report, the noise layer's r,
+    privacy_report.txt). The returned model is the registered architecture (``autoencoder`` or ``cnn28``) without
+    the noise layer; :func:`load_securesgd` rebuilds the noisy model from a checkpoint."""
+    device = torch.device(device)
+    train_split = _subset(dataset.private, config.train_examples)
+    config.validate(len(train_split))
+    if config.arm == "securesgd-prt" and classifier is None:
+        raise UserError("securesgd-prt trains a denoiser in front of a frozen classifier: pass --classifier")
+    if classifier is not None:
+        from training.private_train import check_classifier_fits
+
+        check_classifier_fits(classifier, dataset)
+    if len(dataset.test) == 0 or len(dataset.public) == 0:
+        raise UserError(f"{dataset.name}: SecureSGD needs non-empty public and test splits")
+    checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+    if checkpoint_dir is not None and (checkpoint_dir / "metadata.json").exists():
+        raise UserError(f"{checkpoint_dir} already holds a checkpoint; choose another --out (nothing is overwritten "
+                        "silently; --resume is not available for the SecureSGD arms)")
+    num_examples = len(train_split)
+    schedule = plan(config, num_examples)
+    torch.manual_seed(config.seed)
+    public_x, public_y = dataset.public.tensors(device)
+    mean = public_x.mean(dim=(0, 2, 3)).tolist()
+    std = public_x.std(dim=(0, 2, 3)).clamp_min(1e-3).tolist()
+    model, architecture, kwargs = build_noise_layer_model(config.arm, dataset.image_shape, dataset.num_classes, mean,
+                                                          std, config.widths, config.activation)
+    model = model.to(device)
+    kind = model.kind
+    frozen = None
+    if kind == "denoiser":
+        frozen = classifier.model.to(device).eval()
+        for p in frozen.parameters():
+            p.requires_grad_(False)
+    public_rng = torch.Generator().manual_seed(config.seed)  # public data only: no privacy at stake
+
+    # 1. the redistribution vector r from the public split (the authors measure it after non-private steps on
+    #    the training data, then re-initialise; here those steps use the public split, which costs no privacy)
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    if config.redistribution_mix > 0:
+        warm = torch.optim.Adam(model.parameters(), lr=1e-3)
+        loss_of = _task_loss(kind)
+        for _ in range(config.redistribution_steps):
+            idx = torch.randint(0, len(public_x), (config.batch_size,), generator=public_rng).to(device)
+            xb = public_x[idx]
+            z = xb + config.sigma * torch.randn(xb.shape, generator=public_rng).to(device) if config.sigma > 0 else xb
+            loss = loss_of(model(z), public_y[idx] if kind == "classifier" else xb) / len(xb)
+            warm.zero_grad(set_to_none=True)
+            loss.backward()
+            warm.step()
+            model.project()
+        idx = torch.randperm(len(public_x), generator=public_rng)[:10 * config.batch_size].to(device)
+        r = redistribution_vector(model, public_x[idx], public_y[idx] if kind == "classifier" else public_x[idx],
+                                  config.sigma, config.redistribution_mix, public_rng)
+        model.load_state_dict(initial)
+    else:
+        r = torch.ones(model.hidden_shape(dataset.image_shape), device=device)
+    model.project()
+    noise_std = hgm_noise_std(config.robust_epsilon, config.robust_delta, config.attack_bound, r)
+    layer_scale = (noise_std * r.sqrt()).to(device)
+
+    # 2. DP-SGD on the private split
+    if config.reproducible_noise:
+        generator = torch.Generator().manual_seed(config.seed)
+    else:
+        generator = torch.Generator().manual_seed(secrets.randbits(63))
+    x_train, y_train = train_split.tensors(device)
+    test = _subset(dataset.test, config.eval_examples)
+    x_test, y_test = test.tensors(device)
+    model.eval()  # no dropout: a per-example gradient must not depend on other randomness than the drawn noise
+    for p in model.parameters():
+        p.requires_grad_(True)
+    example_loss = example_loss_of(model, _task_loss(kind))
+    step = DPSGDStep(model, example_loss, config.clip_norm, schedule["noise_multiplier"], float(config.batch_size),
+                     config.grad_chunk_size)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = (torch.optim.SGD(params, lr=config.learning_rate, momentum=config.momentum)
+                 if config.optimizer == "sgd" else torch.optim.Adam(params, lr=config.learning_rate))
+    from training.dp import PoissonSampler
+
+    sampler = PoissonSampler(num_examples, schedule["sample_rate"])
+    baselines = None
+    if frozen is not None:
+        from training.private_train import classifier_baselines
+
+        baselines = classifier_baselines(frozen, x_test, y_test, config.sigma, config.eval_noise_seed)
+    metrics: list[dict[str, Any]] = []
+    steps_done = 0
+    for epoch in range(config.epochs):
+        started = time.perf_counter()
+        losses = []
+        for _ in track(range(schedule["steps_per_epoch"]), desc=f"{config.arm} epoch {epoch + 1}/{config.epochs}",
+                       total=schedule["steps_per_epoch"]):
+            if steps_done >= schedule["total_steps"]:
+                break
+            index = sampler.sample(generator).to(device)
+            xb = x_train[index]
+            z = xb + config.sigma * torch.randn(xb.shape, generator=generator).to(device) if config.sigma > 0 else xb
+            noise = torch.randn((len(xb), *layer_scale.shape), generator=generator).to(device) * layer_scale
+            target = y_train[index] if kind == "classifier" else xb
+            grads, mean_loss = step.gradient((z, noise, target), generator)
+            for name, p in model.named_parameters():
+                p.grad = grads[name].detach()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            model.project()  # post-processing of the privatised update: keeps the layer's sensitivity at 1
+            steps_done += 1
+            if not math.isnan(mean_loss):
+                losses.append(mean_loss)
+        if kind == "classifier":
+            row = {"epoch": epoch + 1,
+                   "accuracy_clean": _classifier_accuracy(model.base, x_test, y_test, 0.0, config.eval_noise_seed),
+                   "accuracy_noisy": _classifier_accuracy(model.base, x_test, y_test, config.sigma,
+                                                          config.eval_noise_seed),
+                   "accuracy_clean_layer_noise": _classifier_accuracy(model, x_test, y_test, 0.0,
+                                                                      config.eval_noise_seed, layer_scale)}
+        else:
+            row = {"epoch": epoch + 1, **_denoiser_metrics(model, frozen, x_test, y_test, config.sigma,
+                                                           config.eval_noise_seed, layer_scale)}
+        metrics.append(row)
+        meta = _metadata(config, dataset, classifier, architecture, kwargs, schedule, steps_done, metrics, baselines,
+                         noise_std, r, model, num_examples, device)
+        if checkpoint_dir is not None:
+            _save(checkpoint_dir, model, meta, r)
+        if on_epoch is not None:
+            on_epoch({**row, "train_loss": float(np.mean(losses)) if losses else math.nan,
+                      "seconds": time.perf_counter() - started})
+    model.eval()
+    return model.base, meta
+
+
+def _privacy(config, schedule, steps_done, num_examples, noise_std, r, model) -> dict[str, Any]:
+    from training.accounting import gaussian_mechanism_delta
+
+    sensitivity = model.sensitivity_per_unit() * config.attack_bound
+    r_min = float(r.min())
+    std_over_sensitivity = noise_std * math.sqrt(r_min) / sensitivity
+    noise_layer = {
+        "label": ("robustness budget of the noise layer (NOT a privacy guarantee for the training data: it bounds how "
+                  "much an input change of L2 size attack_bound can move the layer's output distribution)"),
+        "layer": model.first_layer_name, "noise_std": noise_std, "redistribution_min": r_min,
+        "redistribution_max": float(r.max()), "redistribution_mix": config.redistribution_mix,
+        "attack_bound": config.attack_bound, "sensitivity_per_unit_input": model.sensitivity_per_unit(),
+        "robust_epsilon": config.robust_epsilon,
+        "robust_delta_paper_analysis": config.robust_delta,
+        "robust_delta_exact_gaussian": gaussian_mechanism_delta(config.robust_epsilon, std_over_sensitivity),
+        "analyses": {"robust_delta_paper_analysis": "the paper's analysis: EGM/HGM bound, sigma_h = sqrt(2) "
+                                                    "(sqrt(s)+sqrt(s+eps)) L / (2 eps sqrt(min r))",
+                     "robust_delta_exact_gaussian": "exact delta of the Gaussian mechanism at that std over the "
+                                                    "r-weighted sensitivity (Balle & Wang 2018), data-independent"}}
+    claim = ("a data-independent (epsilon, delta)-DP guarantee for the released model: DP-SGD on the private split; "
+             "the public split (normalisation, redistribution vector r) costs no privacy")
+    return dp_sgd_privacy_report(
+        arm=config.arm, sigma=config.sigma, clip_norm=config.clip_norm, noise_multiplier=schedule["noise_multiplier"],
+        sample_rate=schedule["sample_rate"], num_examples=num_examples, expected_batch_size=float(config.batch_size),
+        delta=config.delta, steps_planned=schedule["total_steps"], steps_done=steps_done,
+        noise=_noise_description(config), target_epsilon=config.target_epsilon,
+        calibration_accountant=config.calibration_accountant if config.target_epsilon is not None else None,
+        claim=claim, extra={"noise_layer": noise_layer})
+
+
+def _metadata(config, dataset, classifier, architecture, kwargs, schedule, steps_done, metrics, baselines, noise_std,
+              r, model, num_examples, device) -> dict[str, Any]:
+    from training.private_train import _classifier_summary
+    from transdenoiser.runtime import hardware_description
+
+    securesgd = {"paper": "Phan et al., IJCAI 2019 (SecureSGD, HGM)", "layer": model.first_layer_name,
+                 "noise_std": noise_std, "hidden_shape": list(r.shape), "file": f"{NOISE_LAYER_FILE}.safetensors",
+                 "robust_epsilon": config.robust_epsilon, "robust_delta": config.robust_delta,
+                 "attack_bound": config.attack_bound, "redistribution_min": float(r.min()),
+                 "sensitivity_per_unit_input": model.sensitivity_per_unit()}
+    meta: dict[str, Any] = {
+        "architecture": architecture, "arch_kwargs": kwargs, "input_shape": list(dataset.image_shape),
+        "dataset": {"name": dataset.name, "split_seed": dataset.split_seed, "trained_on": "private",
+                    "train_examples": num_examples, "fingerprints": dataset.released_fingerprints(),
+                    "source": dataset.source},
+        "sigma": config.sigma, "arm": config.arm, "config": asdict(config), "schedule": schedule,
+        "epochs_done": len(metrics), "steps_done": steps_done, "complete": steps_done == schedule["total_steps"],
+        "metrics": metrics, "securesgd": securesgd,
+        "privacy": _privacy(config, schedule, steps_done, num_examples, noise_std, r, model),
+        "device": str(device), "hardware": hardware_description(torch.device(device)),
+    }
+    if model.kind == "classifier":
+        meta.update({"kind": "classifier", "num_classes": dataset.num_classes, "class_names": list(dataset.classes),
+                     "normalization": {"mean": kwargs["mean"], "std": kwargs["std"],
+                                       "note": "from the public split; applied inside the model"},
+                     "test_accuracy": metrics[-1]["accuracy_clean"] if metrics else None})
+    else:
+        meta.update({"kind": "denoiser", "classifier": _classifier_summary(classifier), "baselines": baselines})
+    return meta
+
+
+def _save(directory: Path, model: NoiseLayerModel, metadata: dict[str, Any], r: torch.Tensor) -> None:
+    from training.checkpoint import replace_directory, save_checkpoint, write_text
+
+    def write(staging: Path) -> None:
+        save_checkpoint(staging, model.base, metadata, extra_tensors={NOISE_LAYER_FILE: {"redistribution": r}})
+        write_text(staging / REPORT_FILE, format_baseline_privacy_report(metadata["privacy"]) + "\n")
+
+    replace_directory(directory, write)
+
+
+# ------------------------------------------------------------------------------------------ loading, certificate
+
+@dataclass
+class SecureSGDModel:
+    """A SecureSGD checkpoint with its noise layer: ``model(x, layer_noise)``, the noise std and r."""
+
+    model: NoiseLayerModel
+    noise_std: float
+    redistribution: torch.Tensor
+    metadata: dict[str, Any]
+
+    def noisy(self) -> WithLayerNoise:
+        return WithLayerNoise(self.model, self.noise_std, self.redistribution).eval()
+
+    def attack_size(self, epsilon: float, delta: float) -> float:
+        return hgm_attack_size(epsilon, delta, self.noise_std, float(self.redistribution.min()),
+                               self.model.sensitivity_per_unit())
+
+
+def load_securesgd(directory: str | Path, device: torch.device | str = "cpu") -> SecureSGDModel:
+    """Load a SecureSGD checkpoint (hash-checked) with its noise layer."""
+    from training.checkpoint import load_checkpoint, load_extra_tensors
+
+    checkpoint = load_checkpoint(directory, map_location=device)
+    meta = checkpoint.metadata
+    section = meta.get("securesgd")
+    if not isinstance(section, dict) or meta.get("arm") not in ARMS:
+        raise UserError(f"{directory} is not a SecureSGD checkpoint (no 'securesgd' section in its metadata)")
+    r = load_extra_tensors(directory, NOISE_LAYER_FILE)["redistribution"].to(device)
+    kind = "classifier" if meta["kind"] == "classifier" else "denoiser"
+    model = NoiseLayerModel(checkpoint.model, kind).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    if tuple(r.shape) != model.hidden_shape(tuple(meta["input_shape"])) or not float(r.min()) > 0:
+        raise UserError(f"{directory}: the noise layer's redistribution vector does not fit the model")
+    return SecureSGDModel(model, float(section["noise_std"]), r, meta)
+
+
+@dataclass(frozen=True)
+class PhanCertificate:
+    """Phan et al.'s (PixelDP-style) certificate for one image: ``radius`` is an L2 radius in [0,1]-pixel units
+    (0 when the condition holds for no (epsilon, delta)); ``epsilon``/``delta`` the pair that gave it."""
+
+    prediction: int
+    radius: float
+    p_lower: float
+    p_upper: float
+    epsilon: float | None
+    delta: float | None
+    n0: int
+    n: int
+
+    @property
+    def certified(self) -> bool:
+        return self.radius > 0
+
+
+def phan_certificate(selection: np.ndarray, estimation: np.ndarray, alpha: float,
+                     attack_size: Callable[[float, float], float],
+                     max_delta: float = MAX_ROBUST_DELTA) -> PhanCertificate:
+    """The certificate from counts of the randomised model's argmax: the class from ``selection``, bounds on its
+    probability and on the runner-up's from ``estimation`` (:func:`clopper_pearson_bounds` at ``alpha``), and the
+    largest ``attack_size(epsilon, delta)`` over the pairs meeting Lecuyer et al.'s condition."""
+    top = int(np.asarray(selection).argmax())
+    p_lower, p_upper = clopper_pearson_bounds(estimation, top, alpha)
+    radius, eps, delta = largest_robust_size(p_lower, p_upper, attack_size, max_delta)
+    return PhanCertificate(top, radius, p_lower, p_upper, eps, delta, int(np.sum(selection)), int(np.sum(estimation)))
+
+
+@torch.no_grad()
+def argmax_counts(predict: Callable[[torch.Tensor], torch.Tensor], image: torch.Tensor, num: int, num_classes: int,
+                  batch_size: int = 500) -> np.ndarray:
+    """Counts of ``predict``'s argmax over ``num`` calls on copies of ``image`` (each call draws its own noise)."""
+    counts = np.zeros(num_classes, dtype=np.int64)
+    remaining = num
+    while remaining > 0:
+        size = min(batch_size, remaining)
+        labels = predict(image.unsqueeze(0).expand(size, *image.shape)).argmax(1)
+        counts += np.bincount(labels.cpu().numpy(), minlength=num_classes)
+        remaining -= size
+    return counts
+
+
+def format_training_summary(meta: dict[str, Any]) -> str:
+    """What ``transdenoiser train`` prints after a SecureSGD run."""
+    last = meta["metrics"][-1]
+    if meta["kind"] == "classifier":
+        head = (f"securesgd-sct classifier cnn28 trained from scratch, {meta['epochs_done']} epochs: test accuracy "
+                f"clean {last['accuracy_clean']:.4f}, on x + N(0, {meta['sigma']}^2) {last['accuracy_noisy']:.4f}, "
+                f"clean with the noise layer {last['accuracy_clean_layer_noise']:.4f}")
+    else:
+        head = (f"securesgd-prt denoiser, {meta['epochs_done']} epochs: classifier accuracy on g(x + N(0, "
+                f"{meta['sigma']}^2)) {last['accuracy_denoised']:.4f} (with the noise layer "
+                f"{last['accuracy_denoised_layer_noise']:.4f}); without denoiser "
+                f"{meta['baselines']['accuracy_noisy_no_denoiser']:.4f}; MSE {last['mse']:.5f}")
+    return head + "\n" + format_baseline_privacy_report(meta["privacy"])
+
+
+# ------------------------------------------------------------------------------------------ CLI glue (train)
+
+CONFIG_FIELDS = ("sigma", "clip_norm", "target_epsilon", "calibration_accountant", "delta", "batch_size", "epochs",
+                 "optimizer", "learning_rate", "momentum", "seed", "reproducible_noise", "train_examples",
+                 "eval_examples")
+
+
+def config_from_train_args(args) -> SecureSGDConfig:
+    """A SecureSGDConfig from ``transdenoiser train``'s flags (and ``--config``); settings of the product's arms
+    that have no meaning here are refused rather than ignored."""
+    from training.train_cli import config_from_args
+
+    if getattr(args, "resume", False):
+        raise UserError("--resume is not available for the SecureSGD arms; train again into a new --out")
+    train_config, given = config_from_args(args)
+    meaningless = sorted(set(given) - set(CONFIG_FIELDS) - {"arm", "xi_up", "seed"})
+    if meaningless:
+        raise UserError(f"{args.arm} does not use: {', '.join(meaningless)}")
+    values = {name: getattr(train_config, name) for name in CONFIG_FIELDS}
+    if "xi_up" in given:
+        values["noise_multiplier"] = given["xi_up"]
+    return SecureSGDConfig(arm=args.arm, **values)
+
+
+def cmd_train_securesgd(args, print_fn: Callable[..., None] = print) -> int:
+    """``transdenoiser train --arm securesgd-prt|securesgd-sct``: called by training.train_cli."""
+    import json
+    import sys
+
+    from training.checkpoint import load_checkpoint
+    from training.cli import load_dataset_from_args
+    from transdenoiser.runtime import hardware_description, resolve_device, seed_everything
+
+    if "WORLD_SIZE" in __import__("os").environ:
+        raise UserError("the SecureSGD arms run in one process (torchrun is not supported for them)")
+    device = resolve_device(args.device)
+    config = config_from_train_args(args)
+    seed_everything(config.seed)
+    dataset = load_dataset_from_args(args)
+    classifier = None
+    if args.classifier is not None:
+        classifier = load_checkpoint(args.classifier, kind="classifier", map_location=device)
+    print_fn(f"train {config.arm}: on {dataset.name} private split, sigma {config.sigma}, device "
+             f"{hardware_description(device)}", file=sys.stderr)
+    if config.reproducible_noise:
+        print_fn(f"WARNING: --reproducible-noise: the DP noise is drawn from seed {config.seed}, which is recorded; "
+                 "the epsilon does not hold against anyone who has it", file=sys.stderr)
+
+    def on_epoch(row: dict) -> None:
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in row.items() if k not in ("epoch", "seconds"))
+        print_fn(f"epoch {row['epoch']:>3}  {shown}  ({row['seconds']:.0f} s)", file=sys.stderr, flush=True)
+
+    from transdenoiser.progress import bar
+
+    _, meta = train_securesgd(config, dataset, device, classifier, bar, checkpoint_dir=args.out, on_epoch=on_epoch)
+    if args.json:
+        print_fn(json.dumps(meta, indent=2))
+        return 0
+    print_fn(format_training_summary(meta))
+    print_fn(f"checkpoint: {args.out}  (privacy report also in {args.out}/{REPORT_FILE})")
+    return 0
+
+
+__all__ = ["ARMS", "SecureSGDConfig", "train_securesgd", "load_securesgd", "phan_certificate", "PhanCertificate",
+           "egm_noise_multiplier", "hgm_noise_std", "hgm_attack_size", "NoiseLayerModel", "WithLayerNoise",
+           "redistribution_vector", "argmax_counts"]
