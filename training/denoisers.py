@@ -7,6 +7,7 @@ per-example gradient must depend on that example alone, or DP-SGD's clipping bou
 - ``autoencoder``: the paper's convolution / transposed-convolution autoencoder (two stride-2 convolutions
   down, two stride-2 transposed convolutions up, sigmoid output). Height and width must be multiples of 4
   (28x28 and 32x32 are). Parameters with the default widths (32, 64): 37,569 for 28x28x1, 38,723 for 32x32x3.
+  ``norm="group"`` adds GroupNorm after each hidden layer (+256 parameters).
 - ``tiny``: one stride-2 convolution, one 3x3 convolution, one transposed convolution; width 8 gives 737
   parameters for one channel (1,027 for three), small enough that S_min of the w x w matrix is computable.
 - ``dncnn``: DnCNN as used by Salman et al. (2020): ``depth`` 3x3 convolutions of ``width`` channels
@@ -43,18 +44,27 @@ class ConvAutoencoder(nn.Module):
     """The paper's denoising autoencoder: Conv(s2) -> Conv(s2) -> ConvT(s2) -> ConvT(s2) -> sigmoid."""
 
     def __init__(self, in_channels: int = 1, widths: tuple[int, int] | list[int] = (32, 64),
-                 activation: str = "relu"):
+                 activation: str = "relu", norm: str = "none", groups: int = 8):
         super().__init__()
         if len(widths) != 2:
             raise UserError(f"autoencoder widths must be two numbers, got {list(widths)}")
-        _check_positive(in_channels=in_channels, width_1=widths[0], width_2=widths[1])
+        _check_positive(in_channels=in_channels, width_1=widths[0], width_2=widths[1], groups=groups)
         w1, w2 = int(widths[0]), int(widths[1])
+        if norm not in ("group", "none"):
+            raise UserError(f"autoencoder norm must be 'group' or 'none' (BatchNorm breaks per-example gradients), "
+                            f"got {norm!r}")
+        if norm == "group" and (w1 % groups or w2 % groups):
+            raise UserError(f"autoencoder widths {[w1, w2]} are not divisible by groups {groups}")
+
+        def hidden(width: int) -> list[nn.Module]:  # GroupNorm (per example) after each hidden layer, if asked
+            return ([nn.GroupNorm(groups, width)] if norm == "group" else []) + [make_activation(activation)]
+
         self.encoder = nn.Sequential(
-            nn.Conv2d(in_channels, w1, 3, stride=2, padding=1), make_activation(activation),
-            nn.Conv2d(w1, w2, 3, stride=2, padding=1), make_activation(activation),
+            nn.Conv2d(in_channels, w1, 3, stride=2, padding=1), *hidden(w1),
+            nn.Conv2d(w1, w2, 3, stride=2, padding=1), *hidden(w2),
         )
         self.decoder = nn.Sequential(
-            nn.ConvTranspose2d(w2, w1, 3, stride=2, padding=1, output_padding=1), make_activation(activation),
+            nn.ConvTranspose2d(w2, w1, 3, stride=2, padding=1, output_padding=1), *hidden(w1),
             nn.ConvTranspose2d(w1, in_channels, 3, stride=2, padding=1, output_padding=1),
         )
 

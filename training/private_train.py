@@ -60,6 +60,7 @@ from training.privacy_report import (
     json_safe,
     released_privacy_report,
 )
+from training.recipe import ParameterAverage, refuse_batch_norm
 from training.smin import DEFAULT_CHUNK_SIZE, DEFAULT_MAX_DIM, METHODS, smin_lower_bound
 from transdenoiser.errors import UserError
 from transdenoiser.progress import Track, silent
@@ -127,6 +128,9 @@ class TrainConfig:
     noise: str = "isotropic"
     shape_examples: int = 128
     acknowledge_unsound: bool = False
+    # parameter averaging: 0 = off; else the EMA decay of the weights after each step (training/recipe.py). The
+    # average is what is evaluated and released (post-processing of the noisy iterates: no privacy cost)
+    ema_decay: float = 0.0
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> TrainConfig:
@@ -171,6 +175,8 @@ class TrainConfig:
             (self.train_on in ("private", "public"), f"train_on must be private or public, got {self.train_on!r}"),
             (self.train_on == "private" or self.arm == "nodp",
              f"training on the public split needs no privacy: use arm nodp there, got arm {self.arm!r}"),
+            (isinstance(self.ema_decay, (int, float)) and 0 <= self.ema_decay < 1,
+             f"ema_decay must lie in [0, 1) (0: no parameter averaging), got {self.ema_decay!r}"),
             (self.noise_draws == 1 or self.arm == "sepdp",
              f"noise_draws > 1 is available for the sepdp arm only (Algorithm 1's Taylor split of line 8 is "
              f"defined for one input-noise draw per example), got arm {self.arm!r}"),
@@ -703,8 +709,12 @@ def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint
     kwargs = denoiser_kwargs(config.denoiser, dataset.image_shape[0], config.activation, config.denoiser_kwargs)
     model = build_model(config.denoiser, **kwargs).to(device)
     check_denoiser_fits(model, dataset.image_shape)
+    if config.arm != "nodp":
+        refuse_batch_norm(model, config.arm)
     if config.init_from is not None:
         initialise_from_public(model, config, dataset)
+    average = ParameterAverage(model, config.ema_decay) if config.ema_decay else None  # released: the average
+    released_model = average.model if average is not None else model
     optimizer = _optimizer(config, model)
     generator = noise_generator(config, group)
     records: list[StepRecord] = []
@@ -712,7 +722,8 @@ def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint
     epochs_done, seconds_before = 0, 0.0
     if resume:
         epochs_done, records, metrics, seconds_before = _resume(checkpoint_dir, config, dataset, classifier, model,
-                                                                optimizer, generator, device, group.world_size)
+                                                                optimizer, generator, device, group.world_size,
+                                                                average=average)
 
     classifier_model = classifier.model.to(device).eval()
     for p in classifier_model.parameters():
@@ -750,10 +761,12 @@ def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint
                     p.grad = grads[name].detach()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            if average is not None:
+                average.update(model)
             records.append(record)
         losses = [r.mean_loss for r in records[-schedule["steps_per_epoch"]:] if not math.isnan(r.mean_loss)]
         row = {"epoch": epoch + 1,
-               **evaluate(model, classifier_model, x_test, y_test, config.sigma, config.eval_noise_seed),
+               **evaluate(released_model, classifier_model, x_test, y_test, config.sigma, config.eval_noise_seed),
                "train_loss": float(np.mean(losses)) if losses else math.nan,
                "seconds": time.perf_counter() - epoch_started}
         metrics.append(row)
@@ -761,16 +774,17 @@ def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint
         if group.distributed:  # every rank applied the same summed update and noise: refuse silent drift
             group.check_same(_weights_digest(model), f"the weights after epoch {epoch + 1}")
         if checkpoint_dir is not None and group.is_writer:
-            _save(checkpoint_dir, model, optimizer, generator, records,
+            _save(checkpoint_dir, released_model, optimizer, generator, records,
                   run.released(records, metrics, epochs_done),
-                  run.private(records, metrics, epochs_done, seconds_before + time.perf_counter() - started))
+                  run.private(records, metrics, epochs_done, seconds_before + time.perf_counter() - started),
+                  extra_state=average.state_tensors(model) if average is not None else None)
         if on_epoch is not None:
             on_epoch(row)
     if not metrics:
         raise UserError("no epoch was trained")
     group.barrier()  # the last checkpoint is written before any rank returns
-    model.eval()
-    return model, run.released(records, metrics, epochs_done)
+    released_model.eval()
+    return released_model, run.released(records, metrics, epochs_done)
 
 
 def _weights_digest(model: nn.Module) -> str:
@@ -914,10 +928,11 @@ def load_private_record(directory: str | Path) -> dict[str, Any]:
     return record
 
 
-def _save(directory: Path, model, optimizer, generator, records, metadata, record) -> None:
-    """One epoch's checkpoint, written to a staging directory and renamed into place (crash-safe)."""
+def _save(directory: Path, model, optimizer, generator, records, metadata, record, extra_state=None) -> None:
+    """One epoch's checkpoint, written to a staging directory and renamed into place (crash-safe). ``model``: the
+    released weights (the parameter average with ``ema_decay``; ``extra_state`` then holds the live weights)."""
     opt_tensors, layout = _optimizer_tensors(optimizer)
-    state = {"rng.cpu": generator.get_state(), **opt_tensors, **_history_tensors(records)}
+    state = {"rng.cpu": generator.get_state(), **opt_tensors, **_history_tensors(records), **(extra_state or {})}
 
     def write(staging: Path) -> None:
         save_checkpoint(staging, model, metadata)
@@ -931,7 +946,8 @@ def _save(directory: Path, model, optimizer, generator, records, metadata, recor
     replace_directory(directory, write)
 
 
-def _resume(directory: Path, config, dataset, classifier, model, optimizer, generator, device, world_size: int = 1):
+def _resume(directory: Path, config, dataset, classifier, model, optimizer, generator, device, world_size: int = 1,
+            average=None):
     meta = read_metadata(directory)
     if meta.get("kind") != "denoiser":
         raise UserError(f"{directory} holds a {meta.get('kind')}, not a denoiser training run")
@@ -960,6 +976,8 @@ def _resume(directory: Path, config, dataset, classifier, model, optimizer, gene
     _restore_optimizer(optimizer, tensors, resume_state["optimizer_layout"],
                        resume_state["optimizer_param_groups"], device)
     generator.set_state(tensors["rng.cpu"])
+    if average is not None:  # the saved weights are the average; the live ones are in the private state
+        average.restore(model, {k: v.to(device) for k, v in tensors.items()})
     records = _records_from_tensors(tensors)
     test_metrics = {row["epoch"]: row for row in meta["metrics"]}
     metrics = [{**test_metrics[row["epoch"]], **row} for row in record["epochs"]]

@@ -1,0 +1,185 @@
+"""The tuned DP recipe (issue 14, item 4): parameter averaging, no BatchNorm in the DP arms, batch sizes planned
+for a target epsilon, and the sweep whose every run spends that epsilon."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import training.private_train as private_train
+from training.checkpoint import load_checkpoint, save_checkpoint
+from training.models import build_model
+from training.private_train import TrainConfig, train_denoiser
+from training.recipe import batch_norm_to_group_norm, choose_batch_size, plan_batch_sizes, refuse_batch_norm
+from transdenoiser.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def random_classifier_dir(tmp_path_factory, mnist10k):
+    """An untrained cnn28 saved as a classifier checkpoint (the tests here need a frozen h, not a good one)."""
+    torch.manual_seed(0)
+    model = build_model("cnn28", in_channels=1, num_classes=10)
+    meta = {"kind": "classifier", "architecture": "cnn28", "arch_kwargs": {"in_channels": 1, "num_classes": 10},
+            "input_shape": [1, 28, 28], "num_classes": 10, "dataset": {"name": "mnist10k", "trained_on": "public"}}
+    return save_checkpoint(tmp_path_factory.mktemp("clf") / "classifier", model, meta)
+
+
+def _config(**overrides) -> TrainConfig:
+    values = {"arm": "sepdp", "denoiser": "tiny", "denoiser_kwargs": {"width": 4}, "activation": "silu",
+              "train_examples": 96, "eval_examples": 50, "batch_size": 24, "epochs": 2, "xi_up": 1.0,
+              "optimizer": "sgd", "learning_rate": 0.05, "reproducible_noise": True, "seed": 3, "ema_decay": 0.9}
+    values.update(overrides)
+    return TrainConfig(**values)
+
+
+def _recording_optimizer(trajectory: list):
+    """Wrap private_train._optimizer: record the live weights at creation and after every optimiser step."""
+    original = private_train._optimizer
+
+    def make(config, model):
+        optimizer = original(config, model)
+        snapshot = lambda: {k: v.detach().clone().double() for k, v in model.named_parameters()}  # noqa: E731
+        trajectory.append(snapshot())
+        optimizer.register_step_post_hook(lambda *_: trajectory.append(snapshot()))
+        return optimizer
+
+    return make
+
+
+def test_ema_equals_an_independent_recomputation(mnist10k, random_classifier_dir, tmp_path, monkeypatch):
+    """The released weights are the EMA of the live iterates (recomputed here from the recorded trajectory with
+    the documented warm-up decay min(d, (1+t)/(10+t))); the live iterates are those of a run without averaging
+    (post-processing only); and a run interrupted after one epoch and resumed releases the same average."""
+    classifier = load_checkpoint(random_classifier_dir, kind="classifier")
+    trajectory: list = []
+    monkeypatch.setattr(private_train, "_optimizer", _recording_optimizer(trajectory))
+    model, meta = train_denoiser(_config(), mnist10k, classifier, torch.device("cpu"), checkpoint_dir=tmp_path / "a")
+    steps = meta["steps_done"]
+    assert steps == 8 and len(trajectory) == steps + 1
+    decay = 0.9
+    expected = {k: v.clone() for k, v in trajectory[0].items()}
+    for t, weights in enumerate(trajectory[1:]):
+        d = min(decay, (1 + t) / (10 + t))
+        expected = {k: d * expected[k] + (1 - d) * weights[k] for k in expected}
+    released = load_checkpoint(tmp_path / "a", kind="denoiser").model
+    differs_from_live = False
+    for name, p in released.named_parameters():
+        assert torch.allclose(p.double(), expected[name], atol=1e-6), name
+        assert torch.equal(p, dict(model.named_parameters())[name])
+        differs_from_live |= not torch.allclose(p.double(), trajectory[-1][name], atol=1e-4)
+    assert differs_from_live  # the average is not simply the last iterate
+
+    monkeypatch.undo()
+    plain, _ = train_denoiser(_config(ema_decay=0.0), mnist10k, classifier, torch.device("cpu"))
+    for name, p in plain.named_parameters():  # averaging does not change the optimisation
+        assert torch.allclose(p.double(), trajectory[-1][name], atol=1e-6), name
+
+    train_denoiser(_config(), mnist10k, classifier, torch.device("cpu"), checkpoint_dir=tmp_path / "b",
+                   stop_after_epochs=1)
+    resumed, _ = train_denoiser(_config(), mnist10k, classifier, torch.device("cpu"), checkpoint_dir=tmp_path / "b",
+                                resume=True)
+    for name, p in resumed.named_parameters():
+        assert torch.allclose(p.double(), expected[name], atol=1e-6), name
+
+
+class _BatchNormDenoiser(nn.Module):
+    def __init__(self, **_):
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                                 nn.Conv2d(4, 1, 3, padding=1))
+
+    def forward(self, z):
+        return torch.sigmoid(self.net(z))
+
+
+def _output_alone_and_in_batch(model, x):
+    """Example 0's output computed alone and as part of the batch ``x`` (train mode, as in training)."""
+    model.train()
+    with torch.no_grad():
+        return model(x[:1])[0], model(x)[0]
+
+
+def test_dp_arms_refuse_batch_norm_and_group_norm_is_per_example(mnist10k, random_classifier_dir, monkeypatch):
+    classifier = load_checkpoint(random_classifier_dir, kind="classifier")
+    monkeypatch.setattr(private_train, "build_model", lambda name, **kw: _BatchNormDenoiser())
+    for arm in ("sepdp", "transdenoiser"):
+        with pytest.raises(UserError, match="BatchNorm"):
+            train_denoiser(_config(arm=arm, ema_decay=0.0), mnist10k, classifier, torch.device("cpu"))
+    with pytest.raises(UserError, match="BatchNorm"):
+        refuse_batch_norm(_BatchNormDenoiser(), "sepdp")
+    for name in ("autoencoder", "dncnn"):
+        with pytest.raises(UserError, match="BatchNorm"):
+            build_model(name, norm="batch")
+    refuse_batch_norm(build_model("autoencoder", norm="group"), "sepdp")  # GroupNorm passes
+    assert any(isinstance(m, nn.GroupNorm) for m in build_model("autoencoder", norm="group").modules())
+
+    # why: with BatchNorm an example's output (so its gradient) depends on the rest of the batch, and the running
+    # statistics are an un-noised function of the private batch; after the conversion neither holds
+    torch.manual_seed(0)
+    x = mnist10k.private.tensors()[0][:6]
+    model = _BatchNormDenoiser()
+    alone, in_batch = _output_alone_and_in_batch(model, x)
+    assert not torch.allclose(alone, in_batch, atol=1e-4)
+    converted = batch_norm_to_group_norm(model, groups=2)
+    assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in converted.modules())
+    assert not list(converted.buffers())
+    refuse_batch_norm(converted, "sepdp")
+    alone, in_batch = _output_alone_and_in_batch(converted, x)
+    assert torch.allclose(alone, in_batch, atol=1e-5)
+
+
+@pytest.mark.parametrize("target,epochs,num_examples,sizes", [(1.0, 10, 30000, [64, 1024]), (8.0, 5, 2998, [256])])
+def test_planned_runs_land_at_the_target_epsilon(target, epochs, num_examples, sizes):
+    """Each plan's noise multiplier, put through dp-accounting's RDP accountant directly (Poisson-sampled Gaussian,
+    composed T times), gives an epsilon in [0.99 target, target]; T is the training loop's epochs x round(N/B); and
+    the choice is the largest batch with enough steps (brute force)."""
+    import dp_accounting
+
+    delta = 1e-5
+    plans = plan_batch_sizes(target, delta, num_examples, epochs, batch_sizes=sizes)
+    for plan in plans:
+        q = plan.batch_size / num_examples
+        assert plan.steps == epochs * round(num_examples / plan.batch_size)
+        accountant = dp_accounting.rdp.RdpAccountant()
+        accountant.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(plan.noise_multiplier)),
+                           plan.steps)
+        epsilon = accountant.get_epsilon(delta)
+        assert 0.99 * target <= epsilon <= target, (plan, epsilon)
+        assert plan.mean_noise == pytest.approx(plan.noise_multiplier / plan.batch_size)
+    for min_steps in (1, 100, 500, 10 ** 6):
+        enough = [p.batch_size for p in plans if p.steps >= min_steps]
+        assert choose_batch_size(plans, min_steps).batch_size == (max(enough) if enough else min(sizes))
+
+
+def test_cli_batch_size_auto_needs_a_target_epsilon(tmp_path):
+    from transdenoiser import cli
+
+    assert cli.main(["train", "--plan", "--arm", "sepdp", "--out", str(tmp_path / "x")]) == 2
+    assert cli.main(["train", "--batch-size", "auto", "--arm", "nodp", "--target-epsilon", "1", "--classifier",
+                     str(tmp_path), "--out", str(tmp_path / "x")]) == 2
+    assert not (tmp_path / "x").exists()
+
+
+def test_sweep_quick_runs_every_run_at_the_target(random_classifier_dir, tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep_recipe.py"), "--quick", "--classifier",
+                             str(random_classifier_dir), "--out", str(tmp_path / "sweep"),
+                             "--write-config", str(tmp_path / "best.toml")],
+                            capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    import json
+
+    summary = json.loads((tmp_path / "sweep" / "results.json").read_text())
+    assert len(summary["runs"]) == 2
+    for run in summary["runs"]:
+        assert 0.99 * summary["target_epsilon"] <= run["epsilon_rdp"] <= summary["target_epsilon"]
+    config = private_train.load_config_file(tmp_path / "best.toml")
+    assert config.target_epsilon == summary["target_epsilon"] and config.arm == "sepdp"
+    assert config.ema_decay == summary["best"]["ema_decay"]
+    assert np.isfinite(summary["best"]["validation_mse"])
