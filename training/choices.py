@@ -2,7 +2,8 @@
 its flag errors need not load torch). tests/test_cli_behaviour.py checks them against the modules that use them."""
 
 ARMS = ("nodp", "sepdp", "transdenoiser",  # training.private_train.ARMS
-        "securesgd-prt", "securesgd-sct")  # training.baselines.securesgd.ARMS
+        "securesgd-prt", "securesgd-sct",  # training.baselines.securesgd.ARMS
+        "stobatch")  # training.baselines.stobatch.ARM
 OPTIMIZERS = ("sgd", "adam")  # training.private_train.OPTIMIZERS
 DENOISERS = ("autoencoder", "tiny", "dncnn")  # training.denoisers.DENOISERS
 ACTIVATIONS = ("relu", "tanh", "silu", "softplus")  # the keys of training.denoisers.ACTIVATIONS

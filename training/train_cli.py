@@ -255,6 +255,10 @@ def _train(args, device, group) -> int:
         from training.baselines.securesgd import cmd_train_securesgd
 
         return cmd_train_securesgd(args, print)
+    if args.arm == "stobatch":  # Phan et al.'s StoBatch baseline (training/baselines/stobatch.py)
+        from training.baselines.stobatch import cmd_train_stobatch
+
+        return cmd_train_stobatch(args, print)
     base = None
     if args.resume:
         if writer:

@@ -1,0 +1,229 @@
+"""The stobatch arm (Phan et al. 2020's StoBatch, training/baselines/stobatch.py): clipping, noise scales, the
+privacy report against dp-accounting called directly, the CLI (train, certify, attack) and the certificate against
+its closed form. Every expected value is computed here, independently of the code under test."""
+from __future__ import annotations
+
+import json
+import math
+
+import dp_accounting
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+from torch.nn import functional as F
+
+from training.baselines import stobatch as sb
+from training.checkpoint import load_checkpoint, save_checkpoint
+from training.models import build_model
+from transdenoiser.cli import main
+from transdenoiser.errors import UserError
+
+TINY_TRAIN = ["--train-examples", "40", "--eval-examples", "40", "--epochs", "1", "--batch-size", "20",
+              "--reproducible-noise", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def stobatch_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("stobatch") / "clf"
+    assert main(["train", "--arm", "stobatch", "--out", str(out), "--target-epsilon", "1", *TINY_TRAIN]) == 0
+    return out
+
+
+def _model(seed: int = 0):
+    torch.manual_seed(seed)
+    return build_model("cnn28", in_channels=1, num_classes=10).eval()
+
+
+def test_laplace_noise_has_the_asked_scale():
+    scale = 3.5
+    draws = sb.laplace_noise((40000,), scale, torch.Generator().manual_seed(1)).double().numpy()
+    assert stats.kstest(draws, stats.laplace(scale=scale).cdf).pvalue > 1e-3
+    assert stats.kstest(draws, stats.laplace(scale=1.2 * scale).cdf).pvalue < 1e-6  # the test can fail
+
+
+def test_paper_budget_matches_the_formulas():
+    model = _model()
+    conv = sb.first_layer(model)
+    delta_r = sb.reconstruction_sensitivity(conv, (1, 28, 28))
+    assert delta_r == 1 * 3 * 3 * (28 * 28 + 2)  # d (beta + 2): 9 inputs per hidden unit, 784 positions
+    w = conv.weight.detach().double().reshape(32, -1).numpy()
+    w_norm = float(np.linalg.svd(w, compute_uv=False).max())
+    assert sb.largest_singular_value(conv.weight) == pytest.approx(w_norm, rel=1e-9)
+    total, share, m, d3 = 1.0, 0.5, 100.0, 256.0
+    budget = sb.paper_budget(total, share, delta_r, d3, w_norm, m)
+    eps2 = share * total
+    eps1 = (total - eps2) / (1 + m / delta_r + m * w_norm / (2 * delta_r))
+    assert budget.eps1 == pytest.approx(eps1, rel=1e-12) and budget.eps2 == pytest.approx(eps2)
+    assert budget.paper_epsilon == pytest.approx(total, rel=1e-12)
+    assert budget.input_scale == pytest.approx(delta_r / (m * eps1), rel=1e-12)
+    assert budget.hidden_scale == pytest.approx(2 * delta_r / (m * eps1), rel=1e-12)
+    assert budget.output_scale == pytest.approx(d3 / (m * eps2), rel=1e-12)
+
+
+def test_disjoint_batches_partition_the_examples():
+    batches = sb.disjoint_batches(1000, 7, torch.Generator().manual_seed(0))
+    joined = torch.cat(batches).sort().values
+    assert len(batches) == 7 and torch.equal(joined, torch.arange(1000))
+
+
+def test_per_example_gradients_are_clipped_to_c():
+    """Each example's two blocks are clipped to C/sqrt(2) each (whole gradient <= C), as a plain autograd loop over
+    the examples, clipping each block by hand, computes."""
+    model = _model(1)
+    per_example, blocks = sb.example_gradients(model, alpha=1.0)
+    g = torch.Generator().manual_seed(2)
+    x_bar = torch.rand(3, 1, 28, 28, generator=g)
+    x_adv = (x_bar + 0.1 * torch.randn(3, 1, 28, 28, generator=g)).clamp(0, 1)
+    onehot = F.one_hot(torch.tensor([0, 3, 9]), 10).float()
+    n_h = 0.5 * torch.randn(1, 32, 28, 28, generator=g)
+    clip = 0.05
+    summed, norms = sb.clipped_gradient_sum(model, per_example, blocks, x_bar, x_adv, onehot, n_h, clip, chunk_size=2)
+    params = dict(model.named_parameters())
+    expected = {k: torch.zeros_like(p) for k, p in params.items()}
+    for i in range(3):
+        conv = sb.first_layer(model)
+        hidden = F.relu(conv(model.normalize(x_bar[i:i + 1])) + n_h)
+        recon = F.conv_transpose2d(hidden, conv.weight, padding=1)
+        rec_loss = (math.log(2) + recon / 2 + recon ** 2 / 8 - x_bar[i:i + 1] * recon).sum()
+        first = list(blocks[0])
+        rec_grads = torch.autograd.grad(rec_loss, [params[k] for k in first])
+        logits = sb.noisy_logits(model, torch.cat([x_bar[i:i + 1], x_adv[i:i + 1]]), n_h)
+        terms = (math.log(2) + logits / 2 + logits ** 2 / 8 - onehot[i] * logits).sum(1)
+        cls_loss = (terms[0] + terms[1]) / 2
+        rest = list(blocks[1])
+        cls_grads = torch.autograd.grad(cls_loss, [params[k] for k in rest])
+        for names, grads in ((first, rec_grads), (rest, cls_grads)):
+            norm = torch.sqrt(sum(gr.pow(2).sum() for gr in grads))
+            factor = min(1.0, (clip / math.sqrt(2)) / float(norm))
+            assert float(norm) > clip  # clipping is active in this test
+            for k, gr in zip(names, grads, strict=True):
+                expected[k] += factor * gr
+    for k in expected:
+        assert torch.allclose(summed[k], expected[k], rtol=1e-4, atol=1e-7), k
+    assert float(norms.max()) <= clip * (1 + 1e-6)
+
+
+def test_noise_multiplier_and_epsilon_match_dp_accounting():
+    config = sb.StoBatchConfig(target_epsilon=1.0, epochs=7, batch_size=50)
+    schedule = sb.plan(config, 1000)
+    z = schedule["noise_multiplier"]
+
+    def eps(multiplier):
+        accountant = dp_accounting.rdp.RdpAccountant()
+        accountant.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(multiplier), 7))
+        return accountant.get_epsilon(1e-5)
+
+    assert eps(z) <= 1.0 + 1e-6 and eps(0.97 * z) > 1.0  # calibrated: meets the target, and barely
+    assert schedule["num_batches"] == 20 and schedule["total_steps"] == 140
+    budget = sb.paper_budget(1.0, 0.5, 7074.0, 256.0, 1.0, 50.0)
+    report = sb.privacy_report(config, schedule, budget, 1000, 7)
+    ours = report["guarantees"][0]
+    assert ours["data_independent"] and ours["noise_multiplier"] == z
+    assert ours["epsilon"]["rdp"] == pytest.approx(eps(z), rel=0.02)  # our finer order grid: equal or tighter
+    assert not report["paper_analysis"]["data_independent"] and "NOT a guarantee" in report["paper_analysis"]["label"]
+
+
+def test_noise_on_the_gradient_has_the_reported_scale():
+    """An empty batch's privatised gradient is pure noise: its std must be z C / m."""
+    model = _model(3)
+    per_example, blocks = sb.example_gradients(model)
+    z, clip, m = 2.5, 0.7, 40.0
+    empty = torch.zeros(0, 1, 28, 28)
+    grads = sb.privatised_gradient(model, per_example, blocks, empty, empty, torch.zeros(0, 10),
+                                   torch.zeros(1, 32, 28, 28), clip, z, m, 8, torch.Generator().manual_seed(4))
+    values = torch.cat([g.flatten() for g in grads.values()]).double().numpy()
+    assert len(values) > 400_000
+    assert np.std(values) == pytest.approx(z * clip / m, rel=0.01)
+    assert abs(np.mean(values)) < 5 * z * clip / m / math.sqrt(len(values))
+
+
+def test_certificate_radius_closed_form():
+    for p, bx, bh, s in ((0.9, 2.0, 4.0, 3.0), (0.6, 0.5, 10.0, 1.0), (0.999, 1.0, 1.0, 0.1)):
+        eps_r, r1, paper = sb.radius_from_p_lower(p, bx, bh, s)
+        assert eps_r == pytest.approx(0.5 * math.log(p / (1 - p)))
+        assert r1 == pytest.approx(eps_r * max(bx, bh / s)) and paper == pytest.approx(eps_r * (bx + bh / s))
+    assert sb.radius_from_p_lower(0.5, 1.0, 1.0, 1.0) == (0.0, 0.0, 0.0)
+
+
+def test_l1_operator_norm_bounds_and_is_attained():
+    model = _model(5)
+    conv = sb.first_layer(model)
+    std = [0.3]
+    s = sb.l1_operator_norm(conv, std)
+    assert s == pytest.approx(float(conv.weight.detach().abs().sum()) / 0.3, rel=1e-6)
+    g = torch.Generator().manual_seed(6)
+    for _ in range(5):
+        delta = torch.randn(1, 1, 28, 28, generator=g)
+        out = F.conv2d(delta / 0.3, conv.weight.detach(), padding=1)
+        assert float(out.abs().sum()) <= s * float(delta.abs().sum()) * (1 + 1e-6)
+    pixel = torch.zeros(1, 1, 28, 28)
+    pixel[0, 0, 14, 14] = 1.0  # an interior pixel meets every weight once: the bound is attained
+    assert float(F.conv2d(pixel / 0.3, conv.weight.detach(), padding=1).abs().sum()) == pytest.approx(s, rel=1e-5)
+
+
+def test_certified_robustness_of_a_constant_model(tmp_path):
+    """A classifier that always says 3: every draw votes 3, so p_lower = alpha^(1/n) (Clopper-Pearson, n of n)."""
+    model = _model(7)
+    head = model.head[-1]
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.zero_()
+        head.bias[3] = 5.0
+    bx, bh = 0.8, 1.6
+    meta = {"kind": "classifier", "architecture": "cnn28", "arch_kwargs": {"in_channels": 1, "num_classes": 10},
+            "input_shape": [1, 28, 28], "num_classes": 10, "arm": "stobatch",
+            "stobatch": {"input_laplace_scale": bx, "hidden_laplace_scale": bh}}
+    directory = save_checkpoint(tmp_path / "const", model, meta)
+    images = torch.rand(2, 1, 28, 28, generator=torch.Generator().manual_seed(8))
+    n, alpha = 50, 0.01
+    certs = sb.certified_robustness(directory, images, n0=5, n=n, alpha=alpha, batch_size=17)
+    s = float(sb.first_layer(model).weight.detach().abs().sum()) / float(model.normalize.std.flatten()[0])
+    p_lower = alpha ** (1 / n)
+    radius = 0.5 * math.log(p_lower / (1 - p_lower)) * max(bx, bh / s)
+    for cert in certs:
+        assert cert.prediction == 3 and cert.count == n
+        assert cert.p_lower == pytest.approx(p_lower, rel=1e-9)
+        assert cert.radius_l1 == pytest.approx(radius, rel=1e-6)
+        assert cert.radius_l2 == pytest.approx(radius / 28) and cert.radius_linf == pytest.approx(radius / 784)
+    with pytest.raises(UserError):
+        sb.certified_robustness(directory, images[:, :, :27], n0=5, n=n)
+
+
+def test_train_cli_writes_a_classifier_checkpoint(stobatch_dir):
+    checkpoint = load_checkpoint(stobatch_dir, kind="classifier")
+    meta = checkpoint.metadata
+    assert meta["arm"] == "stobatch" and meta["architecture"] == "cnn28"
+    assert meta["dataset"]["trained_on"] == "private" and meta["dataset"]["train_examples"] == 40
+    report = meta["privacy"]
+    assert report["guarantees"][0]["epsilon"]["rdp"] <= 1.0 + 1e-6  # one epoch at target 1
+    assert report["num_batches"] == 2 and report["steps_done"] == 2
+    text = (stobatch_dir / "privacy_report.txt").read_text()
+    assert "the paper's analysis" in text and "data-independent" in text
+    assert not (stobatch_dir / "private").exists()  # nothing private is written
+    with torch.inference_mode():
+        out = checkpoint.model(torch.rand(2, 1, 28, 28))
+    assert out.shape == (2, 10) and bool(torch.isfinite(out).all())
+
+
+def test_certify_and_attack_cli_take_the_checkpoint(stobatch_dir, tmp_path):
+    out = tmp_path / "cert"
+    assert main(["certify", "--classifier", str(stobatch_dir), "--sigma", "0.25", "--n0", "5", "--n", "10",
+                 "--skip", "500", "--out", str(out), "--device", "cpu"]) == 0
+    rows = (out / "certify.tsv").read_text().splitlines()
+    assert len(rows) == 1 + 5  # header + every 500th of the 2,004 test images
+    att = tmp_path / "att"
+    assert main(["attack", "--classifier", str(stobatch_dir), "--attack", "fgsm", "--norm", "l2", "--eps", "0.5",
+                 "--threat", "classifier", "--max-images", "4", "--n", "10", "--out", str(att),
+                 "--device", "cpu"]) == 0
+    record = json.loads((att / "attack.json").read_text())
+    assert record["classifier_metadata"]["arm"] == "stobatch" and record["num_images"] == 4
+
+
+def test_train_cli_refuses_denoiser_flags(tmp_path, capsys):
+    assert main(["train", "--arm", "stobatch", "--sigma", "0.5", "--out", str(tmp_path / "x"), *TINY_TRAIN]) == 2
+    assert "--sigma" in capsys.readouterr().err
+    with pytest.raises(UserError):
+        sb.StoBatchConfig(batch_size=0).validate(100)
+    with pytest.raises(UserError):
+        sb.StoBatchConfig(target_epsilon=1.0, noise_multiplier=2.0).validate(100)
