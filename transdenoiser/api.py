@@ -34,6 +34,7 @@ from training.accounting import (
     noise_multiplier_for_epsilon,
     steps_for_epochs,
 )
+from training.baselines.securesgd import train_securesgd
 from training.privacy_report import format_privacy_report
 from transdenoiser.errors import UserError
 from transdenoiser.progress import Track, silent
