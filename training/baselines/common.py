@@ -156,18 +156,20 @@ def largest_robust_size(p_lower: float, p_upper: float, attack_size: Callable[[f
         delta = delta_for(eps)
         return attack_size(eps, delta) if delta > 0 else 0.0
 
-    grid_eps = np.geomspace(eps_max * 1e-6, eps_max * (1 - 1e-9), grid)
-    sizes = [size(float(e)) for e in grid_eps]
+    grid_eps = np.unique(np.concatenate([np.geomspace(eps_max * 1e-6, eps_max, grid),
+                                         eps_max * (1 - np.geomspace(1e-9, 0.5, 40))]))
+    sizes = np.array([size(float(e)) for e in grid_eps])
     best = int(np.argmax(sizes))
     low = float(grid_eps[max(best - 1, 0)])
-    high = float(grid_eps[min(best + 1, grid - 1)])
+    high = float(grid_eps[min(best + 1, len(grid_eps) - 1)])
     refined = optimize.minimize_scalar(lambda e: -size(e), bounds=(low, high), method="bounded",
                                        options={"xatol": 1e-10 * max(high, 1e-12)})
-    eps = float(refined.x) if -refined.fun > sizes[best] else float(grid_eps[best])
-    delta = delta_for(eps)
-    if delta <= 0 or not robustness_condition(p_lower, p_upper, eps, delta):
-        return 0.0, None, None
-    return attack_size(eps, delta), eps, delta
+    candidates = [float(refined.x)] + [float(grid_eps[i]) for i in np.argsort(-sizes)]
+    for eps in sorted(candidates, key=size, reverse=True):  # the best pair that meets the condition (checked)
+        delta = delta_for(eps)
+        if delta > 0 and robustness_condition(p_lower, p_upper, eps, delta):
+            return attack_size(eps, delta), eps, delta
+    return 0.0, None, None
 
 
 # ------------------------------------------------------------------------------------------ privacy report
