@@ -145,3 +145,197 @@ def test_training_loops_run_and_report():
     assert paper.privacy["data_independent_epsilon"] is None
     assert paper.privacy["smallest_sigma_over_bound"] < 1
     assert paper.privacy["per_step_delta_at_eps_t_worst_direction"] > paper.privacy["per_step_delta"]
+
+
+# ------------------------------------------------------------------------------------------- in the denoiser trainer
+
+def _tiny_sepdp_arm(noise="shaped", xi_up=1.5, batch=8.0):
+    from training.models import build_model
+    from training.private_train import SepDPArm, TrainConfig
+
+    torch.manual_seed(0)
+    model = build_model("tiny", width=2, in_channels=1, activation="silu")
+    config = TrainConfig(arm="sepdp", noise=noise, denoiser="tiny", denoiser_kwargs={"width": 2},
+                         activation="silu", clip_norm=1.0, sigma=0.25)
+    return SepDPArm(model, config, xi_up, batch, 10), model
+
+
+def _independent_clipped_sum(model, x, z, budgets):
+    """Per-example gradients by plain autograd, one example at a time, clipped per group by hand."""
+    total = {k: torch.zeros_like(p) for k, p in model.named_parameters()}
+    contributions = []
+    for i in range(len(x)):
+        model.zero_grad()
+        (model(z[i:i + 1]) - x[i:i + 1]).pow(2).sum().backward()
+        clipped = {}
+        for k, p in model.named_parameters():
+            norm = float(p.grad.norm())
+            clipped[k] = p.grad * min(1.0, budgets[k] / norm) if norm > 0 else p.grad.clone()
+            total[k] += clipped[k]
+        contributions.append(clipped)
+    return total, contributions
+
+
+def test_shaped_step_clips_each_group_to_its_budget_and_adds_noise_of_std_sigma_g():
+    """The trainer's shaped sepdp step against an independent computation: with the same generator state, the
+    update times B minus the hand-clipped sum is the noise; its per-group std must be sigma_g (not sigma_g / B,
+    not z C), and each example's group contribution stays within C_g (total within C)."""
+    arm, model = _tiny_sepdp_arm()
+    x = torch.rand(6, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    budgets = sn.group_clip_budgets({k: 0.05 + i for i, (k, _) in enumerate(model.named_parameters())}, 1.0)
+    big = 2000.0  # large stds so that the noise dominates float rounding of the clipped sum
+    stds = {k: big * (1 + i) for i, k in enumerate(budgets)}
+    shape = sn.GroupShape(budgets, stds)
+    arm.shaper = sn.ShapedNoise(torch.rand(4, 1, 8, 8), seed=0, start_step=0, shape_examples=4)
+    arm.shaper.shape = lambda _arm: shape  # a fixed shape: the test controls C_g and sigma_g
+    residuals = {k: [] for k in budgets}
+    for step in range(40):
+        generator = torch.Generator().manual_seed(100 + step)
+        replay = torch.Generator().manual_seed(100 + step)
+        update, record = arm.gradient(x, generator)
+        z = x + 0.25 * torch.randn(x.shape, generator=replay)  # the arm draws the input noise first
+        expected, contributions = _independent_clipped_sum(model, x, z, budgets)
+        if step == 0:
+            for c in contributions:
+                assert all(float(c[k].norm()) <= budgets[k] * (1 + 1e-6) for k in budgets)
+                assert math.sqrt(sum(float(c[k].norm()) ** 2 for k in budgets)) <= 1.0 + 1e-6
+        for k in budgets:
+            residuals[k].append((update[k] * arm.expected_batch - expected[k]).flatten())
+        assert record.explicit_multiplier == pytest.approx(sn.effective_noise_multiplier(budgets, stds))
+    for k in budgets:
+        noise = torch.cat(residuals[k]).double()
+        assert abs(float(noise.mean())) < 4 * stds[k] / math.sqrt(len(noise))
+        assert float(noise.std()) == pytest.approx(stds[k], rel=6 / math.sqrt(len(noise)) + 0.02)
+
+
+def test_shaped_step_with_zero_noise_returns_exactly_the_group_clipped_sum():
+    arm, model = _tiny_sepdp_arm()
+    x = torch.rand(5, 1, 8, 8, generator=torch.Generator().manual_seed(2))
+    budgets = sn.group_clip_budgets({k: 1.0 for k, _ in model.named_parameters()}, 0.01)  # tight: all clipped
+    arm.shaper = sn.ShapedNoise(torch.rand(4, 1, 8, 8), seed=0, start_step=0, shape_examples=4)
+    arm.shaper.shape = lambda _arm: sn.GroupShape(budgets, {k: 1e-30 for k in budgets})  # noise below rounding
+    update, _ = arm.gradient(x, torch.Generator().manual_seed(5))
+    z = x + 0.25 * torch.randn(x.shape, generator=torch.Generator().manual_seed(5))
+    expected, contributions = _independent_clipped_sum(model, x, z, budgets)
+    for k in budgets:
+        assert torch.allclose(update[k] * arm.expected_batch, expected[k], rtol=1e-4, atol=1e-7)
+        for c in contributions:  # every group was clipped to exactly its budget
+            assert float(c[k].norm()) == pytest.approx(budgets[k], rel=1e-5)
+
+
+def test_public_shape_of_a_denoiser_meets_the_budget_and_gives_multiplier_z():
+    """denoiser_group_shape on real public gradients: sum C_g^2 = C^2 and 1/sqrt(sum (C_g/sigma_g)^2) = z, both
+    recomputed here with numpy; the shape is anisotropic (otherwise shaping would be a no-op)."""
+    from training.dp import PerExampleGradients
+
+    arm, model = _tiny_sepdp_arm()
+    x_public = torch.rand(32, 1, 8, 8, generator=torch.Generator().manual_seed(3))
+    shape = sn.denoiser_group_shape(PerExampleGradients(model), x_public, 0.25, 2.0, 1.7,
+                                    sn.public_shape_generator(0, 0))
+    budgets = np.array([shape.budgets[k] for k in shape.budgets])
+    stds = np.array([shape.stds[k] for k in shape.budgets])
+    assert np.sum(budgets ** 2) == pytest.approx(4.0, rel=1e-12)
+    z = 1 / np.sqrt(np.sum((budgets / stds) ** 2))
+    assert z == pytest.approx(1.7, rel=1e-10) and z >= 1.7 * (1 - 1e-12)
+    assert stds.max() / stds.min() > 1.5 and budgets.max() / budgets.min() > 1.5
+    # the same public pick and noise from the same (seed, step): a resumed run recomputes the same shape
+    again = sn.denoiser_group_shape(PerExampleGradients(model), x_public, 0.25, 2.0, 1.7,
+                                    sn.public_shape_generator(0, 0))
+    assert again.stds == shape.stds
+
+
+@pytest.fixture(scope="module")
+def shaped_run(tmp_path_factory, classifier_dir, mnist10k):
+    from training.checkpoint import load_checkpoint
+    from training.private_train import TrainConfig, load_private_record, train_denoiser
+
+    config = TrainConfig(arm="sepdp", noise="shaped", shape_examples=16, denoiser="tiny",
+                         denoiser_kwargs={"width": 2}, activation="silu", epochs=1, batch_size=16, train_examples=64,
+                         eval_examples=50, learning_rate=0.05, target_epsilon=3.0, delta=1e-3)
+    out = tmp_path_factory.mktemp("shaped") / "run"
+    _, meta = train_denoiser(config, mnist10k, load_checkpoint(classifier_dir, kind="classifier"),
+                             torch.device("cpu"), checkpoint_dir=out)
+    return config, meta, load_private_record(out), out
+
+
+def test_shaped_run_epsilon_is_dp_accountings_for_z(shaped_run):
+    import dp_accounting
+    from dp_accounting.rdp import RdpAccountant
+
+    config, meta, record, out = shaped_run
+    privacy = meta["privacy"]
+    assert privacy["gradient_noise"] == "shaped" and meta["config"]["noise"] == "shaped"
+    (guarantee,) = privacy["guarantees"]
+    assert guarantee["data_independent"] and "PUBLIC split" in guarantee["label"]
+    z, q, steps = privacy["xi_up"], privacy["sample_rate"], privacy["steps_done"]
+    assert (q, steps) == (16 / 64, 4)
+    event = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z)), steps)
+    accountant = RdpAccountant()
+    accountant.compose(event)
+    assert guarantee["epsilon"]["rdp"] == pytest.approx(accountant.get_epsilon(config.delta), rel=1e-6)
+    assert guarantee["epsilon"]["rdp"] <= 3.0 + 1e-9  # calibrated to the target through z
+    # every step's effective multiplier, recorded privately, is z
+    assert "shaped" in (out / "privacy_report.txt").read_text()
+    from safetensors.torch import load_file
+
+    history = load_file(out / "private" / "training_state.safetensors")["history.explicit_multiplier"]
+    assert torch.allclose(history.double(), torch.full_like(history.double(), z), rtol=1e-9)
+    assert record["privacy"]["gradient_noise"] == "shaped"
+
+
+def test_optimized_noise_is_refused_without_the_acknowledgement(classifier_dir, capsys, tmp_path):
+    from training.private_train import TrainConfig
+    from transdenoiser.cli import main
+    from transdenoiser.errors import UserError
+
+    with pytest.raises(UserError, match="i-understand-unsound"):
+        TrainConfig(arm="sepdp", noise="optimized", target_epsilon=1.0).validate(1000)
+    with pytest.raises(UserError, match="sepdp arm only"):
+        TrainConfig(arm="transdenoiser", noise="shaped").validate(1000)
+    TrainConfig(arm="sepdp", noise="optimized", target_epsilon=1.0, acknowledge_unsound=True).validate(1000)
+    status = main(["train", "--arm", "sepdp", "--noise", "optimized", "--target-epsilon", "1",
+                   "--classifier", str(classifier_dir), "--out", str(tmp_path / "o"), "--denoiser", "tiny"])
+    assert status == 2 and "--i-understand-unsound" in capsys.readouterr().err
+    assert not (tmp_path / "o" / "metadata.json").exists()
+
+
+def test_optimized_run_reports_no_data_independent_epsilon(tmp_path, classifier_dir, mnist10k):
+    from training.checkpoint import load_checkpoint
+    from training.private_train import TrainConfig, train_denoiser
+
+    config = TrainConfig(arm="sepdp", noise="optimized", acknowledge_unsound=True, denoiser="tiny",
+                         denoiser_kwargs={"width": 2}, activation="silu", epochs=1, batch_size=16, train_examples=64,
+                         eval_examples=50, learning_rate=0.05, target_epsilon=1.0, delta=1e-3)
+    _, meta = train_denoiser(config, mnist10k, load_checkpoint(classifier_dir, kind="classifier"),
+                             torch.device("cpu"), checkpoint_dir=tmp_path / "run")
+    privacy = meta["privacy"]
+    assert "does NOT hold" in privacy["privacy_claim"] and privacy["claimed_epsilon"] == 1.0
+    assert [g["name"] for g in privacy["guarantees"]] == ["data_independent"]
+    assert privacy["guarantees"][0]["epsilon"]["rdp"] == "inf"
+    text = (tmp_path / "run" / "privacy_report.txt").read_text()
+    assert "NO PRIVACY GUARANTEE" in text and "none established" in text
+
+
+def test_blackbox_privacy_audit_of_a_shaped_run_does_not_contradict_its_epsilon(tmp_path, classifier_dir, mnist10k):
+    """The one-run audit (training/privacy) with image canaries through the real shaped mechanism: its empirical
+    lower bounds stay below the claimed epsilon. The white-box audit, whose canaries ride on the isotropic noise
+    component that the shaper bypasses, is refused rather than passed vacuously."""
+    from training.checkpoint import load_checkpoint
+    from training.privacy.audit import AuditSettings, privacy_audit
+    from training.private_train import TrainConfig
+    from transdenoiser.errors import UserError
+
+    config = TrainConfig(arm="sepdp", noise="shaped", shape_examples=16, denoiser="tiny",
+                         denoiser_kwargs={"width": 2}, activation="silu", epochs=1, batch_size=16, train_examples=48,
+                         eval_examples=50, learning_rate=0.05, target_epsilon=2.0, delta=1e-3)
+    classifier = load_checkpoint(classifier_dir, kind="classifier")
+    result = privacy_audit(config, mnist10k, classifier, torch.device("cpu"),
+                           AuditSettings(mode="blackbox", num_canaries=32, membership=False), tmp_path / "bb")
+    (claim,) = [c for c in result["claims"] if c["name"] == "sepdp"]
+    assert claim["data_independent"] and "PUBLIC split" in claim["label"] and claim["epsilon"] <= 2.0 + 1e-9
+    assert result["verdict"]["status"] == "PASS"
+    assert result["epsilon_steinke"] <= claim["epsilon"] and result["epsilon_fdp"] <= claim["epsilon"]
+    with pytest.raises(UserError, match="blackbox"):
+        privacy_audit(config, mnist10k, classifier, torch.device("cpu"),
+                      AuditSettings(mode="whitebox", num_canaries=32, membership=False), tmp_path / "wb")

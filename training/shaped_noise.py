@@ -508,6 +508,12 @@ def attach_noise_shaper(arm: Any, config: Any, dataset: Any, x_private: torch.Te
     if noise == "isotropic":
         return
     check_noise_settings(config, distributed=arm.group.distributed)
+    from training.dp import GaussianNoise
+
+    if type(getattr(arm, "noise", None)) is not GaussianNoise:
+        # e.g. the white-box privacy audit's canaries ride on the arm's isotropic noise, which the shaper bypasses
+        raise UserError(f"--noise {noise} draws its own noise: it cannot run with a replaced noise component "
+                        f"({type(getattr(arm, 'noise', None)).__name__}); audit it with --mode blackbox")
     if noise == "shaped":
         x_public, _ = dataset.public.tensors(x_private.device)
         arm.shaper = ShapedNoise(x_public, config.seed, start_step, config.shape_examples)
