@@ -2,6 +2,8 @@
 # Reproduce the per-arm figures of docs/RESULTS.md (the forms of the paper's Figures 2 and 3) on mnist10k.
 # Needs the classifier and the three paper-setting denoisers (README "A five-minute tour"):
 #   CLF=runs/classifier  DEN=runs/training  (DEN/{nodp,sepdp,transdenoiser,transdenoiser_sigma010})
+# The paper's whole comparison (every arm and baseline, Figures 2, 3, 4 and 7, mnist10k and Fashion-MNIST):
+# scripts/reproduce.sh (docs/REPRODUCTION.md).
 # Usage: scripts/paper_figures.sh [OUT]   (default OUT=runs/figures). Each step resumes or is skipped if done.
 set -euo pipefail
 CLF=${CLF:-runs/classifier}

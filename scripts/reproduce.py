@@ -46,6 +46,8 @@ LABELS = {"nodp": "TransDenoiser_nodp", "sepdp": "TransDenoiser_sepdp", "transde
 BASELINE_RUNS = ("transdenoiser", "securesgd-prt", "securesgd-sct", "stobatch")
 ABLATION_RUNS = ("transdenoiser", "nodp", "sepdp", "transdenoiser_sigma010")
 DP_ARMS = ("sepdp", "transdenoiser", "securesgd-prt", "securesgd-sct", "stobatch")  # Figure 4's epsilon sweep
+BASELINE_ARMS = ("securesgd-prt", "securesgd-sct", "stobatch")
+FROM_SCRATCH_ARMS = ("securesgd-sct", "stobatch")  # they write a classifier, not a denoiser
 ATTACKS = ("fgsm", "ifgsm", "mim", "pgd")
 ATTACK_NAMES = {"fgsm": "FGSM", "ifgsm": "I-FGSM", "mim": "MIM", "pgd": "PGD (MadryEtAl)"}
 PAPER_EPSILON = 1.0  # the (1.0, 1e-5)-DP of Figures 2, 3 and 7; configs/*_sigma025.toml's target
@@ -79,6 +81,7 @@ class Settings:
     attack_steps: int = 10
     attack_n: int = 100
     runs: tuple[str, ...] = tuple(name for name, _, _ in ARM_RUNS)
+    figure4_arms: tuple[str, ...] = DP_ARMS
     pretrain_epochs: int | None = None
     train_extra: list[str] = field(default_factory=list)  # e.g. --epochs 1 in --quick
     subprocess: bool = False
@@ -210,6 +213,13 @@ def reproduce_dataset(runner: Runner, dataset: str, arms: set[str], commands: se
         meta = read_json(run_dir / "metadata.json")
         if meta is not None and meta.get("complete") is False and meta.get("kind") == "denoiser":
             argv = ["train", "--out", str(run_dir), "--resume", *device]
+        elif arm in BASELINE_ARMS:  # their own settings; the paper's shared ones as flags (the configs' other
+            # keys are Algorithm 1's, which the baselines refuse)
+            argv = ["train", "--arm", arm, "--sigma", f"{sigma:g}",
+                    "--target-epsilon", f"{PAPER_EPSILON if epsilon is None else epsilon:g}",
+                    "--delta", "1e-5", "--clip-norm", "1", "--batch-size", "64", "--epochs", "5",
+                    "--classifier", str(clf), "--out", str(run_dir), *common, *device, "--seed", str(seed),
+                    *s.train_extra]
         else:
             argv = ["train", "--config", cfg010 if sigma == 0.1 else cfg025, "--arm", arm, "--classifier", str(clf),
                     "--out", str(run_dir), *common, *device, "--seed", str(seed), *s.train_extra]
@@ -222,15 +232,15 @@ def reproduce_dataset(runner: Runner, dataset: str, arms: set[str], commands: se
                            {"kind": "train", "arm": arm, "dataset": dataset, "examples": examples,
                             "epochs": int(flag_value(s.train_extra, "--epochs", 5))})
 
-    def models(run_dir: Path) -> list[str]:
+    def models(run_dir: Path, arm: str) -> list[str]:
         """--classifier/--denoiser for a trained run: classifiers trained from scratch stand alone."""
         meta = read_json(run_dir / "metadata.json") or {}
-        if meta.get("kind") == "classifier":
+        if meta.get("kind", "classifier" if arm in FROM_SCRATCH_ARMS else "denoiser") == "classifier":
             return ["--classifier", str(run_dir)]
         return ["--classifier", str(clf), "--denoiser", str(run_dir)]
 
-    def attack(run_dir: Path | None, out: Path, sigma: float, name: str, eps: tuple[float, ...], seed: int) -> None:
-        argv = ["attack", *(models(run_dir) if run_dir else ["--classifier", str(clf)]), *common, *device,
+    def attack(run_dir: Path, arm: str, out: Path, sigma: float, name: str, eps: tuple[float, ...], seed: int) -> None:
+        argv = ["attack", *models(run_dir, arm), *common, *device,
                 "--attack", name, "--norm", "l2", "--eps", ",".join(f"{e:g}" for e in eps), "--threat", s.threat,
                 "--sigma", f"{sigma:g}", "--steps", str(s.attack_steps), "--n", str(s.attack_n),
                 "--alpha", f"{s.alpha:g}", "--max-images", str(s.attack_images), "--seed", str(seed),
@@ -238,7 +248,7 @@ def reproduce_dataset(runner: Runner, dataset: str, arms: set[str], commands: se
         runner.step(f"{dataset}: attack {out.relative_to(root)}", argv, (out / "attack.json").exists(),
                     {"kind": "attack", "attack": name, "threat": s.threat, "dataset": dataset,
                      "images": min(s.attack_images, sizes["test"]), "eps": len(eps), "steps": s.attack_steps,
-                     "n": s.attack_n, "denoiser": bool(run_dir)})
+                     "n": s.attack_n, "denoiser": arm not in FROM_SCRATCH_ARMS})
 
     indices = evenly_spaced_indices(sizes["test"], s.images)
     n_images = min(s.images, sizes["test"])
@@ -260,8 +270,8 @@ def reproduce_dataset(runner: Runner, dataset: str, arms: set[str], commands: se
             run_dir = root / "train" / f"{run}_s{seed}"
             if not train(run_dir, arm, sigma, seed, None, f"{run} seed {seed}"):
                 continue
-            certify(models(run_dir), root / "certify" / f"{run}_s{seed}", sigma, seed)
-            if "baseline-certify" in commands and arm in ("securesgd-prt", "securesgd-sct", "stobatch"):
+            certify(models(run_dir, arm), root / "certify" / f"{run}_s{seed}", sigma, seed)
+            if "baseline-certify" in commands and arm in BASELINE_ARMS:
                 out = root / "baseline_certify" / f"{run}_s{seed}"
                 skip = max(1, sizes["test"] // n_images)
                 runner.step(f"{dataset}: baseline-certify {run} seed {seed}",
@@ -272,12 +282,18 @@ def reproduce_dataset(runner: Runner, dataset: str, arms: set[str], commands: se
                             (out / "summary.json").exists(),
                             {"kind": "baseline-certify", "dataset": dataset, "images": n_images,
                              "samples_per_image": s.n0 + (s.n or s.n_max)})
-            for name in s.attacks:
-                attack(run_dir, root / "attack" / f"{run}_s{seed}" / name, sigma, name, s.attack_eps, seed)
+    for run, arm, sigma in ARM_RUNS:  # attacks after every arm's certification: Figure 2 comes first
+        if run not in s.runs or arm not in arms:
+            continue
+        for seed in range(s.seeds):
+            run_dir = root / "train" / f"{run}_s{seed}"
+            if runner.dry_run or checkpoint_complete(run_dir):
+                for name in s.attacks:
+                    attack(run_dir, arm, root / "attack" / f"{run}_s{seed}" / name, sigma, name, s.attack_eps, seed)
 
     # Figure 4: the DP arms trained at each epsilon, attacked at L2 bound 2.0 (epsilon 1.0: the runs above).
     for arm in DP_ARMS:
-        if arm not in s.runs:
+        if arm not in s.runs or arm not in s.figure4_arms:
             continue
         for epsilon in s.epsilons:
             for seed in range(s.seeds):
@@ -287,14 +303,14 @@ def reproduce_dataset(runner: Runner, dataset: str, arms: set[str], commands: se
                 if not train(run_dir, arm, 0.25, seed, epsilon, f"{arm} epsilon {epsilon:g} seed {seed}"):
                     continue
                 for name in s.figure4_attacks:
-                    attack(run_dir, run_dir / f"attack_{name}", 0.25, name, (FIGURE4_BOUND,), seed)
+                    attack(run_dir, arm, run_dir / f"attack_{name}", 0.25, name, (FIGURE4_BOUND,), seed)
         if PAPER_EPSILON in s.epsilons:
             for seed in range(s.seeds):
                 run_dir = root / "train" / f"{arm}_s{seed}"
                 if arm in arms and (runner.dry_run or checkpoint_complete(run_dir)):
                     for name in s.figure4_attacks:
                         if name not in s.attacks or FIGURE4_BOUND not in s.attack_eps:
-                            attack(run_dir, root / "eps" / f"{arm}_eps1_s{seed}_attack_{name}", 0.25, name,
+                            attack(run_dir, arm, root / "eps" / f"{arm}_eps1_s{seed}_attack_{name}", 0.25, name,
                                    (FIGURE4_BOUND,), seed)
     if "nodp" in s.runs:  # Figure 4's no-privacy reference line
         for seed in range(s.seeds):
@@ -302,7 +318,7 @@ def reproduce_dataset(runner: Runner, dataset: str, arms: set[str], commands: se
             if "nodp" in arms and (runner.dry_run or checkpoint_complete(run_dir)):
                 for name in s.figure4_attacks:
                     if name not in s.attacks or FIGURE4_BOUND not in s.attack_eps:
-                        attack(run_dir, root / "eps" / f"nodp_s{seed}_attack_{name}", 0.25, name,
+                        attack(run_dir, "nodp", root / "eps" / f"nodp_s{seed}_attack_{name}", 0.25, name,
                                (FIGURE4_BOUND,), seed)
 
 
@@ -314,7 +330,7 @@ def read_certify_rows(run: Path) -> list[dict]:
     header = lines[0].split("\t")
     rows = []
     for line in lines[1:]:
-        values = dict(zip(header, line.split("\t")))
+        values = dict(zip(header, line.split("\t"), strict=True))
         rows.append({"radius": float(values["radius"]), "correct": int(values["correct"])})
     return rows
 
@@ -386,7 +402,7 @@ def collect(root: Path, settings: Settings) -> dict:
                 continue
             lines = tsv.read_text().splitlines()
             header = lines[0].split("\t")
-            values = [dict(zip(header, line.split("\t"))) for line in lines[1:]]
+            values = [dict(zip(header, line.split("\t"), strict=True)) for line in lines[1:]]
             rows.append([{"radius": float(v["phan_radius"]), "correct": int(v["phan_correct"])} for v in values])
         if rows:
             result.setdefault("baseline_certify", {})[run] = {
@@ -408,7 +424,7 @@ def collect(root: Path, settings: Settings) -> dict:
                 f"{e:g}": mean_and_range([attack_accuracy(r, e) for r in records]) for e in eps}
             result["attack"][run][name]["images"] = records[0]["num_images"]
     for arm in (*DP_ARMS, "nodp"):
-        if arm not in settings.runs:
+        if arm not in settings.runs or (arm != "nodp" and arm not in settings.figure4_arms):
             continue
         for name in settings.figure4_attacks:
             points = {}
@@ -455,7 +471,8 @@ def write_tables(result: dict, path: Path, settings: Settings, header: str) -> N
     seeds_note = (f"Each cell is the mean over {settings.seeds} training seeds (min-max in brackets)."
                   if settings.seeds > 1 else "One training seed per arm.")
     lines += ["## Figure 2: certified accuracy (%) against L2 radius", "", seeds_note, "",
-              "| run | images | r = 0 | 0.25 | 0.5 | 0.75 | 1.0 | ACR | abstained |", "|---|---|---|---|---|---|---|---|---|"]
+              "| run | images | r = 0 | 0.25 | 0.5 | 0.75 | 1.0 | ACR | abstained |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for run, entry in result["certify"].items():
         acc = entry["certified_accuracy"]
         acr = entry["acr"]["mean"]
@@ -463,7 +480,7 @@ def write_tables(result: dict, path: Path, settings: Settings, header: str) -> N
                      + " | ".join(percent(acc[k]) for k in ("0", "0.25", "0.5", "0.75", "1"))
                      + f" | {acr:.3f} | {percent(entry['abstention'])} |")
     if result.get("baseline_certify"):
-        lines += ["", "Phan et al.'s own certificate of the baselines (`transdenoiser baseline-certify`, the same images):",
+        lines += ["", "Phan et al.'s own certificate of the baselines (`transdenoiser baseline-certify`, same images):",
                   "", "| run | images | r = 0 | 0.25 | 0.5 | 0.75 | 1.0 |", "|---|---|---|---|---|---|---|"]
         for run, entry in result["baseline_certify"].items():
             acc = entry["certified_accuracy"]
@@ -471,7 +488,8 @@ def write_tables(result: dict, path: Path, settings: Settings, header: str) -> N
                          + " | ".join(percent(acc[k]) for k in ("0", "0.25", "0.5", "0.75", "1")) + " |")
     if result["training"]:
         lines += ["", "## The trained arms", "",
-                  "| run | classifier accuracy on g(x + noise) (%) | epsilon at delta 1e-5 (RDP), per analysis named in the report |",
+                  "| run | classifier accuracy on g(x + noise) (%) | epsilon at delta 1e-5 (RDP), per analysis "
+                  "named in the report |",
                   "|---|---|---|"]
         for run, entry in result["training"].items():
             eps = "; ".join(", ".join(f"{k} {number(v)}" for k, v in e.items()) for e in entry["epsilons"][:1])
@@ -589,7 +607,7 @@ def plot_figures(result: dict, folder: Path, settings: Settings) -> list[Path]:
     if result["figure4"]:
         names = [n for n in settings.figure4_attacks if any(n in a for a in result["figure4"].values())]
         fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.8), sharey=True, squeeze=False)
-        for ax, name in zip(axes[0], names):
+        for ax, name in zip(axes[0], names, strict=False):
             for arm, per_attack in result["figure4"].items():
                 points = per_attack.get(name)
                 if not points:
@@ -619,9 +637,9 @@ def plot_figures(result: dict, folder: Path, settings: Settings) -> list[Path]:
 
 
 def write_results(root: Path, settings: Settings, command: str) -> list[Path]:
-    from transdenoiser.runtime import hardware_description
-
     import torch
+
+    from transdenoiser.runtime import hardware_description
 
     result = collect(root, settings)
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -629,7 +647,8 @@ def write_results(root: Path, settings: Settings, command: str) -> list[Path]:
     header = (f"Command: `{command}` ({settings.mode} mode). Hardware: {hardware_description(torch.device('cpu'))}. "
               f"Commit: {commit}. Certification: {settings.images} images requested, n0 {settings.n0}, "
               + (f"n {settings.n}" if settings.n else f"adaptive, n_max {settings.n_max}")
-              + f", alpha {settings.alpha:g}. Attacks: {settings.attack_images} images requested, {settings.attack_steps}"
+              + f", alpha {settings.alpha:g}. Attacks: {settings.attack_images} images requested, "
+              f"{settings.attack_steps}"
               f" steps, smoothed prediction n {settings.attack_n}.")
     figures = plot_figures(result, root / "figures", settings)
     write_tables(result, root / "tables.md", settings, header)
@@ -739,6 +758,7 @@ def parse_args(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
         attack_steps=2 if quick else 10, attack_n=10 if quick else 100,
         runs=tuple(args.runs.split(",")) if args.runs else tuple(name for name, _, _ in ARM_RUNS),
         pretrain_epochs=1 if quick else None,
+        figure4_arms=("sepdp", "transdenoiser") if quick else DP_ARMS,
         train_extra=["--epochs", "1", "--train-examples", "128", "--eval-examples", "50"] if quick else [],
     )
     unknown = [d for d in settings.datasets if d not in CONFIGS]
