@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Issue 14 item 5: the arms and the ablation at one (dataset, sigma, epsilon), each trained then certified.
+# usage: scripts/measure_recipe.sh DATASET SIGMA EPSILON CLASSIFIER RECIPE_CONFIG OUTDIR IMAGES N [ARM ...]
+# ARM: nodp sepdp transdenoiser public_init sepdp_init sepdp_draws td_merged sepdp_recipe recipe_full
+# Every heavy command runs under nice -n 10; logs go to OUTDIR/logs.
+set -euo pipefail
+dataset=$1 sigma=$2 eps=$3 clf=$4 recipe=$5 out=$6 images=$7 n=$8
+shift 8
+arms=("$@")
+T=.venv/bin/transdenoiser
+mkdir -p "$out/logs"
+paper=(--config configs/mnist_sigma025.toml --dataset "$dataset" --sigma "$sigma" --target-epsilon "$eps"
+       --classifier "$clf")
+skip=$(( 10000 / images ))
+train() {  # name, flags...
+    local name=$1; shift
+    [ -f "$out/train/$name/metadata.json" ] && grep -q '"complete": true' "$out/train/$name/metadata.json" && return 0
+    nice -n 10 $T train "$@" --out "$out/train/$name" > "$out/logs/train_$name.log" 2>&1
+}
+certify() {  # name
+    local name=$1
+    [ -f "$out/cert/$name/summary.json" ] && return 0
+    nice -n 10 $T certify --classifier "$clf" --denoiser "$out/train/$name" --dataset "$dataset" --sigma "$sigma" \
+        --n0 100 --n "$n" --alpha 0.001 --skip "$skip" --out "$out/cert/$name" > "$out/logs/cert_$name.log" 2>&1
+}
+for arm in "${arms[@]}"; do
+    case $arm in
+        nodp) train nodp "${paper[@]}" --arm nodp --optimizer adam --lr 1e-3 ;;
+        sepdp) train sepdp "${paper[@]}" --arm sepdp ;;
+        transdenoiser) train transdenoiser "${paper[@]}" --arm transdenoiser ;;
+        public_init) train public_init "${paper[@]}" --arm nodp --optimizer adam --lr 1e-3 --train-on public ;;
+        sepdp_init) train public_init "${paper[@]}" --arm nodp --optimizer adam --lr 1e-3 --train-on public
+                    train sepdp_init "${paper[@]}" --arm sepdp --init-from "$out/train/public_init" ;;
+        sepdp_draws) train sepdp_draws "${paper[@]}" --arm sepdp --noise-draws 4 ;;
+        td_merged) train td_merged "${paper[@]}" --arm transdenoiser --merge-uncredited-noise ;;
+        sepdp_recipe) train sepdp_recipe --config "$recipe" --dataset "$dataset" --sigma "$sigma" \
+                          --target-epsilon "$eps" --classifier "$clf" ;;
+        recipe_full) train public_init "${paper[@]}" --arm nodp --optimizer adam --lr 1e-3 --train-on public
+                     train recipe_full --config "$recipe" --dataset "$dataset" --sigma "$sigma" --target-epsilon "$eps" \
+                         --classifier "$clf" --init-from "$out/train/public_init" --noise-draws 4 ;;
+        *) echo "unknown arm $arm" >&2; exit 2 ;;
+    esac
+    [ "$arm" = public_init ] || certify "$arm"
+done
