@@ -339,3 +339,20 @@ def test_blackbox_privacy_audit_of_a_shaped_run_does_not_contradict_its_epsilon(
     with pytest.raises(UserError, match="blackbox"):
         privacy_audit(config, mnist10k, classifier, torch.device("cpu"),
                       AuditSettings(mode="whitebox", num_canaries=32, membership=False), tmp_path / "wb")
+
+
+def test_python_api_trains_with_shaped_noise():
+    """train_private_denoiser(..., noise="shaped"): in-memory data has no public split, so the shape comes from the
+    (public) test images; the released report names the mechanism and its epsilon is the target's."""
+    from transdenoiser import api
+
+    torch.manual_seed(0)
+    classifier = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 3))
+    images = torch.rand(48, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    test = (torch.rand(20, 1, 8, 8, generator=torch.Generator().manual_seed(1)), torch.randint(0, 3, (20,)))
+    _, privacy = api.train_private_denoiser(classifier, images, test=test, arm="sepdp", noise="shaped",
+                                            shape_examples=8, epochs=1, batch_size=12, target_epsilon=4.0,
+                                            delta=1e-3, denoiser="tiny", denoiser_kwargs={"width": 2})
+    assert privacy["gradient_noise"] == "shaped"
+    (guarantee,) = privacy["guarantees"]
+    assert "PUBLIC split" in guarantee["label"] and guarantee["epsilon"]["rdp"] <= 4.0 + 1e-9

@@ -515,7 +515,10 @@ def attach_noise_shaper(arm: Any, config: Any, dataset: Any, x_private: torch.Te
         raise UserError(f"--noise {noise} draws its own noise: it cannot run with a replaced noise component "
                         f"({type(getattr(arm, 'noise', None)).__name__}); audit it with --mode blackbox")
     if noise == "shaped":
-        x_public, _ = dataset.public.tensors(x_private.device)
+        # the public split; data without one (the Python API's in-memory data) shape from the test split, which is
+        # public too (released metrics are computed on it)
+        source = dataset.public if len(dataset.public) >= 2 else dataset.test
+        x_public, _ = source.tensors(x_private.device)
         arm.shaper = ShapedNoise(x_public, config.seed, start_step, config.shape_examples)
     else:
         arm.shaper = OptimizedNoise(x_private, config.target_epsilon, config.delta,
@@ -540,7 +543,8 @@ def noise_report(report: dict[str, Any], config: Any, multipliers: list[float]) 
                                        f"{g['noise_multiplier']}")
                 g = {**g, "label": SHAPED_LABEL, "gradient_noise": "shaped",
                      "equivalence": "1/z^2 = sum_g (C_g/sigma_g)^2 in every step (whitening by 1/sigma_g)",
-                     "shape_from": "public split, recorded seed, step index and the current parameters"}
+                     "shape_from": ("public split (the test split for data without one, e.g. the Python API's "
+                                    "in-memory data), recorded seed, step index and the current parameters")}
             guarantees.append(g)
         report["guarantees"] = guarantees
         report["privacy_claim"] = ("a data-independent (epsilon, delta)-DP guarantee for the released denoiser "
