@@ -4,6 +4,8 @@
 # ARM: nodp sepdp transdenoiser public_init sepdp_init sepdp_draws td_merged sepdp_recipe recipe_full
 # Every heavy command runs under nice -n 10; logs go to OUTDIR/logs.
 set -euo pipefail
+# One torch thread per process: on a shared, oversubscribed machine two threads per process ran ~30x slower.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 dataset=$1 sigma=$2 eps=$3 clf=$4 recipe=$5 out=$6 images=$7 n=$8
 shift 8
 arms=("$@")
