@@ -213,7 +213,9 @@ def test_both_arms_train_certify_and_attack_through_the_cli(tmp_path, mnist10k):
     prt = load_checkpoint(tmp_path / "prt", kind="denoiser")
     sct = load_checkpoint(tmp_path / "sct", kind="classifier")
     assert prt.metadata["privacy"]["arm"] == "securesgd-prt" and sct.metadata["privacy"]["guarantees"]
-    assert load_securesgd(tmp_path / "sct").model.sensitivity_per_unit() == pytest.approx(1.0, rel=1e-5)
+    loaded = load_securesgd(tmp_path / "sct")  # the projection kept the first layer's sensitivity where it started
+    assert loaded.model.sensitivity_per_unit() == pytest.approx(
+        loaded.metadata["securesgd"]["sensitivity_per_unit_input"], rel=1e-5)
     few = ["--n0", "5", "--n", "20", "--max-index", "2"]
     assert main(["certify", "--classifier", str(clf), "--denoiser", str(tmp_path / "prt"), "--sigma", "0.25",
                  *few, "--out", str(tmp_path / "cert_prt")]) == 0

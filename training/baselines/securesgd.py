@@ -101,6 +101,7 @@ class NoiseLayerModel(nn.Module):
         if kind not in ("classifier", "denoiser"):
             raise ValueError(f"kind must be classifier or denoiser, got {kind!r}")
         self.base, self.kind = base, kind
+        self.target_sensitivity = 1.0  # what :meth:`project` keeps :meth:`sensitivity_per_unit` at
 
     @property
     def first_layer(self) -> nn.Conv2d:
@@ -136,8 +137,9 @@ class NoiseLayerModel(nn.Module):
 
     @torch.no_grad()
     def project(self) -> None:
-        """Rescale the first layer's weight so that :meth:`sensitivity_per_unit` is 1 (post-processing)."""
-        self.first_layer.weight.mul_(1.0 / self.sensitivity_per_unit())
+        """Rescale the first layer's weight so that :meth:`sensitivity_per_unit` is ``target_sensitivity``
+        (post-processing of the private update; the noise layer was calibrated for that sensitivity)."""
+        self.first_layer.weight.mul_(self.target_sensitivity / self.sensitivity_per_unit())
 
     def hidden_shape(self, image_shape: tuple[int, int, int]) -> tuple[int, ...]:
         with torch.no_grad():
@@ -207,6 +209,9 @@ class SecureSGDConfig:
     # r = (1 - mix) * 1 + mix * r_grad, r_grad from the public split (see redistribution_vector); 0: EGM (no HGM)
     redistribution_mix: float = 0.5
     redistribution_steps: int = 100  # non-private steps on the PUBLIC split before r is measured (then re-initialised)
+    # sct: parameters left at their (seeded, data-independent) initialisation: cnn28's 3136 x 128 layer holds 401k
+    # of its 420k weights; DP-SGD noise on them would drown the gradient (see docs/BASELINES.md)
+    frozen: list[str] = field(default_factory=lambda: ["base.head.1."])
     widths: list[int] = field(default_factory=lambda: [32, 64])  # prt: the autoencoder's widths
     activation: str = "relu"  # prt: the autoencoder's activation
 
@@ -370,6 +375,7 @@ def train_securesgd(config: SecureSGDConfig, dataset: Dataset, device: torch.dev
     model, architecture, kwargs = build_noise_layer_model(config.arm, dataset.image_shape, dataset.num_classes, mean,
                                                           std, config.widths, config.activation)
     model = model.to(device)
+    model.target_sensitivity = model.sensitivity_per_unit()  # kept at its (seeded, data-free) initial value
     kind = model.kind
     frozen = None
     if kind == "denoiser":
@@ -400,7 +406,8 @@ def train_securesgd(config: SecureSGDConfig, dataset: Dataset, device: torch.dev
     else:
         r = torch.ones(model.hidden_shape(dataset.image_shape), device=device)
     model.project()
-    noise_std = hgm_noise_std(config.robust_epsilon, config.robust_delta, config.attack_bound, r)
+    noise_std = hgm_noise_std(config.robust_epsilon, config.robust_delta,
+                              config.attack_bound * model.target_sensitivity, r)
     layer_scale = (noise_std * r.sqrt()).to(device)
 
     # 2. DP-SGD on the private split
@@ -412,8 +419,8 @@ def train_securesgd(config: SecureSGDConfig, dataset: Dataset, device: torch.dev
     test = _subset(dataset.test, config.eval_examples)
     x_test, y_test = test.tensors(device)
     model.eval()  # no dropout: a per-example gradient must not depend on other randomness than the drawn noise
-    for p in model.parameters():
-        p.requires_grad_(True)
+    for name, p in model.named_parameters():
+        p.requires_grad_(kind == "denoiser" or not any(name.startswith(prefix) for prefix in config.frozen))
     example_loss = example_loss_of(model, _task_loss(kind))
     step = DPSGDStep(model, example_loss, config.clip_norm, schedule["noise_multiplier"], float(config.batch_size),
                      config.grad_chunk_size)
@@ -444,7 +451,8 @@ def train_securesgd(config: SecureSGDConfig, dataset: Dataset, device: torch.dev
             target = y_train[index] if kind == "classifier" else xb
             grads, mean_loss = step.gradient((z, noise, target), generator)
             for name, p in model.named_parameters():
-                p.grad = grads[name].detach()
+                if name in grads:
+                    p.grad = grads[name].detach()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             model.project()  # post-processing of the privatised update: keeps the layer's sensitivity at 1
@@ -512,7 +520,9 @@ def _metadata(config, dataset, classifier, architecture, kwargs, schedule, steps
                  "noise_std": noise_std, "hidden_shape": list(r.shape), "file": f"{NOISE_LAYER_FILE}.safetensors",
                  "robust_epsilon": config.robust_epsilon, "robust_delta": config.robust_delta,
                  "attack_bound": config.attack_bound, "redistribution_min": float(r.min()),
-                 "sensitivity_per_unit_input": model.sensitivity_per_unit()}
+                 "sensitivity_per_unit_input": model.sensitivity_per_unit(),
+                 "frozen_at_initialisation": [n for n, p in model.named_parameters() if not p.requires_grad],
+                 "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad)}
     meta: dict[str, Any] = {
         "architecture": architecture, "arch_kwargs": kwargs, "input_shape": list(dataset.image_shape),
         "dataset": {"name": dataset.name, "split_seed": dataset.split_seed, "trained_on": "private",
