@@ -81,10 +81,12 @@ class StoBatchConfig:
     target_epsilon: float | None = 1.0  # total epsilon; the DP-SGD noise multiplier is calibrated to it
     noise_multiplier: float | None = None  # z; only when target_epsilon is None
     delta: float = 1e-5
-    batch_size: int = 100  # m: the disjoint batches hold m examples on average (K = round(N / m))
-    epochs: int = 20  # E: each batch is visited once per epoch
+    batch_size: int = 300  # m: the disjoint batches hold m examples on average (K = round(N / m))
+    epochs: int = 4  # E: each batch is visited once per epoch
     clip_norm: float = 1.0  # C
-    learning_rate: float = 1e-3  # Adam on the privatised gradient (post-processing)
+    optimizer: str = "sgd"  # sgd (with momentum) or adam, on the privatised gradient (post-processing)
+    learning_rate: float = 0.1
+    momentum: float = 0.9  # sgd only
     paper_epsilon: float | None = None  # the paper's total budget eps1 + ... + eps2 for the Laplace noise
     output_share: float = 0.5  # eps2 / paper_epsilon (the output layer's share of the paper's budget)
     adversarial_weight: float = 1.0  # alpha
@@ -129,6 +131,9 @@ class StoBatchConfig:
             (isinstance(self.epochs, int) and self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
             (positive(self.clip_norm), f"clip norm C must be > 0, got {self.clip_norm}"),
             (positive(self.learning_rate), f"learning rate must be > 0, got {self.learning_rate}"),
+            (self.optimizer in ("sgd", "adam"), f"optimizer must be sgd or adam, got {self.optimizer!r}"),
+            (isinstance(self.momentum, (int, float)) and self.momentum >= 0,
+             f"momentum must be >= 0, got {self.momentum}"),
             (self.paper_epsilon is None or positive(self.paper_epsilon),
              f"paper_epsilon must be > 0, got {self.paper_epsilon}"),
             (isinstance(self.output_share, (int, float)) and 0 < self.output_share < 1,
@@ -569,7 +574,10 @@ def train_stobatch(config: StoBatchConfig, dataset, device: torch.device | str =
     x_test, y_test = test.tensors(device)
     params = [p for p in model.parameters() if p.requires_grad]
     names = [k for k, p in model.named_parameters() if p.requires_grad]
-    optimizer = torch.optim.Adam(params, lr=config.learning_rate)
+    # SGD by default: Adam scales every coordinate to a step of about lr, so where the DP noise outweighs the
+    # gradient (most coordinates of a 0.4M-parameter model) it turns the noise into full-size random steps
+    optimizer = (torch.optim.SGD(params, lr=config.learning_rate, momentum=config.momentum)
+                 if config.optimizer == "sgd" else torch.optim.Adam(params, lr=config.learning_rate))
     # two blocks, clipped separately to C / sqrt(2) each (so each example's whole gradient has norm <= C): the
     # auto-encoder's (W1, b1, trained by the reconstruction loss) and the rest (trained by the classification loss)
     per_example, blocks = example_gradients(model, float(config.adversarial_weight))
@@ -638,10 +646,11 @@ def save_stobatch(directory: str | Path, model: nn.Module, metadata: dict[str, A
 # train flags -> StoBatchConfig fields (the others of `transdenoiser train` are refused for this arm)
 TRAIN_FLAGS = {"target_epsilon": "target_epsilon", "xi_up": "noise_multiplier", "delta": "delta",
                "batch_size": "batch_size", "epochs": "epochs", "clip_norm": "clip_norm", "lr": "learning_rate",
+               "optimizer": "optimizer", "momentum": "momentum",
                "calibration_accountant": "calibration_accountant", "train_examples": "train_examples",
                "eval_examples": "eval_examples", "reproducible_noise": "reproducible_noise"}
-REFUSED_FLAGS = ("sigma", "xi_low", "denoiser", "activation", "denoiser_width", "dncnn_depth", "optimizer",
-                 "momentum", "merge_uncredited_noise", "noise_draws", "train_on", "init_from", "max_smin_dim",
+REFUSED_FLAGS = ("sigma", "xi_low", "denoiser", "activation", "denoiser_width", "dncnn_depth",
+                 "merge_uncredited_noise", "noise_draws", "train_on", "init_from", "max_smin_dim",
                  "noise", "shape_examples", "ema", "min_steps", "norm", "i_understand_unsound")
 
 
