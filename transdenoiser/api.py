@@ -35,6 +35,7 @@ from training.accounting import (
     steps_for_epochs,
 )
 from training.baselines.securesgd import train_securesgd
+from training.baselines.stobatch import train_stobatch
 from training.privacy_report import format_privacy_report
 from transdenoiser.errors import UserError
 from transdenoiser.progress import Track, silent
@@ -42,7 +43,7 @@ from transdenoiser.progress import Track, silent
 __all__ = [
     "ABSTAIN", "AdaptiveCertificate", "Certificate", "Smooth", "max_certifiable_radius",
     "FGSM", "IFGSM", "MIM", "PGD",
-    "train_private_denoiser", "train_securesgd", "format_privacy_report",
+    "train_private_denoiser", "train_securesgd", "train_stobatch", "format_privacy_report",
     "epsilon_report", "epsilon_for_accountant", "noise_multiplier_for_epsilon", "steps_for_epochs",
     "analytic_gaussian_sigma", "classical_gaussian_sigma",
     "load_model",
