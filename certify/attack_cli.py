@@ -115,7 +115,7 @@ def _checkpoint_path(path: Path | None, flag: str) -> Path | None:
 def cmd_attack(args) -> int:
     from certify.attack_eval import FORMAT_VERSION, RESULT_FORMAT, AttackConfig, evenly_spaced, run_attack_eval
     from certify.attack_report import write_attack_outputs
-    from certify.cli import check_models_and_data
+    from certify.job import check_models_and_data
     from certify.pipeline import check_dataset_fits, load_pipeline
     from training.cli import load_dataset_from_args
 
@@ -131,7 +131,7 @@ def cmd_attack(args) -> int:
     dataset = load_dataset_from_args(args)
     split = dataset.split(args.split)
     check_dataset_fits(pipeline, dataset.image_shape, dataset.num_classes, f"dataset {dataset.name}")
-    check_models_and_data(args, pipeline, dataset.name)
+    check_models_and_data(args, pipeline, dataset.name, warn=lambda message: print(message, file=sys.stderr))
     indices = evenly_spaced(len(split), args.max_images)
     images, labels = split.subset(indices).tensors(device)
     record = run_attack_eval(pipeline, images, labels, config, args.seed, track=bar)

@@ -1,16 +1,16 @@
-"""Subcommands ``certify``, ``predict``, ``certify-merge`` and ``report``: thin layers over certify.runner/report."""
+"""Subcommands ``certify``, ``predict``, ``certify-merge`` and ``report``: flags in, a :class:`certify.job.CertifyJob`
+run by :func:`certify.job.run_job` (the Python API's ``run_certify_job``), tables out."""
 from __future__ import annotations
 
 import argparse
 import shlex
 import sys
-import time
 from pathlib import Path
 
+from certify.job import DEFAULT_BATCH  # noisy samples per forward pass without --batch-size; imports no torch
 from transdenoiser.argtypes import add_deprecated_spelling, open_unit_interval, positive_float, positive_int
 from transdenoiser.errors import UserError
 
-DEFAULT_BATCH = {"cpu": 64, "cuda": 4096}  # noisy samples per forward pass without --batch (measured: RESULTS)
 # Spelled out so that registering the subcommands imports no torch (tests check them against the library's).
 MEMORY_FORMATS = ("auto", "channels_last", "contiguous")  # certify.core.MEMORY_FORMATS
 SPLITS = ("public", "private", "test")  # training.datasets.SPLITS
@@ -187,17 +187,19 @@ def register(subparsers, common) -> None:
     p.set_defaults(handler=cmd_report)
 
 
-def check_models_and_data(args, pipeline, data_name: str) -> None:
-    """Refuse a --sigma other than the denoiser's training sigma (unless allowed) and models of another dataset."""
-    from transdenoiser.checks import check_same_dataset, check_sigma
+def job_from_args(args, task: str):
+    """The :class:`certify.job.CertifyJob` that ``certify``/``predict`` flags describe."""
+    from certify.job import CertifyJob
 
-    warning = check_sigma(args.sigma, pipeline.denoiser_metadata, allow_mismatch=args.allow_sigma_mismatch,
-                          denoiser=f"denoiser {args.denoiser}")
-    if warning:
-        print(warning, file=sys.stderr)
-    check_same_dataset(data_name, pipeline.classifier_metadata, f"classifier {args.classifier}")
-    if pipeline.denoiser_metadata is not None:
-        check_same_dataset(data_name, pipeline.denoiser_metadata, f"denoiser {args.denoiser}")
+    adaptive = {} if task != "certify" else {
+        "n0": args.n0, "radius": args.radius, "adaptive": args.adaptive, "n_max": args.n_max,
+        "tolerance": args.tolerance, "sequential": args.sequential}
+    return CertifyJob(classifier=args.classifier, denoiser=args.denoiser, sigma=args.sigma, out=args.out, task=task,
+                      n=args.n, alpha=args.alpha, dataset=args.dataset, data_root=args.data_root,
+                      split_seed=args.split_seed, split=args.split, skip=args.skip, max_index=args.max_index,
+                      indices=args.indices, seed=args.seed, batch_size=args.batch_size, workers=args.workers,
+                      memory_format=args.memory_format, device=args.device, shard=args.shard,
+                      allow_sigma_mismatch=args.allow_sigma_mismatch, **adaptive)
 
 
 def cmd_certify(args) -> int:
@@ -208,139 +210,34 @@ def cmd_predict(args) -> int:
     return _run(args, "predict")
 
 
+def _warn(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
 def _run(args, task: str) -> int:
-    from certify.runner import Shard
-    from transdenoiser.lock import RunLock
+    from certify.job import run_job
+    from certify.report import format_certified_accuracy_table, format_prediction_summary
+    from transdenoiser.progress import bar
 
     if args.threads is not None:
         import torch
 
         torch.set_num_threads(args.threads)
-    shard = args.shard if args.shard is not None else Shard.from_environment()
-    if shard is not None and shard.count == 1:
-        shard = None  # --shard 0/1 is the whole run
-    lock = RunLock(args.out, part=shard.stem if shard else None).acquire()  # one writer per run (or shard), at once
-    try:
-        return _run_locked(args, task, shard)
-    finally:
-        lock.release()
-
-
-def _run_locked(args, task: str, shard) -> int:
-    from certify.core import Smooth
-    from certify.pipeline import check_dataset_fits, load_pipeline
-    from certify.runner import RunDirectory, RunSettings, adaptive_pack_size, pack_size, rank_device, select_indices
-    from training.cli import load_dataset_from_args
-    from transdenoiser.runtime import resolve_device
-
-    device = rank_device(resolve_device(args.device))
-    pipeline = load_pipeline(args.classifier, args.denoiser, device)
-    dataset = load_dataset_from_args(args)
-    split = dataset.split(args.split)
-    what = f"{dataset.name}'s {args.split} split"
-    check_dataset_fits(pipeline, dataset.image_shape, dataset.num_classes, what)
-    check_models_and_data(args, pipeline, dataset.name)
-    if args.indices is not None and (args.skip != 1 or args.max_index is not None):
-        raise UserError("--indices names the images itself: leave out --skip and --max-index")
-    indices = select_indices(len(split), args.skip, args.max_index, args.indices, what=what)
-    n0 = args.n0 if task == "certify" else None
-    mode = None
-    if task == "certify":
-        mode = "decide" if args.radius is not None else "estimate" if args.adaptive else None
-        if mode is None and (args.n_max is not None or args.tolerance is not None):
-            raise UserError("--n-max and --tolerance are for adaptive certification: add --radius R or --adaptive")
-        if mode == "decide" and args.tolerance is not None:
-            raise UserError("--tolerance is for --adaptive (estimate mode), not for --radius")
-    n = args.n_max if mode and args.n_max is not None else args.n
-    batch = args.batch_size or DEFAULT_BATCH.get(device.type, DEFAULT_BATCH["cpu"])
-    smooth = Smooth(pipeline.classifier, pipeline.num_classes, args.sigma, pipeline.denoiser, batch, device,
-                    args.memory_format, args.workers)
-    pack = adaptive_pack_size(n0, batch) if mode else pack_size((n0 or 0) + n, batch)
-    extra = {}
-    if mode:
-        from certify.sequential import DEFAULT_FIRST_LOOK, DEFAULT_LOOK_RATIO
-
-        extra = {"mode": mode, "radius": args.radius, "sequential_method": args.sequential,
-                 "tolerance": (args.tolerance if args.tolerance is not None else DEFAULT_TOLERANCE)
-                 if mode == "estimate" else None,
-                 "first_look": DEFAULT_FIRST_LOOK, "look_ratio": DEFAULT_LOOK_RATIO}
-    fingerprint = split.fingerprint()
-    trained = pipeline.classifier_metadata.get("dataset", {})
-    if trained.get("fingerprints", {}).get(trained.get("trained_on")) == fingerprint:
-        print(f"note: the classifier was trained on this very split ({what}): the figures are not test figures",
-              file=sys.stderr)
-    settings = RunSettings(
-        task=task, classifier=str(args.classifier.resolve()),
-        classifier_sha256=pipeline.classifier_metadata.get("files", {}).get("weights.safetensors", ""),
-        denoiser=str(args.denoiser.resolve()) if args.denoiser else None,
-        denoiser_sha256=(pipeline.denoiser_metadata or {}).get("files", {}).get("weights.safetensors"),
-        dataset=dataset.name, data_root=str(args.data_root.resolve()) if args.data_root else None,
-        split_seed=args.split_seed, split=args.split, split_fingerprint=fingerprint, split_size=len(split),
-        sigma=args.sigma, n0=n0, n=n, alpha=args.alpha, batch=batch, skip=args.skip, max=args.max_index,
-        indices=args.indices, seed=args.seed, shards=shard.count if shard else 1, pack=pack,
-        noise_device=device.type, memory_format=smooth.memory_format, extra=extra)
-    run = RunDirectory(args.out, settings, shard)
-    return _certify_locked(args, task, run, pipeline, split, smooth, indices, pack, mode, n, extra, device, shard)
-
-
-def _certify_locked(args, task, run, pipeline, split, smooth, indices, pack, mode, n, extra, device, shard) -> int:
-    from certify.report import finalize_run, format_certified_accuracy_table, format_prediction_summary
-    from certify.runner import (
-        collect_rows,
-        expected_indices,
-        iter_certify,
-        iter_certify_adaptive,
-        iter_predict,
-        missing_report,
-        plan_units,
-        run_work,
-    )
-    from transdenoiser.progress import bar
-    from transdenoiser.runtime import hardware_description
-
-    settings = run.settings
-    run.open()
-    run.write_models(pipeline.classifier_metadata, pipeline.denoiser_metadata)
-    images, labels = split.tensors("cpu")
-    units = plan_units(indices, pack)
-
-    def engine(pending):
-        if mode:
-            return iter_certify_adaptive(smooth, images, labels, pending, args.n0, n, args.alpha, args.seed, mode,
-                                         args.radius, extra["tolerance"], args.sequential)
-        if task == "certify":
-            return iter_certify(smooth, images, labels, pending, args.n0, args.n, args.alpha, args.seed)
-        return iter_predict(smooth, images, labels, pending, args.n, args.alpha, args.seed)
-
-    start = time.perf_counter()
-    before = now = 0
-    complete = False
-    try:
-        before, now = run_work(run, units, engine, track=bar)
-        complete = True
-    except KeyboardInterrupt:
-        pass
-    finally:  # the status counts the rows on disk, whatever stopped the run
-        kept = len(run.done_indices())
-        run.update_status(device, hardware_description(device), time.perf_counter() - start, kept, complete)
-    if not complete:
-        mine = len(expected_indices(units, shard))
+    outcome = run_job(job_from_args(args, task), track=bar, warn=_warn)
+    if not outcome.complete:
         resume = shlex.join(["transdenoiser", *args.argv]) if getattr(args, "argv", None) else None
-        print(f"transdenoiser {task}: interrupted; {kept} of {mine} images are saved in {run.rows_path(shard)} "
-              f"(status: {run.status_path(shard)})" + (f"; resume with: {resume}" if resume else "; run the same "
-                                                       "command again to resume"), file=sys.stderr)
+        print(f"transdenoiser {task}: interrupted; {outcome.kept} of {outcome.expected} images are saved in "
+              f"{outcome.rows_path} (status: {outcome.status_path})"
+              + (f"; resume with: {resume}" if resume else "; run the same command again to resume"), file=sys.stderr)
         return 130
-    where = f"shard {shard}" if shard else "run"
-    print(f"{task}: {now} images done now, {before} done before ({where}, {hardware_description(device)}); "
-          f"rows in {run.rows_path(shard)}")
-    if shard is not None:
-        _, rows, _ = collect_rows([args.out], task)
-        problems = missing_report(settings.to_dict(), rows)
-        if problems:
-            print(f"{task}: waiting for the other shards ({'; '.join(problems)}); when all are done, "
-                  f"'transdenoiser certify-merge {args.out}' writes the report (the last shard to finish does it too)")
-            return 0
-    summary = finalize_run([args.out])
+    where = f"shard {outcome.shard}" if outcome.shard else "run"
+    print(f"{task}: {outcome.done_now} images done now, {outcome.done_before} done before ({where}, "
+          f"{outcome.hardware}); rows in {outcome.rows_path}")
+    if outcome.summary is None:
+        print(f"{task}: waiting for the other shards ({'; '.join(outcome.waiting_for)}); when all are done, "
+              f"'transdenoiser certify-merge {args.out}' writes the report (the last shard to finish does it too)")
+        return 0
+    summary = outcome.summary
     print(format_certified_accuracy_table(summary) if task == "certify" else format_prediction_summary(summary))
     print(f"wrote {args.out}/summary.json and report.md" + (", certified_accuracy.png" if task == "certify" else ""))
     return 0

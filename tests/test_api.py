@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 import subprocess
 import sys
@@ -19,12 +20,17 @@ def api_blocks() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def doc():
-    """Every ```python block of docs/API.md executed in one namespace; the classifier's state kept before training."""
+def doc(classifier_dir):
+    """Every ```python block of docs/API.md executed in one namespace; the classifier's state kept before training.
+
+    The certify-run example reads its classifier checkpoint from TRANSDENOISER_CLASSIFIER (a user's would be
+    ``make demo``'s runs/demo/classifier): here the suite's trained cnn28."""
     absl = logging.getLogger("absl")
     level = absl.level
     absl.setLevel(logging.ERROR)  # dp-accounting's convergence warnings at the examples' sample rates
     namespace: dict = {"__name__": "api_doc"}
+    previous = os.environ.get("TRANSDENOISER_CLASSIFIER")
+    os.environ["TRANSDENOISER_CLASSIFIER"] = str(classifier_dir)
     try:
         for number, block in enumerate(api_blocks()):
             if "train_private_denoiser" in block and "classifier_before" not in namespace:
@@ -33,6 +39,10 @@ def doc():
             exec(compile(block, f"{API_DOC}:block{number}", "exec"), namespace)  # noqa: S102 - our own docs
     finally:
         absl.setLevel(level)
+        if previous is None:
+            os.environ.pop("TRANSDENOISER_CLASSIFIER", None)
+        else:
+            os.environ["TRANSDENOISER_CLASSIFIER"] = previous
     return namespace
 
 
@@ -40,7 +50,7 @@ def test_doc_has_examples_for_each_part():
     text = "\n".join(api_blocks())
     for needle in ("Smooth(", ".certify(", ".predict(", ".certify_adaptive(", ".decide(", "PGD(", "FGSM(",
                    "train_private_denoiser(", "TensorDataset", "epsilon_report(", "noise_multiplier_for_epsilon(",
-                   "load_model("):
+                   "load_model(", "run_certify_job("):
         assert needle in text, needle
 
 
@@ -147,3 +157,28 @@ def test_package_names_load_lazily():
 
     assert sorted(api.__all__) == sorted(transdenoiser._API_NAMES)
     assert transdenoiser.Smooth is api.Smooth and transdenoiser.PGD is api.PGD and "Smooth" in dir(transdenoiser)
+
+
+def test_certify_job_is_the_command_line_run_and_resumes(doc):
+    """The API's run equals the rows Cohen's CERTIFY gives from the same counts, and a second call does nothing."""
+    from scipy.stats import norm
+    from statsmodels.stats.proportion import proportion_confint
+
+    from certify.runner import read_rows
+
+    outcome, again = doc["outcome"], doc["again"]
+    assert outcome.complete and outcome.done_before == 0 and outcome.done_now == 11 == outcome.expected
+    assert again.complete and again.done_before == 11 and again.done_now == 0
+    rows = read_rows(outcome.rows_path, "certify")
+    assert [r.idx for r in rows] == list(range(0, 2004, 200))
+    # the figure the example reads is the fraction of rows correct with radius >= 0.25, and every radius is
+    # Cohen's sigma * Phi^-1(p_lower) for some count out of n = 1000 (or an abstention)
+    assert doc["certified_at_025"] == pytest.approx(sum(r.correct and r.radius >= 0.25 for r in rows) / len(rows))
+    lowers = proportion_confint(range(501, 1001), 1000, alpha=2 * 0.001, method="beta")[0]
+    radii = 0.25 * norm.ppf(lowers)
+    for row in rows:
+        if row.prediction >= 0:
+            assert min(abs(radii - row.radius)) < 1e-5, row
+    # the command line's settings file: the same fields, so `transdenoiser certify` with these flags resumes it
+    settings = __import__("json").loads((outcome.out / "settings.json").read_text())
+    assert settings["n"] == 1000 and settings["skip"] == 200 and settings["sigma"] == 0.25

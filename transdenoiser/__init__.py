@@ -10,9 +10,11 @@ The Python API (docs/API.md) is loaded on first use, so that importing the packa
 __version__ = "0.1.0"
 
 _API_NAMES = ("ABSTAIN", "AdaptiveCertificate", "Certificate", "Smooth", "max_certifiable_radius",
-              "FGSM", "IFGSM", "MIM", "PGD", "train_private_denoiser", "format_privacy_report",
+              "FGSM", "IFGSM", "MIM", "PGD", "train_private_denoiser", "train_securesgd", "train_stobatch",
+              "format_privacy_report",
               "epsilon_report", "epsilon_for_accountant", "noise_multiplier_for_epsilon", "steps_for_epochs",
-              "analytic_gaussian_sigma", "classical_gaussian_sigma", "load_model")
+              "analytic_gaussian_sigma", "classical_gaussian_sigma",
+              "CertifyJob", "JobOutcome", "run_certify_job", "load_model")
 
 
 def __getattr__(name: str):

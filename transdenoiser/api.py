@@ -12,6 +12,8 @@ format is needed. The command line is a layer over the same functions. Examples:
   on your tensors or ``torch.utils.data.Dataset``; returns the denoiser and its privacy report.
 - The accountant and calculator: :func:`epsilon_report`, :func:`noise_multiplier_for_epsilon`,
   :func:`steps_for_epochs`, :func:`analytic_gaussian_sigma`, :func:`classical_gaussian_sigma`.
+- :class:`CertifyJob` and :func:`run_certify_job`: what ``transdenoiser certify`` / ``predict`` do (checkpoint
+  directories and a dataset split in, a resumable run directory with rows, summary.json and report out).
 - :func:`load_model`: the module stored in a checkpoint directory written by the command line.
 """
 from __future__ import annotations
@@ -25,6 +27,8 @@ from torch import nn
 
 from certify import attacks as _attacks
 from certify.core import ABSTAIN, AdaptiveCertificate, Certificate, Smooth, max_certifiable_radius
+from certify.job import CertifyJob, JobOutcome
+from certify.job import run_job as run_certify_job
 from certify.threats import build_threat
 from training.accounting import (
     analytic_gaussian_sigma,
@@ -46,7 +50,7 @@ __all__ = [
     "train_private_denoiser", "train_securesgd", "train_stobatch", "format_privacy_report",
     "epsilon_report", "epsilon_for_accountant", "noise_multiplier_for_epsilon", "steps_for_epochs",
     "analytic_gaussian_sigma", "classical_gaussian_sigma",
-    "load_model",
+    "CertifyJob", "JobOutcome", "run_certify_job", "load_model",
 ]
 
 IN_MEMORY = "<in memory>"

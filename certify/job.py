@@ -1,0 +1,264 @@
+"""One certify (or predict) run over a dataset split, from checkpoint directories to a finished run directory.
+
+:func:`run_job` is what ``transdenoiser certify`` and ``transdenoiser predict`` do, without the command
+line: load the models and data, check that they fit (dataset, input shape, sigma), take the run lock,
+resume an existing run with the same settings, certify the missing images and, when the run is complete,
+write summary.json, report.md and the figure. The command line only turns flags into a
+:class:`CertifyJob` and prints the :class:`JobOutcome`; the Python API exposes both
+(``transdenoiser.api.CertifyJob``, ``transdenoiser.api.run_certify_job``).
+
+    from transdenoiser.api import CertifyJob, run_certify_job
+    outcome = run_certify_job(CertifyJob(classifier="runs/demo/classifier", denoiser="runs/demo/denoiser",
+                                         sigma=0.25, n=1000, skip=100, out="runs/my_certify"))
+    outcome.summary["certified_accuracy"]
+
+Library code: nothing is printed. Notes for the user (a sigma mismatch allowed by ``allow_sigma_mismatch``,
+models evaluated on their own training split) go to the ``warn`` hook; progress goes to ``track``.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from transdenoiser.errors import UserError
+from transdenoiser.progress import Track, silent
+
+TASKS = ("certify", "predict")
+DEFAULT_BATCH = {"cpu": 64, "cuda": 4096}  # noisy samples per forward pass (measured: docs/RESULTS.md)
+
+
+def _ignore(message: str) -> None:
+    return None
+
+
+@dataclass
+class CertifyJob:
+    """What to certify (``task="certify"``, Cohen's CERTIFY or the adaptive modes) or predict, and where.
+
+    Models: ``classifier`` and optional ``denoiser`` checkpoint directories. Smoothing: ``sigma`` (noise std,
+    [0,1] pixels), ``n0`` selection and ``n`` estimation samples per image, ``alpha`` the failure
+    probability of each certificate. Adaptive certification (certify only): ``radius`` (decide at this L2
+    radius) or ``adaptive=True`` (estimate), with ``n_max`` estimation samples at most (default ``n``) and
+    ``tolerance`` (estimate mode). Images: ``dataset``'s ``split``, every ``skip``-th image below index
+    ``max_index``, or exactly ``indices``. ``seed``: image ``idx`` draws its noise from (seed, idx).
+    ``shard``: a :class:`certify.runner.Shard` (or None for the whole run).
+    """
+
+    classifier: Path | str
+    sigma: float
+    out: Path | str
+    denoiser: Path | str | None = None
+    task: str = "certify"
+    n0: int = 100
+    n: int = 100_000
+    alpha: float = 0.001
+    radius: float | None = None
+    adaptive: bool = False
+    n_max: int | None = None
+    tolerance: float | None = None
+    sequential: str = "union-cp"
+    dataset: str = "mnist10k"
+    data_root: Path | str | None = None
+    split_seed: int = 0
+    split: str = "test"
+    skip: int = 1
+    max_index: int | None = None
+    indices: Sequence[int] | None = None
+    seed: int = 0
+    batch_size: int | None = None
+    workers: int | str = "auto"
+    memory_format: str = "auto"
+    device: str = "cpu"
+    shard: Any = None
+    allow_sigma_mismatch: bool = False
+
+    def __post_init__(self) -> None:
+        self.classifier = Path(self.classifier)
+        self.denoiser = Path(self.denoiser) if self.denoiser is not None else None
+        self.out = Path(self.out)
+        self.data_root = Path(self.data_root) if self.data_root is not None else None
+        if self.task not in TASKS:
+            raise UserError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
+
+    @property
+    def mode(self) -> str | None:
+        """``decide``, ``estimate`` or None (Cohen's fixed n); checks the adaptive settings."""
+        if self.task != "certify":
+            if self.radius is not None or self.adaptive:
+                raise UserError("adaptive certification (--radius/--adaptive) is for certify, not predict")
+            return None
+        if self.radius is not None and self.adaptive:
+            raise UserError("--radius (decide) and --adaptive (estimate) are two modes: pass one")
+        mode = "decide" if self.radius is not None else "estimate" if self.adaptive else None
+        if mode is None and (self.n_max is not None or self.tolerance is not None):
+            raise UserError("--n-max and --tolerance are for adaptive certification: add --radius R or --adaptive")
+        if mode == "decide" and self.tolerance is not None:
+            raise UserError("--tolerance is for --adaptive (estimate mode), not for --radius")
+        return mode
+
+
+@dataclass
+class JobOutcome:
+    """How a job ended. ``complete``: this process's images are all done (``interrupted`` otherwise).
+
+    ``done_before`` / ``done_now``: images found on disk at the start / certified by this call; ``kept`` and
+    ``expected``: this process's rows on disk and images planned at the end. ``summary`` (the run's
+    summary.json) is set once the whole run is finalised; a shard whose siblings are not done yet has
+    ``waiting_for`` instead (what is missing).
+    """
+
+    task: str
+    out: Path
+    rows_path: Path
+    status_path: Path
+    device: str
+    hardware: str
+    complete: bool
+    done_before: int = 0
+    done_now: int = 0
+    kept: int = 0
+    expected: int = 0
+    shard: str | None = None
+    summary: dict[str, Any] | None = None
+    waiting_for: list[str] = field(default_factory=list)
+
+
+def check_models_and_data(job: CertifyJob, pipeline, data_name: str, warn: Callable[[str], None]) -> None:
+    """Refuse a sigma other than the denoiser's training sigma (unless allowed) and models of another dataset."""
+    from transdenoiser.checks import check_same_dataset, check_sigma
+
+    warning = check_sigma(job.sigma, pipeline.denoiser_metadata, allow_mismatch=job.allow_sigma_mismatch,
+                          denoiser=f"denoiser {job.denoiser}")
+    if warning:
+        warn(warning)
+    check_same_dataset(data_name, pipeline.classifier_metadata, f"classifier {job.classifier}")
+    if pipeline.denoiser_metadata is not None:
+        check_same_dataset(data_name, pipeline.denoiser_metadata, f"denoiser {job.denoiser}")
+
+
+def run_job(job: CertifyJob, track: Track = silent, warn: Callable[[str], None] = _ignore) -> JobOutcome:
+    """Run ``job`` under the run lock; on KeyboardInterrupt the rows so far are kept and the outcome says so."""
+    from certify.runner import Shard
+    from transdenoiser.lock import RunLock
+
+    job.mode  # noqa: B018  (checks the adaptive settings before anything is loaded)
+    shard = job.shard if job.shard is not None else Shard.from_environment()
+    if shard is not None and shard.count == 1:
+        shard = None  # shard 0/1 is the whole run
+    lock = RunLock(job.out, part=shard.stem if shard else None).acquire()  # one writer per run (or shard), at once
+    try:
+        return _run_locked(job, shard, track, warn)
+    finally:
+        lock.release()
+
+
+def _run_locked(job: CertifyJob, shard, track: Track, warn: Callable[[str], None]) -> JobOutcome:
+    from certify.core import Smooth
+    from certify.pipeline import check_dataset_fits, load_pipeline
+    from certify.runner import RunDirectory, RunSettings, adaptive_pack_size, pack_size, rank_device, select_indices
+    from training.datasets import load_dataset
+    from transdenoiser.runtime import resolve_device
+
+    task, mode = job.task, job.mode
+    device = rank_device(resolve_device(job.device))
+    pipeline = load_pipeline(job.classifier, job.denoiser, device)
+    dataset = load_dataset(job.dataset, job.data_root, job.split_seed)
+    split = dataset.split(job.split)
+    what = f"{dataset.name}'s {job.split} split"
+    check_dataset_fits(pipeline, dataset.image_shape, dataset.num_classes, what)
+    check_models_and_data(job, pipeline, dataset.name, warn)
+    if job.indices is not None and (job.skip != 1 or job.max_index is not None):
+        raise UserError("--indices names the images itself: leave out --skip and --max-index")
+    indices = select_indices(len(split), job.skip, job.max_index, job.indices, what=what)
+    n0 = job.n0 if task == "certify" else None
+    n = job.n_max if mode and job.n_max is not None else job.n
+    batch = job.batch_size or DEFAULT_BATCH.get(device.type, DEFAULT_BATCH["cpu"])
+    smooth = Smooth(pipeline.classifier, pipeline.num_classes, job.sigma, pipeline.denoiser, batch, device,
+                    job.memory_format, job.workers)
+    try:
+        pack = adaptive_pack_size(n0, batch) if mode else pack_size((n0 or 0) + n, batch)
+        extra: dict[str, Any] = {}
+        if mode:
+            from certify.sequential import DEFAULT_FIRST_LOOK, DEFAULT_LOOK_RATIO, DEFAULT_TOLERANCE
+
+            extra = {"mode": mode, "radius": job.radius, "sequential_method": job.sequential,
+                     "tolerance": (job.tolerance if job.tolerance is not None else DEFAULT_TOLERANCE)
+                     if mode == "estimate" else None,
+                     "first_look": DEFAULT_FIRST_LOOK, "look_ratio": DEFAULT_LOOK_RATIO}
+        fingerprint = split.fingerprint()
+        trained = pipeline.classifier_metadata.get("dataset", {})
+        if trained.get("fingerprints", {}).get(trained.get("trained_on")) == fingerprint:
+            warn(f"note: the classifier was trained on this very split ({what}): the figures are not test figures")
+        settings = RunSettings(
+            task=task, classifier=str(job.classifier.resolve()),
+            classifier_sha256=pipeline.classifier_metadata.get("files", {}).get("weights.safetensors", ""),
+            denoiser=str(job.denoiser.resolve()) if job.denoiser else None,
+            denoiser_sha256=(pipeline.denoiser_metadata or {}).get("files", {}).get("weights.safetensors"),
+            dataset=dataset.name, data_root=str(job.data_root.resolve()) if job.data_root else None,
+            split_seed=job.split_seed, split=job.split, split_fingerprint=fingerprint, split_size=len(split),
+            sigma=job.sigma, n0=n0, n=n, alpha=job.alpha, batch=batch, skip=job.skip, max=job.max_index,
+            indices=list(job.indices) if job.indices is not None else None, seed=job.seed,
+            shards=shard.count if shard else 1, pack=pack, noise_device=device.type,
+            memory_format=smooth.memory_format, extra=extra)
+        run = RunDirectory(job.out, settings, shard)
+        return _work(job, run, split, smooth, pipeline, indices, pack, mode, n, extra, device, shard, track)
+    finally:
+        smooth.close()
+
+
+def _work(job, run, split, smooth, pipeline, indices, pack, mode, n, extra, device, shard, track) -> JobOutcome:
+    from certify.report import finalize_run
+    from certify.runner import (
+        collect_rows,
+        expected_indices,
+        iter_certify,
+        iter_certify_adaptive,
+        iter_predict,
+        missing_report,
+        plan_units,
+        run_work,
+    )
+    from transdenoiser.runtime import hardware_description
+
+    task = job.task
+    run.open()
+    run.write_models(pipeline.classifier_metadata, pipeline.denoiser_metadata)
+    images, labels = split.tensors("cpu")
+    units = plan_units(indices, pack)
+
+    def engine(pending):
+        if mode:
+            return iter_certify_adaptive(smooth, images, labels, pending, job.n0, n, job.alpha, job.seed, mode,
+                                         job.radius, extra["tolerance"], job.sequential)
+        if task == "certify":
+            return iter_certify(smooth, images, labels, pending, job.n0, job.n, job.alpha, job.seed)
+        return iter_predict(smooth, images, labels, pending, job.n, job.alpha, job.seed)
+
+    start = time.perf_counter()
+    before = now = 0
+    complete = False
+    hardware = hardware_description(device)
+    try:
+        before, now = run_work(run, units, engine, track=track)
+        complete = True
+    except KeyboardInterrupt:
+        pass
+    finally:  # the status counts the rows on disk, whatever stopped the run
+        kept = len(run.done_indices())
+        run.update_status(device, hardware, time.perf_counter() - start, kept, complete)
+    outcome = JobOutcome(task=task, out=job.out, rows_path=run.rows_path(shard), status_path=run.status_path(shard),
+                         device=str(device), hardware=hardware, complete=complete, done_before=before, done_now=now,
+                         kept=kept, expected=len(expected_indices(units, shard)),
+                         shard=str(shard) if shard is not None else None)
+    if not complete:
+        return outcome
+    if shard is not None:
+        _, rows, _ = collect_rows([job.out], task)
+        outcome.waiting_for = missing_report(run.settings.to_dict(), rows)
+        if outcome.waiting_for:
+            return outcome
+    outcome.summary = finalize_run([job.out])
+    return outcome
