@@ -227,3 +227,19 @@ def test_train_cli_refuses_denoiser_flags(tmp_path, capsys):
         sb.StoBatchConfig(batch_size=0).validate(100)
     with pytest.raises(UserError):
         sb.StoBatchConfig(target_epsilon=1.0, noise_multiplier=2.0).validate(100)
+
+
+def test_certificate_script_quick(stobatch_dir, tmp_path):
+    """scripts/stobatch_certificate.py --quick: 4 images, a JSON table whose accuracies are fractions."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "cert.json"
+    done = subprocess.run([sys.executable, "scripts/stobatch_certificate.py", "--model", str(stobatch_dir), "--quick",
+                           "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    record = json.loads(out.read_text())
+    assert len(record["rows"]) == 4 and record["n"] == 20
+    table = record["certified_accuracy_l2"]
+    assert all(0 <= v <= 1 for v in table.values()) and table["0"] >= table["0.5"]
+
