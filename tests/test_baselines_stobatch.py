@@ -243,3 +243,27 @@ def test_certificate_script_quick(stobatch_dir, tmp_path):
     table = record["certified_accuracy_l2"]
     assert all(0 <= v <= 1 for v in table.values()) and table["0"] >= table["0.5"]
 
+
+
+def test_training_adds_the_reported_noise(monkeypatch, mnist10k):
+    """The noise multiplier every training step uses is the one the privacy report states, and it meets the target
+    by dp-accounting called directly (E = 1 epoch: one Gaussian mechanism)."""
+    used = []
+    original = sb.privatised_gradient
+
+    def spy(*args, **kwargs):
+        used.append((args[7], args[8], args[9]))  # clip norm, noise multiplier, divisor m
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(sb, "privatised_gradient", spy)
+    config = sb.StoBatchConfig(target_epsilon=2.0, epochs=1, batch_size=10, train_examples=20, eval_examples=20,
+                               adv_steps=1, reproducible_noise=True)
+    _, meta = sb.train_stobatch(config, mnist10k)
+    z = meta["privacy"]["noise_multiplier"]
+    assert used == [(1.0, z, 10.0)] * 2
+    accountant = dp_accounting.rdp.RdpAccountant()
+    accountant.compose(dp_accounting.GaussianDpEvent(z))
+    assert accountant.get_epsilon(1e-5) <= 2.0 + 1e-6
+    loose = dp_accounting.rdp.RdpAccountant()
+    loose.compose(dp_accounting.GaussianDpEvent(0.97 * z))
+    assert loose.get_epsilon(1e-5) > 2.0
