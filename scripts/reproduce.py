@@ -780,6 +780,13 @@ def main(argv: list[str] | None = None) -> int:
     arms = available_arms()
     commands = available_commands()
     runner = Runner(settings, dry_run=args.plan or args.estimate_from is not None)
+    if not (args.figures_only or runner.dry_run):
+        settings.out.mkdir(parents=True, exist_ok=True)
+        with (settings.out / "commands.txt").open("a") as f:
+            f.write(command + "\n")
+    elif args.figures_only and (settings.out / "commands.txt").exists():
+        ran = (settings.out / "commands.txt").read_text().splitlines()
+        command = f"{ran[-1]}` (figures redrawn by `{command}"
     if not args.figures_only:
         for dataset in settings.datasets:
             reproduce_dataset(runner, dataset, arms, commands)
