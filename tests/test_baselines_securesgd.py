@@ -66,7 +66,7 @@ def test_per_example_gradients_are_clipped_to_c_against_an_autograd_loop(arm):
     assert total_norm <= 6 * clip * (1 + 1e-5)  # the sum of 6 clipped gradients
 
 
-def test_training_noise_matches_the_privacy_report_and_dp_accounting(monkeypatch, mnist10k):
+def test_training_noise_matches_the_privacy_report_and_dp_accounting(monkeypatch, mnist10k, tmp_path):
     """Back the gradient noise out of a real run (what GaussianNoise.add returned minus what it was given); its
     std must be the report's noise multiplier times C; the report's epsilon must equal dp-accounting's."""
     import dp_accounting
@@ -83,16 +83,19 @@ def test_training_noise_matches_the_privacy_report_and_dp_accounting(monkeypatch
         return out
 
     monkeypatch.setattr(common.GaussianNoise, "add", recording)
-    config = SecureSGDConfig(arm="securesgd-sct", epochs=1, batch_size=16, train_examples=64, eval_examples=50,
+    from training.checkpoint import load_checkpoint
+
+    classifier = load_checkpoint(_random_classifier(tmp_path / "clf", mnist10k), kind="classifier")
+    config = SecureSGDConfig(arm="securesgd-prt", epochs=1, batch_size=16, train_examples=64, eval_examples=50,
                              target_epsilon=3.0, clip_norm=0.7, redistribution_steps=2, reproducible_noise=True)
-    _, meta = securesgd.train_securesgd(config, mnist10k, "cpu")
+    _, meta = securesgd.train_securesgd(config, mnist10k, "cpu", classifier)
     privacy = meta["privacy"]
     steps = privacy["steps_done"]
     assert len(backed_out) == steps == 4
     noise = torch.cat(backed_out)
     expected_std = privacy["xi_up"] * privacy["clip_norm"]
     assert abs(float(noise.std()) / expected_std - 1) < 0.01  # millions of coordinates
-    assert abs(float(noise.mean())) < 0.01 * expected_std
+    assert abs(float(noise.mean())) < 0.015 * expected_std
     accountant = RdpAccountant(orders=RDP_ORDERS)
     accountant.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
         16 / 64, dp_accounting.GaussianDpEvent(privacy["xi_up"])), steps))
@@ -204,7 +207,7 @@ def test_both_arms_train_certify_and_attack_through_the_cli(tmp_path, mnist10k):
     from training.checkpoint import load_checkpoint
     from transdenoiser.cli import main
 
-    small = ["--epochs", "1", "--batch-size", "16", "--train-examples", "32", "--eval-examples", "40",
+    small = ["--epochs", "1", "--batch-size", "8", "--train-examples", "16", "--eval-examples", "20",
              "--target-epsilon", "4", "--seed", "1"]
     clf = _random_classifier(tmp_path / "clf", mnist10k)
     assert main(["train", "--arm", "securesgd-prt", "--classifier", str(clf), "--out", str(tmp_path / "prt"),
