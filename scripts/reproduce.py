@@ -562,7 +562,8 @@ def plot_figures(result: dict, folder: Path, settings: Settings) -> list[Path]:
             ax.set_title(title)
             ax.set_xlabel("L2 radius")
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8)
         axes[0].set_ylabel("certified accuracy")
         fig.suptitle(f"Figure 2 ({dataset}): certified accuracy against L2 radius")
         fig.tight_layout()
@@ -597,7 +598,8 @@ def plot_figures(result: dict, folder: Path, settings: Settings) -> list[Path]:
                 ax.set_title(f"{ATTACK_NAMES[name]}: {title}")
                 ax.set_xlabel("attack L2 bound")
                 ax.grid(alpha=0.3)
-                ax.legend(fontsize=8)
+                if ax.get_legend_handles_labels()[0]:
+                    ax.legend(fontsize=8)
             axes[row][0].set_ylabel("accuracy (smoothed)")
         fig.suptitle(f"Figure {figure} ({dataset}): accuracy under attack (threat {settings.threat})")
         fig.tight_layout()
@@ -626,7 +628,8 @@ def plot_figures(result: dict, folder: Path, settings: Settings) -> list[Path]:
             ax.set_title(f"{ATTACK_NAMES[name]}, L2 bound {FIGURE4_BOUND:g}")
             ax.set_xlabel("epsilon (delta 1e-5)")
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8)
         axes[0][0].set_ylabel("accuracy (smoothed)")
         fig.suptitle(f"Figure 4 ({dataset}): accuracy under attack against epsilon")
         fig.tight_layout()
