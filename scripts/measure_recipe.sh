@@ -39,7 +39,7 @@ for arm in "${arms[@]}"; do
                           --target-epsilon "$eps" --classifier "$clf" ;;
         recipe_full) train public_init "${paper[@]}" --arm nodp --optimizer adam --lr 1e-3 --train-on public
                      train recipe_full --config "$recipe" --dataset "$dataset" --sigma "$sigma" --target-epsilon "$eps" \
-                         --classifier "$clf" --init-from "$out/train/public_init" --noise-draws 4 ;;
+                         --classifier "$clf" --init-from "$out/train/public_init" ;;
         *) echo "unknown arm $arm" >&2; exit 2 ;;
     esac
     [ "$arm" = public_init ] || certify "$arm"

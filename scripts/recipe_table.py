@@ -15,7 +15,7 @@ LABELS = {
     "nodp": "nodp (Adam 1e-3)", "sepdp": "sepdp, paper setting", "transdenoiser": "transdenoiser, paper setting",
     "sepdp_init": "sepdp + public initialisation (item 1)", "sepdp_draws": "sepdp + noise draws K = 4 (item 2)",
     "td_merged": "transdenoiser + merged uncredited noise (item 3)", "sepdp_recipe": "sepdp + tuned recipe (item 4)",
-    "recipe_full": "new recipe (items 1, 2, 4)",
+    "recipe_full": "new recipe: public initialisation + tuned recipe (items 1, 4)",
 }
 ORDER = list(LABELS)
 
