@@ -292,7 +292,7 @@ def _train(args, device, group) -> int:
                            else len(split), print=print)
     config.validate(len(dataset.private) if not config.train_examples
                     else min(config.train_examples, len(dataset.private)))
-    print(f"train {config.arm}: {config.denoiser} ({config.activation}) on {dataset.name} private split, "
+    print(f"train {config.arm}: {config.denoiser} ({config.activation}) on {dataset.name} {config.train_on} split, "
           f"sigma {config.sigma}, device {hardware_description(device)}", file=sys.stderr)
     if group is not None and group.distributed:
         print(f"torchrun: {group.world_size} processes ({group.backend}); each step's Poisson batch is shared out "
