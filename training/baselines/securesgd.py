@@ -131,7 +131,7 @@ class NoiseLayerModel(nn.Module):
         return torch.sigmoid(self.base.decoder(self.base.encoder[1:](h)))
 
     def sensitivity_per_unit(self) -> float:
-        """Upper bound on ||h(x) - h(x')||_2 / ||x - x'||_2 (:func:`conv_operator_norm_bound`, times the input scale)."""
+        """Upper bound on ||h(x) - h(x')||_2 / ||x - x'||_2: :func:`conv_operator_norm_bound` times the input scale."""
         layer = self.first_layer
         return conv_operator_norm_bound(layer.weight, layer.stride) * self.input_scale()
 
@@ -232,7 +232,7 @@ class SecureSGDConfig:
             (self.clip_norm > 0, f"clip norm C must be > 0, got {self.clip_norm}"),
             (self.noise_multiplier > 0 or self.target_epsilon is not None,
              f"the noise multiplier must be > 0, got {self.noise_multiplier}"),
-            (self.target_epsilon is None or self.target_epsilon > 0, f"target epsilon must be > 0"),
+            (self.target_epsilon is None or self.target_epsilon > 0, "target epsilon must be > 0"),
             (self.calibration_accountant in ("rdp", "pld"), "calibration accountant must be rdp or pld"),
             (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
             (self.batch_size >= 1, f"batch size must be >= 1, got {self.batch_size}"),
