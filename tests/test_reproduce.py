@@ -120,3 +120,23 @@ def test_plan_and_estimate_name_the_full_mode_without_running(quick_run):
     assert estimate.returncode == 0, estimate.stderr[-2000:]
     found = json.loads(estimate.stdout[:estimate.stdout.rindex("}") + 1])
     assert found["seconds"] > 0 and found["mode"] == "full"
+
+
+@pytest.mark.parametrize("name, sigma, channels, size", [
+    ("paper_fashion_sigma025", 0.25, 1, 28), ("paper_fashion_sigma010", 0.1, 1, 28),
+    ("paper_cifar10_sigma025", 0.25, 3, 32), ("paper_cifar10_sigma010", 0.1, 3, 32)])
+def test_paper_configs_hold_the_papers_settings(name, sigma, channels, size):
+    """The paper's settings: input sigma 0.25 (0.1 for the ablation), (1.0, 1e-5)-DP, C = 1; the denoiser fits."""
+    import torch
+
+    from training.denoisers import denoiser_kwargs
+    from training.models import build_model
+    from training.private_train import TrainConfig
+    from training.train_cli import read_toml
+
+    path = REPO / "configs" / f"{name}.toml"
+    config = TrainConfig.from_dict(read_toml(path, "--config"), source=str(path))
+    assert (config.sigma, config.target_epsilon, config.delta, config.clip_norm) == (sigma, 1.0, 1e-5, 1.0)
+    model = build_model(config.denoiser, **denoiser_kwargs(config.denoiser, channels, config.activation,
+                                                           config.denoiser_kwargs))
+    assert model(torch.rand(2, channels, size, size)).shape == (2, channels, size, size)
