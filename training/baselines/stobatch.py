@@ -94,7 +94,7 @@ class StoBatchConfig:
     adv_steps: int = 3  # iterations of I-FGSM / MIM / PGD
     output_perturbation: bool = True  # the paper's Laplace noise on the output layer's label coefficients
     # parameters (name prefixes) kept at their seeded random initialisation, not trained (no privacy cost): cnn28's
-    # 3136 x 128 layer holds 401,536 of its 421,642 weights, and DP-SGD's noise grows with the trained weights
+    # 3136 x 128 layer holds 401,536 of its 467,818 parameters, and DP-SGD's noise grows with the trained ones
     frozen: tuple = ("head.1.",)
     calibration_accountant: str = "rdp"
     train_examples: int = 0
