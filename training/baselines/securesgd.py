@@ -209,8 +209,8 @@ class SecureSGDConfig:
     # r = (1 - mix) * 1 + mix * r_grad, r_grad from the public split (see redistribution_vector); 0: EGM (no HGM)
     redistribution_mix: float = 0.5
     redistribution_steps: int = 100  # non-private steps on the PUBLIC split before r is measured (then re-initialised)
-    # sct: parameters left at their (seeded, data-independent) initialisation: cnn28's 3136 x 128 layer holds 401k
-    # of its 420k weights; DP-SGD noise on them would drown the gradient (see docs/BASELINES.md)
+    # sct: parameters left at their (seeded, data-independent) initialisation: cnn28's 3136 x 128 layer holds 401,536
+    # of its 467,818 parameters; DP-SGD noise on them would drown the gradient (see docs/BASELINES.md)
     frozen: list[str] = field(default_factory=lambda: ["base.head.1."])
     widths: list[int] = field(default_factory=lambda: [32, 64])  # prt: the autoencoder's widths
     activation: str = "relu"  # prt: the autoencoder's activation
