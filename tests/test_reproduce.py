@@ -51,6 +51,7 @@ def quick_run(tmp_path_factory, classifier_dir):
     return out, first
 
 
+@pytest.mark.slow
 def test_quick_mode_runs_every_step_of_our_arms(quick_run):
     out, first = quick_run
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
@@ -67,6 +68,7 @@ def test_quick_mode_runs_every_step_of_our_arms(quick_run):
     assert steps and all(step["exit"] == 0 and step["seconds"] > 0 for step in steps)
 
 
+@pytest.mark.slow
 def test_tables_agree_with_the_runs_files(quick_run):
     out, _ = quick_run
     root = out / "mnist10k"
@@ -93,6 +95,7 @@ def test_tables_agree_with_the_runs_files(quick_run):
     assert meta["config"]["target_epsilon"] == 8.0
 
 
+@pytest.mark.slow
 def test_second_run_redoes_nothing(quick_run):
     out, _ = quick_run
     before = (out / "steps.jsonl").read_text()
@@ -103,6 +106,7 @@ def test_second_run_redoes_nothing(quick_run):
     assert (out / "steps.jsonl").read_text() == before
 
 
+@pytest.mark.slow
 def test_plan_and_estimate_name_the_full_mode_without_running(quick_run):
     from training.choices import ARMS
 
