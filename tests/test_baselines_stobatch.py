@@ -267,3 +267,11 @@ def test_training_adds_the_reported_noise(monkeypatch, mnist10k):
     loose = dp_accounting.rdp.RdpAccountant()
     loose.compose(dp_accounting.GaussianDpEvent(0.97 * z))
     assert loose.get_epsilon(1e-5) > 2.0
+
+
+def test_plan_is_refused_for_disjoint_batches(tmp_path, capsys):
+    """``train --plan`` plans Poisson-sampled DP-SGD: for stobatch's disjoint batches it would print a wrong plan."""
+    code = main(["train", "--arm", "stobatch", "--plan", "--target-epsilon", "1", "--out", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--plan" in err and "disjoint batches" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "x").exists()

@@ -209,6 +209,9 @@ def _plan_only(args) -> int:
     """``train --plan``: the batch-size plan for this data set and target epsilon; nothing is trained or written."""
     from training.cli import load_dataset_from_args
 
+    if args.arm == "stobatch":
+        raise UserError("--plan plans Poisson-sampled DP-SGD; the stobatch arm trains on disjoint batches (each "
+                        "example once per epoch): leave out --plan and give --batch-size")
     config, _ = config_from_args(args)
     dataset = load_dataset_from_args(args)
     split = dataset.split(config.train_on)
