@@ -46,8 +46,8 @@ def _worker(rank: int, world_size: int, threads: int, port: int, spec: dict, out
     keep_freed_memory()  # as the CLI does in every rank (transdenoiser.cli)
     from training.datasets import load_dataset
     from training.distributed import RankGroup, close, rank_group_from_environment
-    from training.dp import PoissonSampler
     from training.models import build_model
+    from training.privacy.dp import PoissonSampler
     from training.private_train import ARM_CLASSES, TrainConfig
 
     device = torch.device("cpu")

@@ -115,7 +115,7 @@ def bench_ours(arm_class, denoiser: str, kwargs: dict, x: torch.Tensor, steps: i
 
 
 def bench_smin(widths: list[int], examples: int, device) -> list[dict]:
-    from training.smin import smin_lower_bound
+    from training.privacy.smin import smin_lower_bound
 
     rows = []
     x = _images(examples, device, seed=1)

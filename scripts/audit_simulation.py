@@ -18,7 +18,7 @@ import numpy as np
 
 def simulate(epsilon: float, sample_rate: float, steps: int, canaries: int, delta: float, seeds: int) -> dict:
     """Lower bounds of both analyses over ``seeds`` independent simulated runs: median, min and max."""
-    from training.accounting import noise_multiplier_for_epsilon
+    from training.privacy.accounting import noise_multiplier_for_epsilon
     from training.privacy.bounds import one_run_lower_bounds
 
     xi = noise_multiplier_for_epsilon(epsilon, sample_rate, steps, delta)

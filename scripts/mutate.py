@@ -33,8 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PYTEST = ("-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "--timeout=600")
 QUICK = ("cp_two_sided_alpha", "pgd_iterates_unprojected", "api_key_not_compared")
-IMPORT_CHECK = ("certify.core", "certify.attacks", "serving.auth", "serving.validation", "training.dp",
-                "training.private_train", "training.privacy_report", "training.checkpoint", "training.smin")
+IMPORT_CHECK = ("certify.core", "certify.attacks", "serving.auth", "serving.validation", "training.privacy.dp",
+                "training.private_train", "training.privacy.report", "training.checkpoint", "training.privacy.smin")
 
 CERTIFY = ("tests/test_invariants_certify.py", "tests/test_certify_core.py")
 ATTACKS = ("tests/test_invariants_attacks.py",)
@@ -130,16 +130,16 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("client_seed_allowed", "serving/validation.py", "check_seed",
            "if not config.allow_client_seed:", "if False:", VALIDATION, "client seeds refused unless allowed"),
     # ------------------------------------------------------------------ sampling
-    Mutant("poisson_fixed_batch", "training/dp.py", "PoissonSampler.sample",
+    Mutant("poisson_fixed_batch", "training/privacy/dp.py", "PoissonSampler.sample",
            "mask = torch.rand(self.num_examples, generator=generator) < self.sample_rate\n"
            "        return mask.nonzero().flatten()",
            "order = torch.randperm(self.num_examples, generator=generator)\n"
            "        return order[:round(self.sample_rate * self.num_examples)]", TRAIN_SAMPLING,
            "batch sizes Binomial(N, q)"),
-    Mutant("poisson_always_empty", "training/dp.py", "PoissonSampler.sample",
+    Mutant("poisson_always_empty", "training/privacy/dp.py", "PoissonSampler.sample",
            "return mask.nonzero().flatten()", "return mask.nonzero().flatten()[:0]", TRAIN_SAMPLING,
            "examples are sampled at all"),
-    Mutant("poisson_same_batch_every_step", "training/dp.py", "PoissonSampler.sample",
+    Mutant("poisson_same_batch_every_step", "training/privacy/dp.py", "PoissonSampler.sample",
            "torch.rand(self.num_examples, generator=generator)",
            "torch.rand(self.num_examples, generator=torch.Generator().manual_seed(0))", TRAIN_SAMPLING,
            "inclusion independent across steps"),
@@ -148,17 +148,17 @@ MUTANTS: tuple[Mutant, ...] = (
            'PoissonSampler(num_examples, min(1.0, 2 * schedule["sample_rate"]))', TRAIN_SAMPLING,
            "the sampler's rate is the q the accountant is given"),
     # ------------------------------------------------------------------ clipping and noise
-    Mutant("clip_at_2c", "training/dp.py", "PerExampleClipper.factors",
+    Mutant("clip_at_2c", "training/privacy/dp.py", "PerExampleClipper.factors",
            "(self.clip_norm / (norms + 1e-12))", "(2 * self.clip_norm / (norms + 1e-12))", CLIPPING,
            "per-example gradients clipped to C"),
     Mutant("sepdp_clipping_skipped", "training/private_train.py", "SepDPArm.gradient",
            "summed = self.clipper.weighted_sum(grads, factors)",
            "summed = self.clipper.weighted_sum(grads, torch.ones_like(factors))", TRAIN_NOISE,
            "sepdp sums clipped gradients"),
-    Mutant("group_weights_ignored", "training/dp.py", "PerExampleClipper.weighted_sum",
+    Mutant("group_weights_ignored", "training/privacy/dp.py", "PerExampleClipper.weighted_sum",
            'torch.einsum("n,n...->...", weights.to(g.dtype), g)', "g.sum(0)", CLIPPING,
            "each example counted once, clipped"),
-    Mutant("gaussian_noise_halved", "training/dp.py", "GaussianNoise.add",
+    Mutant("gaussian_noise_halved", "training/privacy/dp.py", "GaussianNoise.add",
            "std = noise_multiplier * self.clip_norm", "std = 0.5 * noise_multiplier * self.clip_norm", NOISE,
            "noise std multiplier x C"),
     Mutant("sepdp_noise_halved", "training/private_train.py", "SepDPArm.gradient",
@@ -199,40 +199,40 @@ MUTANTS: tuple[Mutant, ...] = (
            "if input_multiplier < xi_low:\n        return xi_up", "if input_multiplier < xi_low:\n        return 0.0",
            LINE16, "line 16: full noise below xi_low"),
     # ------------------------------------------------------------------ S_min
-    Mutant("smin_rounding_bound_dropped", "training/smin.py", "smallest_eigenvalue_lower_bound",
+    Mutant("smin_rounding_bound_dropped", "training/privacy/smin.py", "smallest_eigenvalue_lower_bound",
            "return max(0.0, raw - bound), raw, bound", "return max(0.0, raw), raw, bound", SMIN,
            "S_min never overestimated"),
-    Mutant("smin_zero_row_shortcut_off", "training/smin.py", "smin_lower_bound",
+    Mutant("smin_zero_row_shortcut_off", "training/privacy/smin.py", "smin_lower_bound",
            "if bool((torch.diagonal(gram) == 0).any()):", "if False:", SMIN, "S_min = 0 for a zero row",
            equivalent="a zero row makes K singular: eigvalsh then returns a smallest eigenvalue within rounding of "
                       "0, and the rounding bound takes it to 0; the shortcut only saves the eigensolver"),
     # ------------------------------------------------------------------ accounting and reports
-    Mutant("report_sepdp_steps_halved", "training/privacy_report.py", "build_privacy_report",
+    Mutant("report_sepdp_steps_halved", "training/privacy/report.py", "build_privacy_report",
            'SEPDP_LABEL, "data_independent": True,\n                                     "noise_multiplier": xi_up,'
            '\n                                     "epsilon": epsilon_report(sample_rate, xi_up, steps_done, delta)',
            'SEPDP_LABEL, "data_independent": True,\n                                     "noise_multiplier": xi_up,'
            '\n                                     "epsilon": epsilon_report(sample_rate, xi_up, '
            'steps_done // 2, delta)',
            TRAIN_REPORTS, "sepdp epsilon over the steps taken"),
-    Mutant("report_sepdp_equivalent_steps_halved", "training/privacy_report.py", "build_privacy_report",
+    Mutant("report_sepdp_equivalent_steps_halved", "training/privacy/report.py", "build_privacy_report",
            '"data_independent": True, "noise_multiplier": xi_up,\n                                     "epsilon": '
            'epsilon_report(sample_rate, xi_up, steps_done, delta)',
            '"data_independent": True, "noise_multiplier": xi_up,\n                                     "epsilon": '
            'epsilon_report(sample_rate, xi_up, steps_done // 2, delta)',
            TRAIN_REPORTS, "transdenoiser's sepdp-equivalent epsilon over the steps taken"),
-    Mutant("report_mmga_steps_halved", "training/privacy_report.py", "build_privacy_report",
+    Mutant("report_mmga_steps_halved", "training/privacy/report.py", "build_privacy_report",
            '"noise_multiplier": xi_up,\n                                 "epsilon": epsilon_report(sample_rate, '
            'xi_up, steps_done, delta)',
            '"noise_multiplier": xi_up,\n                                 "epsilon": epsilon_report(sample_rate, '
            'xi_up, steps_done // 2, delta)', TRAIN_REPORTS, "MMGA epsilon over the steps taken"),
-    Mutant("report_explicit_multipliers_doubled", "training/privacy_report.py", "build_privacy_report",
+    Mutant("report_explicit_multipliers_doubled", "training/privacy/report.py", "build_privacy_report",
            "epsilon_report(sample_rate, explicit.tolist(), steps_done, delta)",
            "epsilon_report(sample_rate, (2 * explicit).tolist(), steps_done, delta)", TRAIN_REPORTS,
            "explicit-noise epsilon from the noise actually added"),
-    Mutant("report_steps_from_history_halved", "training/privacy_report.py", "build_privacy_report",
+    Mutant("report_steps_from_history_halved", "training/privacy/report.py", "build_privacy_report",
            'steps_done = int(len(history["batch_size"]))', 'steps_done = int(len(history["batch_size"])) // 2',
            TRAIN_REPORTS, "every step counted"),
-    Mutant("accountant_steps_halved", "training/accounting.py", "_check_multipliers",
+    Mutant("accountant_steps_halved", "training/privacy/accounting.py", "_check_multipliers",
            'counts = {_finite_real("noise_multiplier", noise_multipliers): steps}',
            'counts = {_finite_real("noise_multiplier", noise_multipliers): steps // 2}', TRAIN_REPORTS,
            "the accountant composes every step"),

@@ -4,7 +4,7 @@ and Xiang et al.'s Algorithm 1 as written, on a small MLP head (features -> 64 -
     python scripts/shaped_noise_compare.py --classifier runs/classifier --out docs/results
     python scripts/shaped_noise_compare.py --quick --out /tmp/shaped_quick     # seconds: the smoke test's mode
 
-Epsilons are add-or-remove-one, from the RDP accountant (training/accounting.py) at the calibrated noise
+Epsilons are add-or-remove-one, from the RDP accountant (training/privacy/accounting.py) at the calibrated noise
 multiplier; both DP-SGD variants share it. The paper's run reports its claimed epsilon and what holds instead.
 """
 from __future__ import annotations
@@ -44,10 +44,10 @@ def main(argv=None) -> int:
 
     import torch
 
-    from training import shaped_noise as sn
-    from training.accounting import noise_multiplier_for_epsilon, steps_for_epochs
     from training.convex.train import build_probe, embed
     from training.datasets import load_dataset
+    from training.privacy import shaped_noise as sn
+    from training.privacy.accounting import noise_multiplier_for_epsilon, steps_for_epochs
     from transdenoiser.runtime import hardware_description
 
     torch.set_num_threads(1)

@@ -129,6 +129,11 @@ class CertifyWork:
         self.samples_left -= total
         return taken
 
+    @property
+    def samples_taken(self) -> int:
+        """Noisy samples handed out so far."""
+        return self.planned_samples - self.samples_left
+
     def add(self, key: tuple[int, int], counts: np.ndarray) -> None:
         index, phase = key
         self._totals[index, phase] += counts
@@ -235,6 +240,11 @@ class SequentialWork:
         budget = self.n0 + self.n_max
         return int(sum(budget - taken for taken, test in zip(self._taken, self._tests, strict=True)
                        if not test.done))
+
+    @property
+    def samples_taken(self) -> int:
+        """Noisy samples handed out so far (an image that stopped early takes no more)."""
+        return int(self._taken.sum())
 
     def take(self, max_samples: int) -> list[tuple[tuple[int, int], StreamJob]]:
         """The next ready jobs, at most ``max_samples`` samples (at least one job while any is ready); none while

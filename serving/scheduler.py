@@ -14,7 +14,7 @@ is refused with ``BudgetExceeded``.
 The scheduler changes when samples are computed, never which: every job carries its own seed, so a
 ticket's result is the same whatever it shared passes with (``serving.engine``).
 
-A *work* is any object with ``kind``, ``planned_samples``, ``samples_left``, ``take(max_samples)`` ->
+A *work* is any object with ``kind``, ``planned_samples``, ``samples_left``, ``samples_taken``, ``take(max_samples)`` ->
 [(key, NoiseJob)], ``add(key, counts)``, ``finished`` and ``result()`` (``serving.engine.CertifyWork``).
 A sequential kind (look at the counts, then decide whether to draw more) fits the same protocol: ``take``
 returns no job while it waits for counts, and ``finished`` turns true when it stops.
@@ -39,8 +39,9 @@ Disconnected = Callable[[], Awaitable[bool]]
 
 class Work(Protocol):
     kind: str
-    planned_samples: int
-    samples_left: int
+    planned_samples: int  # at most (a sequential kind may stop early)
+    samples_left: int  # at most, not yet handed out
+    samples_taken: int  # handed out so far
 
     def take(self, max_samples: int) -> list[tuple[Any, NoiseJob]]: ...
 
@@ -214,11 +215,10 @@ class FairScheduler:
                 self._drop(ticket, None, "abandoned")
             elif now > ticket.deadline:
                 work = ticket.work
-                done = work.planned_samples - work.samples_left
                 self._drop(ticket, DeadlineExceeded(
                     f"the request passed its deadline of {ticket.deadline_s:g} s (max_latency_ms) after "
-                    f"{done} of its {work.planned_samples} noisy samples; its computation was stopped; retry "
-                    f"later or with fewer images or a smaller n"), "deadline")
+                    f"{work.samples_taken} noisy samples (at most {work.planned_samples}); its computation was "
+                    "stopped; retry later or with fewer images or a smaller n"), "deadline")
             elif ticket.disconnected is not None and await _gone(ticket.disconnected):
                 self._drop(ticket, ClientDisconnected("the client disconnected; its computation was stopped"),
                            "disconnected")

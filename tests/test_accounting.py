@@ -12,8 +12,8 @@ from dp_accounting.pld import PLDAccountant
 from dp_accounting.rdp import RdpAccountant
 from opacus.accountants import RDPAccountant as OpacusRDPAccountant
 
-from training import accounting
-from training.accounting import (
+from training.privacy import accounting
+from training.privacy.accounting import (
     analytic_gaussian_sigma,
     classical_gaussian_sigma,
     epsilon_report,

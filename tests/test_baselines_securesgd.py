@@ -72,7 +72,7 @@ def test_training_noise_matches_the_privacy_report_and_dp_accounting(monkeypatch
     import dp_accounting
     from dp_accounting.rdp import RdpAccountant
 
-    from training.accounting import RDP_ORDERS
+    from training.privacy.accounting import RDP_ORDERS
 
     backed_out = []
     original = common.GaussianNoise.add
@@ -109,7 +109,7 @@ def test_training_noise_matches_the_privacy_report_and_dp_accounting(monkeypatch
 
 def test_egm_calibration_is_sound_against_the_exact_gaussian_mechanism():
     """The paper's bound for every epsilon > 0: the exact delta (Balle & Wang) at its std never exceeds delta."""
-    from training.accounting import gaussian_mechanism_delta
+    from training.privacy.accounting import gaussian_mechanism_delta
 
     for delta in (1e-9, 1e-5, 1e-3, 0.05, 0.3, 0.49):
         for epsilon in (0.01, 0.1, 0.5, 1.0, 2.0, 4.0, 8.0, 32.0, 100.0):
@@ -119,7 +119,7 @@ def test_egm_calibration_is_sound_against_the_exact_gaussian_mechanism():
 def test_hgm_std_protects_the_least_noisy_coordinate():
     r = torch.tensor([0.25, 1.0, 1.75])  # sum K = 3
     sigma = hgm_noise_std(1.0, 1e-5, 0.2, r)
-    from training.accounting import gaussian_mechanism_delta
+    from training.privacy.accounting import gaussian_mechanism_delta
 
     # the worst case puts the whole sensitivity on the coordinate of variance sigma^2 * 0.25
     assert gaussian_mechanism_delta(1.0, sigma * math.sqrt(0.25) / 0.2) <= 1e-5

@@ -176,7 +176,7 @@ def test_two_ranks_equal_one_process(name, runs):
         assert np.allclose(ours[key], reference[key], rtol=1e-5, atol=1e-7, equal_nan=True), (key, ours[key],
                                                                                            reference[key])
     if name == "transdenoiser":  # S_min was really computed (eigvalsh), from the whole non-negative group
-        from training.smin import METHODS
+        from training.privacy.smin import METHODS
 
         assert (ours["smin_method"] == METHODS.index("eigvalsh")).any(), ours["smin_method"]
     # the same privacy report and accountant

@@ -21,11 +21,11 @@ import torch
 from dp_accounting.rdp import RdpAccountant
 
 from training import private_train
-from training.accounting import RDP_ORDERS
-from training.dp import PoissonSampler
 from training.models import build_model
+from training.privacy.accounting import RDP_ORDERS
+from training.privacy.dp import PoissonSampler
+from training.privacy.smin import smallest_eigenvalue_lower_bound
 from training.private_train import SepDPArm, TrainConfig, TransDenoiserArm, train_denoiser
-from training.smin import smallest_eigenvalue_lower_bound
 from transdenoiser.errors import UserError
 
 IMAGE = (1, 8, 8)

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from training.dp import GaussianNoise
 from training.models import build_model
+from training.privacy.dp import GaussianNoise
 from training.private_train import SepDPArm, TrainConfig, TransDenoiserArm
 from transdenoiser.errors import UserError
 

@@ -98,7 +98,7 @@ def test_fdp_at_chance_refutes_nothing_and_grows_with_correct_guesses():
 
 
 def test_gdp_epsilon_lower_matches_the_accountant():
-    from training.accounting import gdp_delta, gdp_epsilon
+    from training.privacy.accounting import gdp_delta, gdp_epsilon
 
     for mu in (0.3, 1.0, 2.5):
         low = gdp_epsilon_lower(mu, 1e-5)
@@ -194,7 +194,7 @@ def test_correct_sepdp_passes_and_the_report_carries_the_audit(tmp_path, classif
 def test_planted_bug_noise_off_fails_the_audit(tmp_path, classifier_dir, monkeypatch, capsys):
     """Switch the DP noise off (GaussianNoise.add returns its input): the white-box canaries are then
     separated perfectly, the lower bound exceeds the claimed epsilon, the CLI says so and exits 1."""
-    from training import dp
+    from training.privacy import dp
 
     monkeypatch.setattr(dp.GaussianNoise, "add", lambda self, tensors, multiplier, generator: dict(tensors))
     status, out = _audit(tmp_path, classifier_dir, "bug", "--arm", "sepdp", "--no-membership")

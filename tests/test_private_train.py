@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from training.checkpoint import load_checkpoint, read_metadata
-from training.dp import GaussianNoise, PerExampleClipper, PerExampleGradients, PoissonSampler, per_example_norms
 from training.models import build_model
+from training.privacy.dp import GaussianNoise, PerExampleClipper, PerExampleGradients, PoissonSampler, per_example_norms
 from training.private_train import (
     ARM_CLASSES,
     SepDPArm,
@@ -124,7 +124,7 @@ def rdp_epsilon_by_dp_accounting(q: float, noise_multiplier: float, steps: int, 
     import dp_accounting
     from dp_accounting.rdp import RdpAccountant
 
-    from training.accounting import RDP_ORDERS
+    from training.privacy.accounting import RDP_ORDERS
 
     event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(noise_multiplier))
     return RdpAccountant(orders=RDP_ORDERS).compose(dp_accounting.SelfComposedDpEvent(event, steps)).get_epsilon(delta)

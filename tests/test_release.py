@@ -230,7 +230,7 @@ def test_card_lists_every_epsilon_with_analysis_delta_and_independence(mnist10k,
 @pytest.mark.parametrize("q,z,steps", [(0.01, 1e-170, 100), (1e-320, 1.0, 100), (0.01, 1e-3, 100),
                                        (0.01, 1.0, 10 ** 9), (1.0, 0.5, 10 ** 5), (5e-324, 5e-324, 1)])
 def test_calculator_edge_cases_answer_quickly(q, z, steps):
-    from training.accounting import epsilon_report
+    from training.privacy.accounting import epsilon_report
 
     started = time.perf_counter()
     report = epsilon_report(q, z, steps, 1e-5)
@@ -241,7 +241,7 @@ def test_calculator_edge_cases_answer_quickly(q, z, steps):
 
 
 def test_tiny_sample_rates_are_rounded_up_never_down():
-    from training.accounting import MIN_SAMPLE_RATE, epsilon_report
+    from training.privacy.accounting import MIN_SAMPLE_RATE, epsilon_report
 
     tiny = epsilon_report(1e-300, 0.5, 1000, 1e-5)
     floor = epsilon_report(MIN_SAMPLE_RATE, 0.5, 1000, 1e-5)
@@ -254,7 +254,7 @@ def test_tiny_sample_rates_are_rounded_up_never_down():
        steps=st.integers(min_value=1, max_value=10 ** 12),
        delta=st.floats(min_value=0, max_value=1, exclude_min=True, exclude_max=True))
 def test_every_valid_input_gets_an_answer_in_seconds(q, z, steps, delta):
-    from training.accounting import epsilon_report
+    from training.privacy.accounting import epsilon_report
 
     started = time.perf_counter()
     report = epsilon_report(q, z, steps, delta)
@@ -269,7 +269,7 @@ def test_every_valid_input_gets_an_answer_in_seconds(q, z, steps, delta):
 @given(target=st.floats(min_value=1e-3, max_value=1e6), q=st.floats(min_value=1e-6, max_value=1),
        steps=st.integers(min_value=1, max_value=10 ** 6), accountant=st.sampled_from(["rdp", "pld", "gdp"]))
 def test_calibration_answers_or_refuses_in_seconds(target, q, steps, accountant):
-    from training.accounting import epsilon_for_accountant, noise_multiplier_for_epsilon
+    from training.privacy.accounting import epsilon_for_accountant, noise_multiplier_for_epsilon
 
     started = time.perf_counter()
     try:

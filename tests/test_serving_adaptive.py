@@ -93,9 +93,11 @@ def test_an_easy_image_stops_early_and_looks_follow_the_offline_schedule(smooth,
     assert work.planned_samples == N0 + 2000 and work.samples_left == N0 + 2000
     first = work.take(10_000)  # only the selection jobs are ready before any counts
     assert sum(job.num_samples for _, job in first) == N0 and work.take(10_000) == []
-    ((answer,),), _ = scheduled(smooth, [SequentialWork("decide", digits[0][:1], [5], N0, rule, SIGMA, 10, 50,
-                                                     smooth.generator)], share_passes=False)
+    stopping = SequentialWork("decide", digits[0][:1], [5], N0, rule, SIGMA, 10, 50, smooth.generator)
+    ((answer,),), _ = scheduled(smooth, [stopping], share_passes=False)
     assert answer.outcome == "certified" and answer.prediction == int(digits[1][0])
+    # what a deadline message reports: the samples drawn, not the budget the stop left unused
+    assert stopping.samples_taken == answer.samples < stopping.planned_samples - stopping.samples_left
     assert answer.n in set(geometric_looks(2000).tolist()) and answer.n < 2000 // 2  # stopped at an early look
     # the certificate is valid at the stop: the anytime bound at that look reaches Phi(R / sigma)
     assert answer.p_lower >= rule.threshold

@@ -10,7 +10,7 @@ import torch
 from scipy import optimize
 from scipy.stats import multivariate_normal, norm
 
-from training import shaped_noise as sn
+from training.privacy import shaped_noise as sn
 
 
 def monte_carlo_delta(epsilon, stds, shift, samples=200_000, seed=0):
@@ -226,7 +226,7 @@ def test_shaped_step_with_zero_noise_returns_exactly_the_group_clipped_sum():
 def test_public_shape_of_a_denoiser_meets_the_budget_and_gives_multiplier_z():
     """denoiser_group_shape on real public gradients: sum C_g^2 = C^2 and 1/sqrt(sum (C_g/sigma_g)^2) = z, both
     recomputed here with numpy; the shape is anisotropic (otherwise shaping would be a no-op)."""
-    from training.dp import PerExampleGradients
+    from training.privacy.dp import PerExampleGradients
 
     arm, model = _tiny_sepdp_arm()
     x_public = torch.rand(32, 1, 8, 8, generator=torch.Generator().manual_seed(3))

@@ -6,10 +6,15 @@ import pytest
 import torch
 from torch.func import grad
 
-from training import smin as smin_module
-from training.dp import functional_example_loss, model_params
 from training.models import build_model
-from training.smin import mixed_derivative_gram, mixed_derivatives, smallest_eigenvalue_lower_bound, smin_lower_bound
+from training.privacy import smin as smin_module
+from training.privacy.dp import functional_example_loss, model_params
+from training.privacy.smin import (
+    mixed_derivative_gram,
+    mixed_derivatives,
+    smallest_eigenvalue_lower_bound,
+    smin_lower_bound,
+)
 
 SHAPE = (1, 6, 6)  # v = 36: tiny models and fast tests
 

@@ -42,7 +42,8 @@ from training.checkpoint import (
 from training.datasets import Dataset
 from training.denoisers import ACTIVATIONS, DENOISERS, check_denoiser_fits, denoiser_kwargs
 from training.distributed import RankGroup
-from training.dp import (
+from training.models import build_model, count_parameters
+from training.privacy.dp import (
     GaussianNoise,
     PerExampleClipper,
     PerExampleGradients,
@@ -52,16 +53,15 @@ from training.dp import (
     model_params,
     per_example_norms,
 )
-from training.models import build_model, count_parameters
-from training.privacy_report import (
+from training.privacy.report import (
     NOT_RELEASED,
     build_privacy_report,
     format_privacy_report,
     json_safe,
     released_privacy_report,
 )
+from training.privacy.smin import DEFAULT_CHUNK_SIZE, DEFAULT_MAX_DIM, METHODS, smin_lower_bound
 from training.recipe import ParameterAverage, refuse_batch_norm
-from training.smin import DEFAULT_CHUNK_SIZE, DEFAULT_MAX_DIM, METHODS, smin_lower_bound
 from transdenoiser.errors import UserError
 from transdenoiser.progress import Track, silent
 from transdenoiser.runtime import hardware_description
@@ -122,8 +122,9 @@ class TrainConfig:
     train_on: str = "private"
     # a denoiser checkpoint trained on the public split whose weights start this run (public initialisation)
     init_from: str | None = None
-    # sepdp's gradient noise (training/shaped_noise.py, docs/PRIVACY.md): "isotropic" (DP-SGD), "shaped" (per-layer
-    # clip budgets and noise shaped from shape_examples public images per step: the same epsilon for xi_up), or
+    # sepdp's gradient noise (training/privacy/shaped_noise.py, docs/PRIVACY.md): "isotropic" (DP-SGD), "shaped"
+    # (per-layer clip budgets and noise shaped from shape_examples public images per step: the same epsilon for
+    # xi_up), or
     # "optimized" (Xiang et al.'s Algorithm 1 as written: NO privacy guarantee; needs acknowledge_unsound)
     noise: str = "isotropic"
     shape_examples: int = 128
@@ -187,7 +188,7 @@ class TrainConfig:
         for key in ("in_channels", "activation"):
             if key in self.denoiser_kwargs:
                 raise UserError(f"denoiser_kwargs must not set {key!r} (it comes from the data / --activation)")
-        from training.shaped_noise import check_noise_settings
+        from training.privacy.shaped_noise import check_noise_settings
 
         check_noise_settings(self)
         if self.arm == "nodp":
@@ -337,7 +338,7 @@ class SepDPArm(DPArm):
     """DP-SGD: noise N(0, (xi_up C)^2) on the summed clipped gradient every step (empty batch included)."""
 
     name = "sepdp"
-    shaper = None  # --noise shaped|optimized: set by training.shaped_noise.attach_noise_shaper
+    shaper = None  # --noise shaped|optimized: set by training.privacy.shaped_noise.attach_noise_shaper
 
     def gradient(self, x, generator):
         if self.shaper is not None:
@@ -587,14 +588,14 @@ def plan(config: TrainConfig, num_examples: int) -> dict[str, Any]:
         steps_per_epoch = math.ceil(num_examples / config.batch_size)
         return {"sample_rate": None, "steps_per_epoch": steps_per_epoch, "total_steps": steps_per_epoch * config.epochs,
                 "xi_up": None, "xi_low": None}
-    from training.accounting import steps_for_epochs
+    from training.privacy.accounting import steps_for_epochs
 
     q = config.batch_size / num_examples
     steps_per_epoch = max(1, round(1 / q))
     total = steps_for_epochs(config.epochs, q)
     xi_up = config.xi_up
     if config.target_epsilon is not None:
-        from training.accounting import noise_multiplier_for_epsilon
+        from training.privacy.accounting import noise_multiplier_for_epsilon
 
         xi_up = noise_multiplier_for_epsilon(config.target_epsilon, q, total, config.delta,
                                              accountant=config.calibration_accountant)
@@ -735,8 +736,8 @@ def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint
 
     arm = ARM_CLASSES[config.arm](model, config, schedule["xi_up"] or 0.0, float(config.batch_size),
                                   schedule["total_steps"], group=group)
-    if config.arm == "sepdp":  # --noise shaped|optimized (training/shaped_noise.py)
-        from training.shaped_noise import attach_noise_shaper
+    if config.arm == "sepdp":  # --noise shaped|optimized (training/privacy/shaped_noise.py)
+        from training.privacy.shaped_noise import attach_noise_shaper
 
         attach_noise_shaper(arm, config, dataset, x_train, start_step=len(records))
     sampler = PoissonSampler(num_examples, schedule["sample_rate"]) if config.arm != "nodp" else None
@@ -843,7 +844,7 @@ class _RunFacts:
             target_epsilon=config.target_epsilon if config.arm != "nodp" else None,
             calibration_accountant=config.calibration_accountant
             if config.target_epsilon is not None and config.arm != "nodp" else None)
-        from training.shaped_noise import noise_report
+        from training.privacy.shaped_noise import noise_report
 
         report = noise_report(report, config, [r.explicit_multiplier for r in records])
         self._report = (len(records), report)
@@ -907,7 +908,7 @@ def released_metadata(run: _RunFacts, records: list[StepRecord], metrics: list[d
 
 
 def _released_report(run: _RunFacts, records: list[StepRecord]) -> dict[str, Any]:
-    from training.shaped_noise import released_noise_report
+    from training.privacy.shaped_noise import released_noise_report
 
     full = run.full_report(records)
     return released_noise_report(released_privacy_report(full), full, run.config)

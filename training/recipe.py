@@ -136,7 +136,7 @@ def candidate_batch_sizes(num_examples: int, smallest: int = 64) -> list[int]:
 def plan_batch_sizes(target_epsilon: float, delta: float, num_examples: int, epochs: int, *,
                      batch_sizes: list[int] | None = None, accountant: str = "rdp") -> list[BatchPlan]:
     """For each candidate batch size: steps, the calibrated noise multiplier and its epsilon (same accountant)."""
-    from training.accounting import epsilon_for_accountant, noise_multiplier_for_epsilon, steps_for_epochs
+    from training.privacy.accounting import epsilon_for_accountant, noise_multiplier_for_epsilon, steps_for_epochs
 
     if num_examples < 1:
         raise UserError("the private training set is empty")

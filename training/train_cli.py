@@ -249,7 +249,7 @@ def _train(args, device, group) -> int:
 
     from training.checkpoint import load_checkpoint, read_metadata, recover_interrupted_save
     from training.cli import load_dataset_from_args
-    from training.privacy_report import format_privacy_report
+    from training.privacy.report import format_privacy_report
     from training.private_train import train_denoiser
 
     writer = group is None or group.is_writer

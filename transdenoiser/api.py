@@ -30,7 +30,9 @@ from certify.core import ABSTAIN, AdaptiveCertificate, Certificate, Smooth, max_
 from certify.job import CertifyJob, JobOutcome
 from certify.job import run_job as run_certify_job
 from certify.threats import build_threat
-from training.accounting import (
+from training.baselines.securesgd import train_securesgd
+from training.baselines.stobatch import train_stobatch
+from training.privacy.accounting import (
     analytic_gaussian_sigma,
     classical_gaussian_sigma,
     epsilon_for_accountant,
@@ -38,9 +40,7 @@ from training.accounting import (
     noise_multiplier_for_epsilon,
     steps_for_epochs,
 )
-from training.baselines.securesgd import train_securesgd
-from training.baselines.stobatch import train_stobatch
-from training.privacy_report import format_privacy_report
+from training.privacy.report import format_privacy_report
 from transdenoiser.errors import UserError
 from transdenoiser.progress import Track, silent
 

@@ -26,7 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pretrain": ("training.cli", "pretrain the classifier on the public split"),
     "import-classifier": ("training.cli", "wrap your own torchvision state dict as a classifier checkpoint"),
     "train": ("training.train_cli", "train the denoiser with DP on the private split (nodp|sepdp|transdenoiser)"),
-    "privacy": ("training.privacy_cli", "epsilon calculator and noise calibration"),
+    "privacy": ("training.privacy.calculator_cli", "epsilon calculator and noise calibration"),
     "certify": ("certify.cli", "certify a dataset split with randomized smoothing"),
     "predict": ("certify.cli", "smoothed predictions (abstain when unsure)"),
     "certify-merge": ("certify.cli", "merge the shards of a certify/predict run"),

@@ -16,9 +16,9 @@ from scipy import optimize, stats
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from training.accounting import epsilon_report
-from training.dp import GaussianNoise, PerExampleClipper, per_example_norms
-from training.privacy_report import json_safe
+from training.privacy.accounting import epsilon_report
+from training.privacy.dp import GaussianNoise, PerExampleClipper, per_example_norms
+from training.privacy.report import json_safe
 from transdenoiser.errors import UserError
 
 Params = dict[str, torch.Tensor]

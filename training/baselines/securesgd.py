@@ -18,8 +18,8 @@ The mechanisms, as implemented here (docs/BASELINES.md, "SecureSGD", says what d
   norm kept at 1 by a projection after every step (post-processing), so an input change of L2 size L moves h by
   at most L; sigma_h is calibrated by the HGM for (robust_epsilon, robust_delta) at attack size ``attack_bound``.
 - Training privacy: DP-SGD (Poisson sampling, every per-example gradient clipped to C over all parameters, noise
-  on the sum), accounted by training/accounting.py (RDP, PLD, GDP): a data-independent guarantee. The noise layer
-  is NOT counted towards the training data's privacy (it protects against input changes, not record changes).
+  on the sum), accounted by training/privacy/accounting.py (RDP, PLD, GDP): a data-independent guarantee. The noise
+  layer is NOT counted towards the training data's privacy (it protects against input changes, not record changes).
 - The robustness certificate (:func:`phan_certificate`): Lecuyer et al.'s condition for the noise layer's
   (epsilon, delta), maximised over (epsilon, delta) with the HGM calibration, from Monte-Carlo counts with
   Clopper-Pearson bounds (selection and estimation samples apart).
@@ -258,7 +258,7 @@ class SecureSGDConfig:
 
 def plan(config: SecureSGDConfig, num_examples: int) -> dict[str, Any]:
     """Sample rate, steps and the gradient noise multiplier (calibrated by our accountant for a target epsilon)."""
-    from training.accounting import noise_multiplier_for_epsilon, steps_for_epochs
+    from training.privacy.accounting import noise_multiplier_for_epsilon, steps_for_epochs
 
     q = config.batch_size / num_examples
     total = steps_for_epochs(config.epochs, q)
@@ -427,7 +427,7 @@ def train_securesgd(config: SecureSGDConfig, dataset: Dataset, device: torch.dev
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = (torch.optim.SGD(params, lr=config.learning_rate, momentum=config.momentum)
                  if config.optimizer == "sgd" else torch.optim.Adam(params, lr=config.learning_rate))
-    from training.dp import PoissonSampler
+    from training.privacy.dp import PoissonSampler
 
     sampler = PoissonSampler(num_examples, schedule["sample_rate"])
     baselines = None
@@ -482,7 +482,7 @@ def train_securesgd(config: SecureSGDConfig, dataset: Dataset, device: torch.dev
 
 
 def _privacy(config, schedule, steps_done, num_examples, noise_std, r, model) -> dict[str, Any]:
-    from training.accounting import gaussian_mechanism_delta
+    from training.privacy.accounting import gaussian_mechanism_delta
 
     sensitivity = model.sensitivity_per_unit() * config.attack_bound
     r_min = float(r.min())

@@ -28,7 +28,7 @@ Privacy. Two analyses, never confused (docs/BASELINES.md, "StoBatch"):
 - *ours* (data-independent): the released weights are a post-processing of the DP-SGD steps. With disjoint
   batches each example is in exactly one step per epoch, so an epoch is one Gaussian mechanism of L2
   sensitivity C and noise z C (parallel composition), and E epochs are E adaptively composed Gaussian
-  mechanisms: epsilon by :func:`training.accounting.epsilon_report` with sample rate 1 and E steps. No
+  mechanisms: epsilon by :func:`training.privacy.accounting.epsilon_report` with sample rate 1 and E steps. No
   amplification by sampling is claimed.
 - *the paper's analysis*: eps = eps1 + eps1/gamma_x + eps1/gamma + eps2 with gamma_x = Delta_R / m and
   gamma = 2 Delta_R / (m ||W1||), ||W1|| the largest singular value of W1 at initialisation (as the public code
@@ -434,7 +434,7 @@ def noise_description(config: StoBatchConfig) -> dict[str, Any]:
 
 def plan(config: StoBatchConfig, num_examples: int) -> dict[str, Any]:
     """Batches K, expected batch size N/K, and the DP-SGD noise multiplier z (calibrated if a target is set)."""
-    from training.accounting import noise_multiplier_for_epsilon
+    from training.privacy.accounting import noise_multiplier_for_epsilon
 
     num_batches = max(1, round(num_examples / config.batch_size))
     if config.target_epsilon is not None:
@@ -450,8 +450,8 @@ def plan(config: StoBatchConfig, num_examples: int) -> dict[str, Any]:
 def privacy_report(config: StoBatchConfig, schedule: dict[str, Any], budget: PaperBudget, num_examples: int,
                    epochs_done: int) -> dict[str, Any]:
     """The released privacy report: ours (data-independent, dp-accounting) and the paper's analysis (labelled)."""
-    from training.accounting import epsilon_report
-    from training.privacy_report import json_safe
+    from training.privacy.accounting import epsilon_report
+    from training.privacy.report import json_safe
 
     noise = noise_description(config)
     claim = ("a data-independent (epsilon, delta)-DP guarantee for the released classifier (DP-SGD over disjoint "
@@ -858,8 +858,9 @@ def certified_robustness(model_dir: str | Path, images: torch.Tensor | np.ndarra
     return results
 
 
-__all__ = ["ABSTAIN", "ARM", "StoBatchConfig", "cmd_train_stobatch", "config_from_train_args", "StoBatchCertificate", "PaperBudget", "train_stobatch", "save_stobatch",
-           "certified_robustness", "radius_from_p_lower", "laplace_noise", "paper_budget", "disjoint_batches",
-           "reconstruction_sensitivity", "largest_singular_value", "l1_operator_norm", "privacy_report",
-           "format_privacy_report", "dp_adversarial_examples", "taylor_logistic", "plan", "clipped_gradient_sum",
-           "privatised_gradient", "example_gradients", "noisy_logits", "reconstruction_logits", "first_layer"]
+__all__ = ["ABSTAIN", "ARM", "StoBatchConfig", "cmd_train_stobatch", "config_from_train_args", "StoBatchCertificate",
+           "PaperBudget", "train_stobatch", "save_stobatch", "certified_robustness", "radius_from_p_lower",
+           "laplace_noise", "paper_budget", "disjoint_batches", "reconstruction_sensitivity",
+           "largest_singular_value", "l1_operator_norm", "privacy_report", "format_privacy_report",
+           "dp_adversarial_examples", "taylor_logistic", "plan", "clipped_gradient_sum", "privatised_gradient",
+           "example_gradients", "noisy_logits", "reconstruction_logits", "first_layer"]

@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 from scipy import optimize
 
-from training.accounting import analytic_gaussian_sigma, classical_gaussian_sigma, gaussian_mechanism_delta
 from training.convex.losses import ConvexLoss
+from training.privacy.accounting import analytic_gaussian_sigma, classical_gaussian_sigma, gaussian_mechanism_delta
 from transdenoiser.errors import UserError
 from transdenoiser.progress import Track, silent
 
@@ -54,7 +54,8 @@ CALIBRATIONS = ("analytic", "classical")
 OPERA_SENSITIVITIES = ("gd", "minimizer")
 GRPUA_ACCOUNTANTS = ("theorem7", "rdp")
 AGM_NAME = ("analytic Gaussian mechanism (Balle & Wang 2018, Thm. 8; Ding et al. Thm. 2): exact condition "
-            "Phi(D/2s - eps s/D) - e^eps Phi(-D/2s - eps s/D) <= delta solved numerically (training.accounting)")
+            "Phi(D/2s - eps s/D) - e^eps Phi(-D/2s - eps s/D) <= delta solved numerically "
+            "(training.privacy.accounting)")
 CLASSICAL_NAME = "classical Gaussian mechanism s = sqrt(2 ln(1.25/delta)) D / eps (Dwork & Roth Thm. A.1; eps <= 1)"
 MINIMIZER_GRADIENT_TOLERANCE = 1e-3  # g = this * L / n: the optimisation error adds 0.1% to the sensitivity
 # RDP orders for sampling without replacement (each order is one numerical evaluation, so fewer than the Poisson

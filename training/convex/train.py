@@ -20,7 +20,7 @@ from training.convex import mechanisms
 from training.convex.head import FEATURES, LinearProbe
 from training.convex.losses import LOSSES, ConvexLoss
 from training.datasets import Dataset
-from training.privacy_report import json_safe
+from training.privacy.report import json_safe
 from transdenoiser.errors import UserError
 from transdenoiser.progress import Track, silent
 

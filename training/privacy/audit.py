@@ -48,7 +48,7 @@ from training.privacy.canaries import (
     reconstruction_losses,
 )
 from training.privacy.membership import DEFAULT_FPR, CalibratedAttack, LossThresholdAttack, attack_metrics
-from training.privacy_report import json_safe
+from training.privacy.report import json_safe
 from transdenoiser.errors import UserError
 from transdenoiser.progress import Track, silent
 
@@ -281,7 +281,7 @@ def membership_inference(model, config, dataset, members, classifier, device, se
 
 def _write_outputs(out_dir: Path, model_dir: Path, meta: dict, result: dict, scores, included, bounds, counts) -> None:
     from training.checkpoint import write_json, write_text
-    from training.privacy_report import format_privacy_report
+    from training.privacy.report import format_privacy_report
     from training.private_train import REPORT_FILE
 
     stored = {**meta, "audit": result}

@@ -139,7 +139,7 @@ def fdp_mu_lower_bound(m: int, r: int, v: int, beta: float = DEFAULT_BETA) -> fl
 def gdp_epsilon_lower(mu: float, delta: float) -> float:
     """Epsilon of mu-GDP at delta, rounded DOWN (a lower bound may only err low): the largest epsilon with
     delta_mu(epsilon) >= delta, delta_mu(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)."""
-    from training.accounting import gdp_delta
+    from training.privacy.accounting import gdp_delta
 
     if mu <= 0 or gdp_delta(0.0, mu) <= delta:
         return 0.0

@@ -8,7 +8,7 @@ u_j (a coordinate of the flattened parameter vector, distinct per canary, when t
 parameters; else a random Gaussian direction). In every step each included canary joins the step's batch
 independently with the run's Poisson rate q, drawn from the run's own generator, and its gradient C u_j is
 added to the step's summed clipped gradient BEFORE the arm adds its noise: the product's own noise code
-(:class:`training.dp.GaussianNoise` via the arm) noises it. :func:`audited_arm_class` makes the arm subclass
+(:class:`training.privacy.dp.GaussianNoise` via the arm) noises it. :func:`audited_arm_class` makes the arm subclass
 that does this, by wrapping the arm's noise object; nothing in the training code changes.
 
 Scores (higher = more likely included), summed over steps:

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.func import grad, jacfwd, jacrev, vmap
 
-from training.dp import functional_example_loss, model_params
+from training.privacy.dp import functional_example_loss, model_params
 
 EPS64 = torch.finfo(torch.float64).eps
 # The rounding bound: (m + w) * eps * trace(K) covers forming K as a sum of m = n*v products (Higham's gamma_m

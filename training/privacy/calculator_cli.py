@@ -1,6 +1,6 @@
 """``transdenoiser privacy``: the privacy calculator (epsilon, noise calibration, single Gaussian release).
 
-A thin layer over :mod:`training.accounting`: parse, validate, call, print. Every number printed names
+A thin layer over :mod:`training.privacy.accounting`: parse, validate, call, print. Every number printed names
 the analysis that produced it.
 """
 from __future__ import annotations
@@ -83,7 +83,7 @@ def register(subparsers, common) -> None:
 # ---------------------------------------------------------------------------------------------- handler
 
 def run_privacy(args) -> int:
-    from training import accounting  # lazy: dp-accounting takes ~1.5 s to import
+    from training.privacy import accounting  # lazy: dp-accounting takes ~1.5 s to import
 
     # dp-accounting logs (absl) when it drops an RDP order whose series did not converge; dropping an order
     # can only raise epsilon, so the warning is noise on a calculator's stdout/stderr.
@@ -102,7 +102,7 @@ def run_privacy(args) -> int:
             result["steps_from"] = steps_from
             lines = _calibration_lines(result)
     if args.json:
-        from training.privacy_report import json_safe
+        from training.privacy.report import json_safe
 
         print(json.dumps(json_safe(result), indent=2, allow_nan=False))
     else:
@@ -122,7 +122,7 @@ def _steps(args) -> tuple[float, int, str]:
         raise UserError("give the training length as --steps T or --epochs E")
     if args.steps is not None:
         return args.sample_rate, args.steps, f"--steps {args.steps}"
-    from training.accounting import steps_for_epochs
+    from training.privacy.accounting import steps_for_epochs
 
     steps = steps_for_epochs(args.epochs, args.sample_rate)
     return (args.sample_rate, steps,
@@ -130,7 +130,7 @@ def _steps(args) -> tuple[float, int, str]:
 
 
 def _calibration(target_epsilon: float, q: float, steps: int, delta: float) -> dict:
-    from training import accounting  # lazy: dp-accounting takes ~1.5 s to import
+    from training.privacy import accounting  # lazy: dp-accounting takes ~1.5 s to import
 
     multipliers = {name: accounting.noise_multiplier_for_epsilon(target_epsilon, q, steps, delta, name)
                    for name in accounting.ACCOUNTANTS}
@@ -141,7 +141,7 @@ def _calibration(target_epsilon: float, q: float, steps: int, delta: float) -> d
 
 
 def _single_release(args) -> dict:
-    from training import accounting  # lazy: dp-accounting takes ~1.5 s to import
+    from training.privacy import accounting  # lazy: dp-accounting takes ~1.5 s to import
 
     extra = [flag for flag, value in (("--sample-rate", args.sample_rate), ("--steps", args.steps),
                                       ("--epochs", args.epochs)) if value is not None]
@@ -194,7 +194,7 @@ def _epsilon_lines(report: dict) -> list[str]:
 
 
 def _calibration_lines(result: dict) -> list[str]:
-    from training import accounting  # lazy: dp-accounting takes ~1.5 s to import
+    from training.privacy import accounting  # lazy: dp-accounting takes ~1.5 s to import
 
     analyses = result["analyses"]
     return [f"Noise multiplier for ({result['target_epsilon']:g}, {result['delta']:g})-DP: q = "

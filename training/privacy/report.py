@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from training.accounting import epsilon_report
+from training.privacy.accounting import epsilon_report
 
 QUANTILES = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 NO_CLAIM = "no privacy claim: nodp trains on noisy inputs with an ordinary optimiser and adds no gradient noise"

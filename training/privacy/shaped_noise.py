@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from training.accounting import epsilon_report, gaussian_mechanism_delta
-from training.dp import PerExampleClipper, PoissonSampler
+from training.privacy.accounting import epsilon_report, gaussian_mechanism_delta
+from training.privacy.dp import PerExampleClipper, PoissonSampler
 from transdenoiser.errors import UserError
 from transdenoiser.progress import Track, silent
 
@@ -381,7 +381,8 @@ class GroupShape:
 def denoiser_group_shape(per_example: Any, x_public: torch.Tensor, input_sigma: float, clip_norm: float,
                          noise_multiplier: float, generator: torch.Generator) -> GroupShape:
     """C_g and sigma_g from PUBLIC images only: per-example gradients of the denoiser loss ||g(x + b) - x||^2
-    (b ~ N(0, input_sigma^2 I) drawn on ``generator``) through ``per_example`` (a ``training.dp.PerExampleGradients``);
+    (b ~ N(0, input_sigma^2 I) drawn on ``generator``) through ``per_example``
+    (a ``training.privacy.dp.PerExampleGradients``);
     C_g proportional to group g's median per-example norm with sum C_g^2 = C^2 (:func:`group_clip_budgets`);
     s_g = sum_{i in g} |w_i| with w the public mean gradient; sigma_g by :func:`group_noise_stds` for multiplier z.
     The result satisfies sum_g (C_g / sigma_g)^2 <= 1/z^2 (rounding is pushed to the side of more noise)."""
@@ -508,7 +509,7 @@ def attach_noise_shaper(arm: Any, config: Any, dataset: Any, x_private: torch.Te
     if noise == "isotropic":
         return
     check_noise_settings(config, distributed=arm.group.distributed)
-    from training.dp import GaussianNoise
+    from training.privacy.dp import GaussianNoise
 
     if type(getattr(arm, "noise", None)) is not GaussianNoise:
         # e.g. the white-box privacy audit's canaries ride on the arm's isotropic noise, which the shaper bypasses
@@ -564,7 +565,7 @@ def noise_report(report: dict[str, Any], config: Any, multipliers: list[float]) 
 
 def released_noise_report(released: dict[str, Any], full: dict[str, Any], config: Any) -> dict[str, Any]:
     """The released report of a shaped / optimized run: the sepdp filter of
-    ``training.privacy_report.released_privacy_report`` keeps the shaped guarantee; for an optimized run it
+    ``training.privacy.report.released_privacy_report`` keeps the shaped guarantee; for an optimized run it
     would drop everything, so the explicit "none" entry and the claimed epsilon are put back."""
     noise = getattr(config, "noise", "isotropic")
     if noise == "isotropic" or config.arm != "sepdp":
