@@ -18,6 +18,7 @@ SIDES = {
     "help_all_modules": [sys.executable, "-c",
                          "from transdenoiser.cli import build_parser; build_parser().format_help()"],
     "flag_error": [sys.executable, "-m", "transdenoiser", "certify", "--sigma", "abc"],
+    "train_flag_error": [sys.executable, "-m", "transdenoiser", "train", "--epochs", "x"],
 }
 
 

@@ -33,7 +33,7 @@ def test_help_is_fast_and_imports_neither_torch_nor_numpy():
     assert "privacy-audit" in result.stdout and "import-classifier" in result.stdout
 
 
-# Input errors of commands whose modules load without torch (train's register() imports torch: see the report).
+# Input errors of every command: none of their modules imports torch before the flags are checked.
 BAD_INPUT = [
     ["data", "--bogus"], ["pretrain", "--epochs", "x"], ["pretrain", "--out"], ["import-classifier", "--arch"],
     ["certify", "--sigma", "abc"], ["predict", "--n", "-1"], ["report", "--device", "cpu"],
