@@ -136,7 +136,7 @@ def test_startup_benchmark_quick(tmp_path):
     out = tmp_path / "startup.json"
     assert bench_startup.main(["--quick", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert set(result["median_seconds"]) == {"help", "flag_error"}
+    assert set(result["median_seconds"]) == {"help", "flag_error", "train_flag_error"}
     assert all(0 < seconds < 60 for seconds in result["median_seconds"].values())
 
 
