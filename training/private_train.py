@@ -124,8 +124,8 @@ class TrainConfig:
     init_from: str | None = None
     # sepdp's gradient noise (training/privacy/shaped_noise.py, docs/PRIVACY.md): "isotropic" (DP-SGD), "shaped"
     # (per-layer clip budgets and noise shaped from shape_examples public images per step: the same epsilon for
-    # xi_up), or
-    # "optimized" (Xiang et al.'s Algorithm 1 as written: NO privacy guarantee; needs acknowledge_unsound)
+    # xi_up), or "optimized" (Xiang et al.'s Algorithm 1 as written: NO privacy guarantee; needs
+    # acknowledge_unsound)
     noise: str = "isotropic"
     shape_examples: int = 128
     acknowledge_unsound: bool = False
