@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -50,7 +51,7 @@ def test_doc_has_examples_for_each_part():
     text = "\n".join(api_blocks())
     for needle in ("Smooth(", ".certify(", ".predict(", ".certify_adaptive(", ".decide(", "PGD(", "FGSM(",
                    "train_private_denoiser(", "TensorDataset", "epsilon_report(", "noise_multiplier_for_epsilon(",
-                   "load_model(", "run_certify_job("):
+                   "load_model(", "run_certify_job(", "fit_private_head("):
         assert needle in text, needle
 
 
@@ -182,3 +183,29 @@ def test_certify_job_is_the_command_line_run_and_resumes(doc):
     # the command line's settings file: the same fields, so `transdenoiser certify` with these flags resumes it
     settings = __import__("json").loads((outcome.out / "settings.json").read_text())
     assert settings["n"] == 1000 and settings["skip"] == 200 and settings["sigma"] == 0.25
+
+
+def test_private_head_noise_is_the_analytic_gaussian_of_its_sensitivity(doc):
+    """OPERA's released report: sensitivity = Ding et al.'s 5 L (mu + beta) / (n mu beta), noise std = the analytic
+    Gaussian mechanism's for (epsilon, delta) at that sensitivity, solved here from its exact condition."""
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    report, weights = doc["head_privacy"], doc["head_weights"]
+    features = doc["features"]
+    assert weights.shape == (features.shape[1], 3) and np.isfinite(weights).all()
+    n, mu, beta, lipschitz = report["n"], report["strong_convexity"], report["smoothness"], report["lipschitz"]
+    assert n == 256 and mu == pytest.approx(0.1)
+    assert report["sensitivity"] == pytest.approx(5 * lipschitz * (mu + beta) / (n * mu * beta), rel=1e-9)
+    eps, delta, sens = 8.0, 1e-5, report["sensitivity"]
+
+    def excess(s):  # Balle and Wang's exact delta of N(0, s^2) at L2 sensitivity sens, minus the target
+        return (norm.cdf(sens / (2 * s) - eps * s / sens)
+                - math.exp(eps) * norm.cdf(-sens / (2 * s) - eps * s / sens) - delta)
+
+    assert report["noise_std"] == pytest.approx(brentq(excess, 1e-6 * sens, 1e3 * sens, xtol=1e-14), rel=1e-6)
+    assert report["noise_std"] >= brentq(excess, 1e-6 * sens, 1e3 * sens, xtol=1e-14) * (1 - 1e-9)
+    from transdenoiser.errors import UserError
+
+    with pytest.raises(UserError, match="L2 norm <= 1"):
+        doc["transdenoiser"].fit_private_head(features * 2, doc["train_labels"])

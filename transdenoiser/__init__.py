@@ -14,7 +14,8 @@ _API_NAMES = ("ABSTAIN", "AdaptiveCertificate", "Certificate", "Smooth", "max_ce
               "format_privacy_report",
               "epsilon_report", "epsilon_for_accountant", "noise_multiplier_for_epsilon", "steps_for_epochs",
               "analytic_gaussian_sigma", "classical_gaussian_sigma",
-              "CertifyJob", "JobOutcome", "run_certify_job", "load_model")
+              "fit_private_head", "normalise_features", "CertifyJob", "JobOutcome", "run_certify_job",
+              "load_model")
 
 
 def __getattr__(name: str):

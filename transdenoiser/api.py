@@ -12,6 +12,8 @@ format is needed. The command line is a layer over the same functions. Examples:
   on your tensors or ``torch.utils.data.Dataset``; returns the denoiser and its privacy report.
 - The accountant and calculator: :func:`epsilon_report`, :func:`noise_multiplier_for_epsilon`,
   :func:`steps_for_epochs`, :func:`analytic_gaussian_sigma`, :func:`classical_gaussian_sigma`.
+- :func:`fit_private_head`: a private linear classifier on feature vectors (Ding et al.'s OPERA or GRPUA with the
+  analytic Gaussian mechanism, or DP-SGD), e.g. on a frozen model's penultimate features of private data.
 - :class:`CertifyJob` and :func:`run_certify_job`: what ``transdenoiser certify`` / ``predict`` do (checkpoint
   directories and a dataset split in, a resumable run directory with rows, summary.json and report out).
 - :func:`load_model`: the module stored in a checkpoint directory written by the command line.
@@ -50,7 +52,7 @@ __all__ = [
     "train_private_denoiser", "train_securesgd", "train_stobatch", "format_privacy_report",
     "epsilon_report", "epsilon_for_accountant", "noise_multiplier_for_epsilon", "steps_for_epochs",
     "analytic_gaussian_sigma", "classical_gaussian_sigma",
-    "CertifyJob", "JobOutcome", "run_certify_job", "load_model",
+    "fit_private_head", "normalise_features", "CertifyJob", "JobOutcome", "run_certify_job", "load_model",
 ]
 
 IN_MEMORY = "<in memory>"
@@ -265,6 +267,50 @@ def train_private_denoiser(classifier: nn.Module, images, *, test, arm: str = "s
             p.requires_grad_(flags[name])
         classifier.train(was_training)
     return model, released["privacy"]
+
+
+# ----------------------------------------------------------------------------------------------- linear heads
+
+def normalise_features(features) -> torch.Tensor:
+    """Rows [f / ||f||, 1] / sqrt(2): L2 norm <= 1, as :func:`fit_private_head`'s sensitivity analyses need."""
+    from training.convex.head import normalise_features as _normalise
+
+    return _normalise(torch.as_tensor(features, dtype=torch.float64))
+
+
+def fit_private_head(features, labels, *, algorithm: str = "opera", loss: str = "logistic", epsilon: float = 1.0,
+                     delta: float = 1e-5, reg: float = 1e-3, num_classes: int | None = None,
+                     track: Track = silent, **settings: Any) -> tuple[np.ndarray, dict[str, Any]]:
+    """A linear classifier on ``features`` (n, d) with (epsilon, delta)-DP (replace-one neighbours).
+
+    ``features``: rows of L2 norm <= 1 (use :func:`normalise_features`); ``labels``: n class indices.
+    ``algorithm``: ``opera`` (output perturbation of the regularised minimiser, Ding et al.), ``grpua`` (gradient
+    perturbation, T = n^2 steps by default) or ``dpsgd``; ``loss``: ``logistic`` or ``huber-svm``; ``reg``: the
+    L2 regularisation lambda. The Gaussian noise is calibrated by the analytic Gaussian mechanism (``settings``:
+    ``calibration="classical"`` for the classical one, ``steps``, ``grpua_accountant``, ...: the fields of
+    ``training.convex.train.HeadConfig``). The noise is secret (drawn from the OS). Returns the weights,
+    shape (d, num_classes) (or (d,) for two classes), and the privacy report naming its analysis.
+    """
+    import secrets
+
+    from training.convex.train import HeadConfig, fit_head
+
+    X = np.asarray(features.detach().cpu().numpy() if isinstance(features, torch.Tensor) else features,
+                   dtype=np.float64)
+    y = np.asarray(labels.detach().cpu().numpy() if isinstance(labels, torch.Tensor) else labels)
+    if y.ndim != 1 or len(y) != len(X):
+        raise UserError(f"labels must be one class index per feature row ({len(X)}), got shape {y.shape}")
+    if not np.issubdtype(y.dtype, np.integer):
+        raise UserError(f"labels must be integers (class indices), got dtype {y.dtype}")
+    classes = int(y.max()) + 1 if num_classes is None else num_classes
+    if y.min(initial=0) < 0 or y.max(initial=0) >= classes:
+        raise UserError(f"labels must lie in [0, {classes}), got {int(y.min())}..{int(y.max())}")
+    if settings.get("reproducible_noise"):
+        raise UserError("fit_private_head draws its noise from the OS and never stores it; reproducible noise is "
+                        "for `transdenoiser train-head --reproducible-noise` research runs")
+    config = HeadConfig(algorithm=algorithm, loss=loss, epsilon=epsilon, delta=delta, reg=reg, **settings)
+    release = fit_head(X, y.astype(np.int64), config, classes, secrets.randbits(63), track)
+    return release.weights, release.privacy
 
 
 # ----------------------------------------------------------------------------------------------- checkpoints
