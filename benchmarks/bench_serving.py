@@ -16,15 +16,14 @@ import os
 import platform
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 import torch
 
 from benchmarks import write_result
+from benchmarks.serving_common import closed_loop
 from serving.bundle import write_model_dir
 from serving.process import ServerProcess
 from training.datasets import load_dataset
@@ -37,36 +36,9 @@ START_TIMEOUT_S = 300
 
 def run_phase(url: str, image: list, n: int, clients: int, total: int, max_seconds: float) -> dict:
     """``total`` requests from ``clients`` threads (no new request after ``max_seconds``)."""
-    latencies: list[float] = []
-    failures: list[str] = []
-    lock = threading.Lock()
-    issued = 0
-    start = time.perf_counter()
-
-    def client() -> None:
-        nonlocal issued
-        with httpx.Client(base_url=url, timeout=600) as http:
-            while True:
-                with lock:
-                    if issued >= total or time.perf_counter() - start > max_seconds:
-                        return
-                    issued += 1
-                sent = time.perf_counter()
-                response = http.post("/predict", json={"images": [image], "n": n})
-                elapsed = time.perf_counter() - sent
-                with lock:
-                    if response.status_code == 200:
-                        latencies.append(elapsed)
-                    else:
-                        failures.append(f"{response.status_code}: {response.text[:200]}")
-
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    wall = time.perf_counter() - start
-    return {"clients": clients, "requests": len(latencies), "failures": failures, "wall_s": wall,
+    load = closed_loop(url, lambda _: {"images": [image], "n": n}, clients, total, max_seconds, timeout=600)
+    latencies, wall = load["latencies"], load["wall_s"]
+    return {"clients": clients, "requests": len(latencies), "failures": load["failures"], "wall_s": wall,
             "requests_per_s": len(latencies) / wall,
             "p50_s": float(np.percentile(latencies, 50)) if latencies else None,
             "p99_s": float(np.percentile(latencies, 99)) if latencies else None}

@@ -19,14 +19,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import threading
-import time
 from pathlib import Path
 
-import httpx
-
 from benchmarks import write_result
-from benchmarks.serving_common import percentiles, run_record, running_server
+from benchmarks.serving_common import closed_loop, percentiles, run_record, running_server
 from transdenoiser.argtypes import positive_float, positive_int
 
 MODES = ("fixed", "decide")
@@ -34,42 +30,18 @@ MODES = ("fixed", "decide")
 
 def run_phase(url: str, images: list, body: dict, clients: int, max_seconds: float, max_requests: int) -> dict:
     """One-image requests ``{**body, "images": [image]}`` from ``clients`` threads, cycling through ``images``."""
-    latencies: list[float] = []
-    failures: list[str] = []
     answers: dict[int, dict] = {}
     samples: list[int] = []
-    lock = threading.Lock()
-    issued = 0
-    start = time.perf_counter()
 
-    def client() -> None:
-        nonlocal issued
-        with httpx.Client(base_url=url, timeout=900) as http:
-            while True:
-                with lock:
-                    if issued >= max_requests or time.perf_counter() - start > max_seconds:
-                        return
-                    index = issued % len(images)
-                    issued += 1
-                sent = time.perf_counter()
-                response = http.post("/predict", json={**body, "images": [images[index]]})
-                elapsed = time.perf_counter() - sent
-                with lock:
-                    if response.status_code == 200:
-                        latencies.append(elapsed)
-                        prediction = response.json()["predictions"][0]
-                        answers[index] = prediction
-                        samples.append(prediction["samples"])
-                    else:
-                        failures.append(f"{response.status_code}: {response.text[:200]}")
+    def record(number: int, answer: dict) -> None:
+        prediction = answer["predictions"][0]
+        answers[number % len(images)] = prediction
+        samples.append(prediction["samples"])
 
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    wall = time.perf_counter() - start
-    return {"requests": len(latencies), "failures": failures, "wall_s": wall,
+    load = closed_loop(url, lambda number: {**body, "images": [images[number % len(images)]]}, clients,
+                       max_requests, max_seconds, timeout=900, on_answer=record)
+    latencies, wall = load["latencies"], load["wall_s"]
+    return {"requests": len(latencies), "failures": load["failures"], "wall_s": wall,
             "requests_per_s": len(latencies) / wall, "mean_samples": statistics.fmean(samples) if samples else None,
             **percentiles(latencies), "answers": answers}
 

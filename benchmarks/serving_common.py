@@ -1,13 +1,14 @@
-"""Helpers shared by the serving benchmarks: a server started from a classifier checkpoint, percentiles,
-the server's worker process, and the run record (command, hardware, commit). Loopback only."""
+"""Helpers shared by the serving benchmarks: a server started from a classifier checkpoint, closed-loop client
+load, percentiles, the server's worker process, and the run record (command, hardware, commit). Loopback only."""
 from __future__ import annotations
 
 import contextlib
 import os
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,48 @@ def running_server(tmp: Path, classifier_dir: str, denoiser_dir: str | None = No
         yield server
     finally:
         server.stop()
+
+
+def closed_loop(url: str, body_for: Callable[[int], dict], clients: int, max_requests: int, max_seconds: float,
+                timeout: float = 600.0, on_answer: Callable[[int, dict], None] | None = None) -> dict:
+    """Closed-loop load on ``/predict``: ``clients`` threads, each sending ``body_for(k)`` (k: the request's number,
+    0, 1, ... across threads) and waiting for its answer, until ``max_requests`` are issued or ``max_seconds`` have
+    passed. ``on_answer(k, json)`` sees each 200 answer (under the lock). Returns the answered requests'
+    ``latencies`` (s), the ``failures`` ("status: text") and the phase's ``wall_s``."""
+    import httpx
+
+    latencies: list[float] = []
+    failures: list[str] = []
+    lock = threading.Lock()
+    issued = 0
+    start = time.perf_counter()
+
+    def client() -> None:
+        nonlocal issued
+        with httpx.Client(base_url=url, timeout=timeout) as http:
+            while True:
+                with lock:
+                    if issued >= max_requests or time.perf_counter() - start > max_seconds:
+                        return
+                    number = issued
+                    issued += 1
+                sent = time.perf_counter()
+                response = http.post("/predict", json=body_for(number))
+                elapsed = time.perf_counter() - sent
+                with lock:
+                    if response.status_code == 200:
+                        latencies.append(elapsed)
+                        if on_answer is not None:
+                            on_answer(number, response.json())
+                    else:
+                        failures.append(f"{response.status_code}: {response.text[:200]}")
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return {"latencies": latencies, "failures": failures, "wall_s": time.perf_counter() - start}
 
 
 def percentiles(values: list[float]) -> dict[str, float | int | None]:

@@ -144,25 +144,25 @@ def run_job(job: CertifyJob, track: Track = silent, warn: Callable[[str], None] 
     from certify.runner import Shard
     from transdenoiser.lock import RunLock
 
-    job.mode  # noqa: B018  (checks the adaptive settings before anything is loaded)
+    mode = job.mode  # checks the adaptive settings before anything is loaded
     shard = job.shard if job.shard is not None else Shard.from_environment()
     if shard is not None and shard.count == 1:
         shard = None  # shard 0/1 is the whole run
     lock = RunLock(job.out, part=shard.stem if shard else None).acquire()  # one writer per run (or shard), at once
     try:
-        return _run_locked(job, shard, track, warn)
+        return _run_locked(job, mode, shard, track, warn)
     finally:
         lock.release()
 
 
-def _run_locked(job: CertifyJob, shard, track: Track, warn: Callable[[str], None]) -> JobOutcome:
+def _run_locked(job: CertifyJob, mode: str | None, shard, track: Track, warn: Callable[[str], None]) -> JobOutcome:
     from certify.core import Smooth
     from certify.pipeline import check_dataset_fits, load_pipeline
     from certify.runner import RunDirectory, RunSettings, adaptive_pack_size, pack_size, rank_device, select_indices
     from training.datasets import load_dataset
     from transdenoiser.runtime import resolve_device
 
-    task, mode = job.task, job.mode
+    task = job.task
     device = rank_device(resolve_device(job.device))
     pipeline = load_pipeline(job.classifier, job.denoiser, device)
     dataset = load_dataset(job.dataset, job.data_root, job.split_seed)

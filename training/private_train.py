@@ -19,7 +19,7 @@ import math
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,7 @@ from training.recipe import ParameterAverage, refuse_batch_norm
 from transdenoiser.errors import UserError
 from transdenoiser.progress import Track, silent
 from transdenoiser.runtime import hardware_description
+from transdenoiser.toml import dataclass_from_dict
 
 ARMS = ("nodp", "sepdp", "transdenoiser")
 OPTIMIZERS = ("sgd", "adam")
@@ -135,11 +136,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> TrainConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise UserError(f"{source}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        return cls(**values)
+        return dataclass_from_dict(cls, values, source)
 
     def validate(self, num_examples: int) -> None:
         """Refuse bad settings before any training (one line naming the problem)."""

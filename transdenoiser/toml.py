@@ -11,7 +11,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 from transdenoiser.errors import UserError
 
-__all__ = ["tomllib", "read_toml"]
+__all__ = ["tomllib", "read_toml", "dataclass_from_dict"]
 
 
 def read_toml(path: str | Path, what: str) -> dict[str, Any]:
@@ -24,3 +24,15 @@ def read_toml(path: str | Path, what: str) -> dict[str, Any]:
             return tomllib.load(handle)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"{what} {path}: not valid TOML ({exc})") from None
+
+
+def dataclass_from_dict(cls, values: dict[str, Any], source: str, kind: str = ""):
+    """``cls(**values)`` for a settings dataclass; a key it does not have is a UserError naming ``source`` and
+    listing the known ones (``kind``, e.g. "SecureSGD ", qualifies the word "setting")."""
+    from dataclasses import fields
+
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise UserError(f"{source}: unknown {kind}setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    return cls(**values)

@@ -203,12 +203,25 @@ def dp_sgd_privacy_report(*, arm: str, sigma: float, clip_norm: float, noise_mul
     return json_safe(report)
 
 
-def _number(value: Any) -> str:
+def format_number(value: Any) -> str:
+    """A report figure as text: 4 significant digits, "not computed" for None, strings as they are."""
     if value is None:
         return "not computed"
     if isinstance(value, str):
         return value
     return f"{value:.4g}"
+
+
+def format_guarantee_lines(guarantees: list[dict[str, Any]]) -> list[str]:
+    """Two lines per DP-SGD guarantee of a baseline's report: its label, and its epsilon by each accountant."""
+    lines = []
+    for g in guarantees:
+        eps = g["epsilon"]
+        lines.append(f"  [{g['name']}] {g['label']}")
+        lines.append(f"     epsilon at delta {eps['delta']:g}: RDP (moments accountant) {format_number(eps['rdp'])}; "
+                     f"PLD {format_number(eps['pld'])}; GDP mu {format_number(eps['gdp_mu'])} -> epsilon "
+                     f"{format_number(eps['gdp_epsilon'])} (GDP: CLT approximation, can underestimate)")
+    return lines
 
 
 def format_baseline_privacy_report(report: dict[str, Any]) -> str:
@@ -225,12 +238,7 @@ def format_baseline_privacy_report(report: dict[str, Any]) -> str:
         lines.append(f"  noise multiplier calibrated for target epsilon {report['target_epsilon']} with the "
                      f"{report['calibration_accountant']} accountant")
     lines.append(f"  {report['privacy_claim']}")
-    for g in report.get("guarantees", []):
-        eps = g["epsilon"]
-        lines.append(f"  [{g['name']}] {g['label']}")
-        lines.append(f"     epsilon at delta {eps['delta']:g}: RDP (moments accountant) {_number(eps['rdp'])}; "
-                     f"PLD {_number(eps['pld'])}; GDP mu {_number(eps['gdp_mu'])} -> epsilon "
-                     f"{_number(eps['gdp_epsilon'])} (GDP: CLT approximation, can underestimate)")
+    lines += format_guarantee_lines(report.get("guarantees", []))
     for key in ("noise_layer", "paper_analysis"):
         section = report.get(key)
         if isinstance(section, dict):

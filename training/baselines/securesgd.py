@@ -30,7 +30,7 @@ import math
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ from training.baselines.common import (
 from training.datasets import Dataset
 from transdenoiser.errors import UserError
 from transdenoiser.progress import Track, silent
+from transdenoiser.toml import dataclass_from_dict
 
 ARMS = ("securesgd-prt", "securesgd-sct")
 NOISE_LAYER_FILE = "noise_layer"  # noise_layer.safetensors beside the weights: the redistribution vector r
@@ -217,12 +218,7 @@ class SecureSGDConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> SecureSGDConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise UserError(f"{source}: unknown SecureSGD setting(s) {', '.join(unknown)}; known: "
-                            f"{', '.join(sorted(known))}")
-        return cls(**values)
+        return dataclass_from_dict(cls, values, source, kind="SecureSGD ")
 
     def validate(self, num_examples: int) -> None:
         checks = [

@@ -42,7 +42,7 @@ import math
 import secrets
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +52,11 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 from torch.nn import functional as F
 
+from training.baselines.common import format_guarantee_lines
+from training.baselines.common import format_number as _number
 from transdenoiser.errors import UserError
 from transdenoiser.progress import Track, silent
+from transdenoiser.toml import dataclass_from_dict
 
 ARM = "stobatch"
 ARCHITECTURE = "cnn28"  # the product's classifier: loadable by training.checkpoint.load_checkpoint as is
@@ -105,12 +108,7 @@ class StoBatchConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> StoBatchConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise UserError(f"{source}: unknown StoBatch setting(s) {', '.join(unknown)}; known: "
-                            f"{', '.join(sorted(known))}")
-        return cls(**values)
+        return dataclass_from_dict(cls, values, source, kind="StoBatch ")
 
     def validate(self, num_examples: int) -> None:
         """Refuse bad settings before any training (one line naming the problem)."""
@@ -488,14 +486,6 @@ def privacy_report(config: StoBatchConfig, schedule: dict[str, Any], budget: Pap
     return json_safe(report)
 
 
-def _number(value: Any) -> str:
-    if value is None:
-        return "not computed"
-    if isinstance(value, str):
-        return value
-    return f"{value:.4g}"
-
-
 def format_privacy_report(report: dict[str, Any]) -> str:
     """Readable text of :func:`privacy_report`'s dict."""
     lines = [f"Privacy report: arm {report['arm']}" + ("" if report.get("complete", True) else
@@ -510,12 +500,7 @@ def format_privacy_report(report: dict[str, Any]) -> str:
         lines.append(f"  z calibrated for target epsilon {report['target_epsilon']} with the "
                      f"{report['calibration_accountant']} accountant")
     lines.append(f"  {report['privacy_claim']}")
-    for g in report.get("guarantees", []):
-        eps = g["epsilon"]
-        lines.append(f"  [{g['name']}] {g['label']}")
-        lines.append(f"     epsilon at delta {eps['delta']:g}: RDP (moments accountant) {_number(eps['rdp'])}; "
-                     f"PLD {_number(eps['pld'])}; GDP mu {_number(eps['gdp_mu'])} -> epsilon "
-                     f"{_number(eps['gdp_epsilon'])} (GDP: CLT approximation, can underestimate)")
+    lines += format_guarantee_lines(report.get("guarantees", []))
     paper = report["paper_analysis"]
     lines.append(f"  [paper_analysis] {paper['label']}")
     lines.append(f"     epsilon {_number(paper['epsilon'])} (delta 0): eps1 {_number(paper['eps1'])}, eps2 "
