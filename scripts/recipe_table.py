@@ -2,12 +2,20 @@
 certification summary: accuracy of the frozen classifier on g(x + noise), the epsilon and what it rests on,
 certified accuracy at radii 0-1, average certified radius, and the share of the sepdp-to-nodp gap closed at 0.5.
 
-    python scripts/recipe_table.py runs/recipe/fashion_s050_e1
+    python scripts/recipe_table.py runs/recipe/fashion_s050_e1                      # certifications in cert/ARM
+    python scripts/recipe_table.py runs/recipe/fashion_s050_e1 --cert cert500 --paired
+
+``--paired`` adds, for every arm certified on the same images as sepdp, the difference to sepdp at each radius
+with a 95% interval from a paired bootstrap over images (10,000 resamples, seed 0), and the gap closed at 0.5
+with the target's margin, (arm - sepdp) - 0.8 (nodp - sepdp) in points, and its 95% bootstrap interval: the arms
+are certified on the same images with the same per-image seeds, so the comparison is paired
+and much tighter than two independent binomial intervals.
 """
 from __future__ import annotations
 
+import argparse
+import csv
 import json
-import sys
 from pathlib import Path
 
 RADII = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -18,6 +26,8 @@ LABELS = {
     "recipe_full": "new recipe: public initialisation + tuned recipe (items 1, 4)",
 }
 ORDER = list(LABELS)
+BOOTSTRAP_RESAMPLES = 10_000
+TARGET_SHARE = 0.8  # issue 14: close >= 80% of the sepdp-to-nodp gap at radius 0.5
 
 
 def epsilon_text(privacy: dict) -> str:
@@ -29,20 +39,84 @@ def epsilon_text(privacy: dict) -> str:
     return "none"
 
 
-def row(directory: Path, arm: str) -> dict | None:
-    summary_path, meta_path = directory / "cert" / arm / "summary.json", directory / "train" / arm / "metadata.json"
+def per_image(path: Path) -> dict[int, tuple[bool, float]]:
+    """Image index -> (certified prediction correct, certified radius) from a run's certify.tsv."""
+    with path.open() as handle:
+        return {int(r["idx"]): (r["correct"] == "1", float(r["radius"]))
+                for r in csv.DictReader(handle, delimiter="\t")}
+
+
+def row(directory: Path, arm: str, cert: str = "cert") -> dict | None:
+    run = directory / cert / arm
+    summary_path, meta_path = run / "summary.json", directory / "train" / arm / "metadata.json"
     if not summary_path.is_file() or not meta_path.is_file():
         return None
     summary, meta = json.loads(summary_path.read_text()), json.loads(meta_path.read_text())
     table = {round(r["radius"], 2): r["certified_accuracy"] for r in summary["certified_accuracy"]}
     return {"arm": arm, "accuracy": meta["metrics"][-1]["accuracy_denoised"], "epsilon": epsilon_text(meta["privacy"]),
             "certified": [table.get(r, 0.0) for r in RADII], "acr": summary["average_certified_radius"],
-            "images": summary["images"], "n": summary["n"], "config": meta["config"]}
+            "images": summary["images"], "n": summary["n"], "config": meta["config"],
+            "rows": per_image(run / "certify.tsv") if (run / "certify.tsv").is_file() else None}
 
 
-def main(directory: str) -> int:
-    directory = Path(directory)
-    rows = [r for r in (row(directory, arm) for arm in ORDER) if r is not None]
+def certified_matrix(rows: dict[int, tuple[bool, float]], indices: list[int]):
+    """(images, radii) 0/1 array: certified correctly at each radius of RADII (radius 0: correct, not abstained)."""
+    import numpy as np
+
+    return np.array([[ok and (radius >= r if r > 0 else True) for r in RADII]
+                     for ok, radius in (rows[i] for i in indices)], dtype=float)
+
+
+def paired_lines(by_arm: dict[str, dict]) -> list[str]:
+    """Differences to sepdp at every radius and the gap closed at 0.5, with paired-bootstrap 95% intervals."""
+    import numpy as np
+
+    base = by_arm.get("sepdp")
+    if base is None or base["rows"] is None:
+        return ["(paired comparison needs sepdp's per-image rows)"]
+    lines = ["| arm - sepdp (points) | " + " | ".join(f"r={r:g}" for r in RADII)
+             + " | gap closed at 0.5; margin over 80% of the gap (points) |",
+             "|" + "---|" * (len(RADII) + 2)]
+    rng = np.random.default_rng(0)
+    for arm, r in by_arm.items():
+        if arm == "sepdp" or r["rows"] is None:
+            continue
+        indices = sorted(set(r["rows"]) & set(base["rows"]))
+        if len(indices) != len(base["rows"]) or len(indices) != len(r["rows"]):
+            lines.append(f"| {LABELS[arm]} | not on sepdp's images |" + " |" * len(RADII))
+            continue
+        ours, theirs = certified_matrix(r["rows"], indices), certified_matrix(base["rows"], indices)
+        picks = rng.integers(0, len(indices), size=(BOOTSTRAP_RESAMPLES, len(indices)))
+        diffs = (ours[picks] - theirs[picks]).mean(axis=1)  # (resamples, radii)
+        cells = []
+        for k in range(len(RADII)):
+            low, high = np.quantile(diffs[:, k], [0.025, 0.975])
+            cells.append(f"{100 * (ours[:, k] - theirs[:, k]).mean():+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]")
+        closed = ""
+        top = by_arm.get("nodp")
+        if arm != "nodp" and top is not None and top["rows"] is not None and set(top["rows"]) == set(indices):
+            upper, half = certified_matrix(top["rows"], indices), RADII.index(0.5)
+            gap = upper[:, half].mean() - theirs[:, half].mean()
+            # the target as one linear statistic: (arm - sepdp) - 0.8 (nodp - sepdp) >= 0 at radius 0.5
+            margins = diffs[:, half] - TARGET_SHARE * (upper[picks, half] - theirs[picks, half]).mean(axis=1)
+            low, high = np.quantile(margins, [0.025, 0.975])
+            share = f"{(ours[:, half] - theirs[:, half]).mean() / gap:.0%}" if gap > 0 else "n/a (no gap)"
+            margin = (ours[:, half] - theirs[:, half]).mean() - TARGET_SHARE * gap
+            closed = f"{share}; margin {100 * margin:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]"
+        lines.append(f"| {LABELS[arm]} | " + " | ".join(cells) + f" | {closed} |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("directory", type=Path, help="scripts/measure_recipe.sh's OUTDIR (train/ARM and CERT/ARM)")
+    parser.add_argument("--cert", default="cert", help="the folder of certification runs below it (default: cert)")
+    parser.add_argument("--paired", action="store_true", help="paired-bootstrap differences to sepdp (needs numpy)")
+    args = parser.parse_args(argv)
+    rows = [r for r in (row(args.directory, arm, args.cert) for arm in ORDER) if r is not None]
+    if not rows:
+        parser.error(f"no certified arm in {args.directory / args.cert} (expected ARM/summary.json for one of "
+                     f"{', '.join(ORDER)})")
     by_arm = {r["arm"]: r for r in rows}
     header = ("| arm | acc. on g(x+noise), test | epsilon (RDP, delta 1e-5) | "
               + " | ".join(f"cert. acc. r={r:g}" for r in RADII) + " | ACR | gap closed at 0.5 |")
@@ -56,10 +130,12 @@ def main(directory: str) -> int:
             closed = f"{(r['certified'][2] - low['certified'][2]) / gap:.0%}" if gap > 0 else "n/a (no gap)"
         print(f"| {LABELS[r['arm']]} | {r['accuracy']:.2%} | {r['epsilon']} | "
               + " | ".join(f"{c:.1%}" for c in r["certified"]) + f" | {r['acr']:.3f} | {closed} |")
-    if rows:
-        print(f"\n{rows[0]['images']} test images, n = {rows[0]['n']}")
+    print(f"\n{rows[0]['images']} test images, n = {rows[0]['n']}")
+    if args.paired:
+        print("\nPaired differences to sepdp (same images, same seeds; 95% paired-bootstrap intervals):\n")
+        print("\n".join(paired_lines(by_arm)))
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1]))
+    raise SystemExit(main())

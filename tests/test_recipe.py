@@ -183,3 +183,46 @@ def test_sweep_quick_runs_every_run_at_the_target(random_classifier_dir, tmp_pat
     assert config.target_epsilon == summary["target_epsilon"] and config.arm == "sepdp"
     assert config.ema_decay == summary["best"]["ema_decay"]
     assert np.isfinite(summary["best"]["validation_mse"])
+
+
+def _fake_arm(root: Path, arm: str, certified_at_half: set[int], images: int) -> None:
+    """An arm's released metadata and certification rows: images in ``certified_at_half`` are correct with radius
+    0.6, the others wrong (radius 0)."""
+    import json
+
+    (root / "train" / arm).mkdir(parents=True)
+    (root / "train" / arm / "metadata.json").write_text(json.dumps(
+        {"metrics": [{"accuracy_denoised": 0.5}], "privacy": {"guarantees": []}, "config": {}}))
+    run = root / "cert500" / arm
+    run.mkdir(parents=True)
+    rows = ["idx\tlabel\tpredict\tradius\tcorrect\ttime"]
+    rows += [f"{i}\t0\t0\t0.600000\t1\t0.1" if i in certified_at_half else f"{i}\t0\t1\t0.000000\t0\t0.1"
+             for i in range(images)]
+    (run / "certify.tsv").write_text("\n".join(rows) + "\n")
+    share = len(certified_at_half) / images
+    (run / "summary.json").write_text(json.dumps(
+        {"certified_accuracy": [{"radius": r, "certified_accuracy": share if r <= 0.6 else 0.0}
+                                for r in (0.0, 0.25, 0.5, 0.75, 1.0)],
+         "average_certified_radius": 0.6 * share, "images": images, "n": 10_000}))
+
+
+def test_recipe_table_paired_margin_is_the_targets_statistic(tmp_path):
+    """sepdp certifies 100 of 200 images at 0.5, nodp 150, the recipe 140 (the same 100 plus 40): the recipe closes
+    exactly 80% of the gap, so the target's margin is 0 and its paired interval straddles 0; it is +20 points over
+    sepdp at r = 0.5 with a paired interval that excludes 0 (it never loses an image)."""
+    _fake_arm(tmp_path, "sepdp", set(range(100)), 200)
+    _fake_arm(tmp_path, "nodp", set(range(150)), 200)
+    _fake_arm(tmp_path, "recipe_full", set(range(140)), 200)
+    done = subprocess.run([sys.executable, "scripts/recipe_table.py", str(tmp_path), "--cert", "cert500", "--paired"],
+                          capture_output=True, text=True, check=True)
+    line = next(x for x in done.stdout.splitlines() if x.startswith("| new recipe") and "[" in x)
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[3].startswith("+20.0 [")  # r = 0.5
+    low, high = (float(v) for v in cells[3].split("[")[1].rstrip("]").split(","))
+    assert 0 < low < 20 < high
+    assert cells[-1].startswith("80%; margin +0.0 [") or cells[-1].startswith("80%; margin -0.0 [")
+    margin_low, margin_high = (float(v) for v in cells[-1].split("[")[1].rstrip("]").split(","))
+    assert margin_low < 0 < margin_high
+    bad = subprocess.run([sys.executable, "scripts/recipe_table.py", str(tmp_path), "--cert", "nothing"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "no certified arm" in bad.stderr
