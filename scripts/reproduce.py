@@ -275,10 +275,11 @@ def reproduce_dataset(runner: Runner, dataset: str, arms: set[str], commands: se
                 out = root / "baseline_certify" / f"{run}_s{seed}"
                 skip = max(1, sizes["test"] // n_images)
                 runner.step(f"{dataset}: baseline-certify {run} seed {seed}",
-                            ["baseline-certify", "--model", str(run_dir), "--classifier", str(clf), *common, *device,
-                             "--skip", str(skip), "--max-images", str(n_images), "--n0", str(s.n0),
-                             "--n", str(s.n or s.n_max), "--alpha", f"{s.alpha:g}", "--seed", str(seed),
-                             "--out", str(out)],
+                            ["baseline-certify", "--model", str(run_dir),
+                             *([] if arm in FROM_SCRATCH_ARMS else ["--classifier", str(clf)]), *common, *device,
+                             "--sigma", f"{sigma:g}", "--skip", str(skip), "--max-images", str(n_images),
+                             "--n0", str(s.n0), "--n", str(s.n or s.n_max), "--alpha", f"{s.alpha:g}",
+                             "--seed", str(seed), "--out", str(out)],
                             (out / "summary.json").exists(),
                             {"kind": "baseline-certify", "dataset": dataset, "images": n_images,
                              "samples_per_image": s.n0 + (s.n or s.n_max)})

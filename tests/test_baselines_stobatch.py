@@ -1,6 +1,6 @@
 """The stobatch arm (Phan et al. 2020's StoBatch, training/baselines/stobatch.py): clipping, noise scales, the
-privacy report against dp-accounting called directly, the CLI (train, certify, attack) and the certificate against
-its closed form. Every expected value is computed here, independently of the code under test."""
+privacy report against dp-accounting called directly, the CLI (train, certify, attack, baseline-certify) and the
+certificate against its closed form. Every expected value is computed here, independently of the code under test."""
 from __future__ import annotations
 
 import json
@@ -229,20 +229,89 @@ def test_train_cli_refuses_denoiser_flags(tmp_path, capsys):
         sb.StoBatchConfig(target_epsilon=1.0, noise_multiplier=2.0).validate(100)
 
 
-def test_certificate_script_quick(stobatch_dir, tmp_path):
-    """scripts/stobatch_certificate.py --quick: 4 images, a JSON table whose accuracies are fractions."""
-    import subprocess
-    import sys
+def _with_laplace_scales(stobatch_dir, directory, input_scale: float, hidden_scale: float):
+    """The fixture's checkpoint, its noise layer's Laplace scales set to the given ones (the fixture's, about 700
+    pixels, make every vote a coin toss)."""
+    checkpoint = load_checkpoint(stobatch_dir, kind="classifier")
+    meta = {k: v for k, v in checkpoint.metadata.items() if k != "files"}
+    meta["stobatch"] = {**meta["stobatch"], "input_laplace_scale": input_scale, "hidden_laplace_scale": hidden_scale}
+    return save_checkpoint(directory, checkpoint.model, meta)
 
-    out = tmp_path / "cert.json"
-    done = subprocess.run([sys.executable, "scripts/stobatch_certificate.py", "--model", str(stobatch_dir), "--quick",
-                           "--out", str(out)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    record = json.loads(out.read_text())
-    assert len(record["rows"]) == 4 and record["n"] == 20
-    table = record["certified_accuracy_l2"]
-    assert all(0 <= v <= 1 for v in table.values()) and table["0"] >= table["0.5"]
 
+def _tsv(path):
+    lines = path.read_text().splitlines()
+    header = lines[0].split("\t")
+    return header, [dict(zip(header, line.split("\t"), strict=True)) for line in lines[1:]]
+
+
+def test_baseline_certify_runs_stobatchs_certificate_beside_smoothing(stobatch_dir, tmp_path, mnist10k):
+    """`baseline-certify` on a stobatch checkpoint (Laplace scales made small so that the votes split): each row's own
+    certificate is certified_robustness's on the same images and seed; its p_lower is the Clopper-Pearson bound of its
+    count (SciPy's beta), its L2 radius epsilon_r max(b_x, b_h / S) / sqrt(784) with S computed here from the
+    weights; the smoothing radius is sigma Phi^-1(pA_lower) of the smoothing count, abstaining below 1/2."""
+    bx, bh, n0, n, alpha, seed, sigma = 0.02, 0.04, 5, 40, 0.01, 3, 0.05
+    model_dir = _with_laplace_scales(stobatch_dir, tmp_path / "small_noise", bx, bh)
+    out = tmp_path / "bc"
+    assert main(["baseline-certify", "--model", str(model_dir), "--sigma", str(sigma), "--n0", str(n0), "--n", str(n),
+                 "--alpha", str(alpha), "--skip", "700", "--max-images", "3", "--seed", str(seed),
+                 "--out", str(out), "--device", "cpu"]) == 0
+    header, rows = _tsv(out / "baseline_certify.tsv")
+    assert header[:4] == ["idx", "label", "phan_predict", "phan_radius"] and "stobatch_count" in header
+    indices = [int(r["idx"]) for r in rows]
+    assert indices == [0, 700, 1400]
+    images, labels = mnist10k.split("test").subset(np.asarray(indices)).tensors("cpu")
+    certificates = sb.certified_robustness(model_dir, images, n0=n0, n=n, alpha=alpha, seed=seed, indices=indices)
+    model = load_checkpoint(model_dir, kind="classifier").model
+    s_norm = float(model.features[0].weight.detach().abs().sum()) / float(model.normalize.std.flatten()[0])
+    certified = split = 0
+    for row, cert, label in zip(rows, certificates, labels.tolist(), strict=True):
+        assert int(row["label"]) == label
+        assert int(row["phan_predict"]) == cert.prediction and int(row["stobatch_count"]) == cert.count
+        count = cert.count
+        p_lower = float(stats.beta.ppf(alpha, count, n - count + 1)) if count else 0.0
+        assert float(row["phan_p_lower"]) == pytest.approx(p_lower, rel=1e-5)
+        if p_lower > 0.5:
+            radius = 0.5 * math.log(p_lower / (1 - p_lower)) * max(bx, bh / s_norm) / 28
+            assert radius > 0 and float(row["phan_radius"]) == pytest.approx(radius, rel=1e-5)
+            assert cert.radius_l2 == pytest.approx(radius, rel=1e-9)
+            assert int(row["phan_correct"]) == int(cert.prediction == label)
+            certified += 1
+        else:
+            assert cert.prediction == -1 and float(row["phan_radius"]) == 0 and row["phan_correct"] == "0"
+        split += count < n
+        smooth_count = int(row["smooth_count"])
+        p_a = float(stats.beta.ppf(alpha, smooth_count, n - smooth_count + 1)) if smooth_count else 0.0
+        assert float(row["smooth_p_lower"]) == pytest.approx(p_a, rel=1e-5)
+        if p_a >= 0.5:
+            assert float(row["smooth_radius"]) == pytest.approx(sigma * stats.norm.ppf(p_a), rel=1e-5, abs=1e-9)
+            assert int(row["smooth_predict"]) >= 0
+        else:
+            assert row["smooth_predict"] == "-1" and float(row["smooth_radius"]) == 0
+    assert certified >= 1 and split >= 1  # the comparison above covers a certified radius and a split vote
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["arm"] == "stobatch" and summary["smoothing_sigma"] == sigma and summary["n"] == n
+    for prefix, key in (("phan", "phan"), ("smooth", "smoothing")):
+        for radius in ("0", "0.0005", "0.05"):
+            if radius in summary[key]["certified_accuracy"]:
+                expected = np.mean([r[f"{prefix}_correct"] == "1" and float(r[f"{prefix}_radius"]) >= float(radius)
+                                    for r in rows])
+                assert summary[key]["certified_accuracy"][radius] == pytest.approx(expected)
+    assert summary["phan"]["abstain_rate"] == pytest.approx(np.mean([c.prediction == -1 for c in certificates]))
+
+
+def test_baseline_certify_refuses_other_checkpoints(stobatch_dir, tmp_path, capsys):
+    """A checkpoint of no baseline arm, or a stobatch one without --sigma: exit 2, one line naming the problem."""
+    plain = save_checkpoint(tmp_path / "plain", _model(9), {
+        "kind": "classifier", "architecture": "cnn28", "arch_kwargs": {"in_channels": 1, "num_classes": 10},
+        "input_shape": [1, 28, 28], "num_classes": 10})
+    capsys.readouterr()
+    assert main(["baseline-certify", "--model", str(plain), "--sigma", "0.25", "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "securesgd-prt, securesgd-sct, stobatch" in err
+    assert main(["baseline-certify", "--model", str(stobatch_dir), "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--sigma" in err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
 def test_training_adds_the_reported_noise(monkeypatch, mnist10k):

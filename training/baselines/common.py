@@ -172,6 +172,15 @@ def largest_robust_size(p_lower: float, p_upper: float, attack_size: Callable[[f
     return 0.0, None, None
 
 
+def certificate_seed(seed: int, idx: int, stream: int = 1) -> int:
+    """Seed of the noise of a baseline's own certificate (``stream`` 1) or of another noise (other streams) for
+    image ``idx`` of a run seeded with ``seed`` (NumPy's SeedSequence mixing): a result depends on (seed, idx) only,
+    and the streams are apart from each other and from randomized smoothing's (``certify.core.image_seed``)."""
+    if idx < 0:
+        raise UserError(f"image index must be >= 0, got {idx}")
+    return int(np.random.SeedSequence([seed, idx, stream]).generate_state(1)[0])
+
+
 # ------------------------------------------------------------------------------------------ privacy report
 
 DP_SGD_LABEL = ("DP-SGD: Poisson sampling at rate q, every per-example gradient clipped to L2 norm C, Gaussian noise "

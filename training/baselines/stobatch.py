@@ -724,7 +724,8 @@ def cmd_train_stobatch(args, print_fn: Callable[..., None] = print) -> int:
     print_fn(format_privacy_report(meta["privacy"]))
     print_fn(f"checkpoint: {args.out}  (privacy report also in {args.out}/{REPORT_FILE}); certify it with "
              f"`transdenoiser certify --classifier {args.out}`, attack it with `transdenoiser attack --classifier "
-             f"{args.out}`; its own certificate: training.baselines.stobatch.certified_robustness")
+             f"{args.out}`; its own certificate beside smoothing: `transdenoiser baseline-certify --model {args.out} "
+             "--sigma 0.25 --out DIR`")
     return 0
 
 
@@ -766,81 +767,134 @@ def radius_from_p_lower(p_lower: float, input_scale: float, hidden_scale: float,
     return eps_r, eps_r * max(input_scale, hidden_part), eps_r * (input_scale + hidden_part)
 
 
-def _counts(model: nn.Module, image: torch.Tensor, num: int, num_classes: int, input_scale: float,
-            hidden_scale: float, hidden_shape: Sequence[int], batch: int, generator: torch.Generator) -> np.ndarray:
-    counts = np.zeros(num_classes, dtype=np.int64)
-    remaining = num
-    while remaining > 0:
-        size = min(batch, remaining)
-        x = image.unsqueeze(0) + laplace_noise((size, *image.shape), input_scale, generator).to(image.device)
-        n_h = laplace_noise((size, *hidden_shape), hidden_scale, generator).to(image.device)
-        with torch.inference_mode():
-            predictions = noisy_logits(model, x, n_h).argmax(1).cpu().numpy()
-        counts += np.bincount(predictions, minlength=num_classes)
-        remaining -= size
-    return counts
+class NoisyStoBatch(nn.Module):
+    """StoBatch's randomised classifier, the model its certificate is about: every call adds fresh Laplace noise at
+    the input (scale ``input_scale``, pixels in [0, 1]) and at the first layer (``hidden_scale``), then runs
+    :func:`noisy_logits`. The noise comes from ``generator`` (a CPU generator), or torch's global CPU generator when
+    None (so that randomized smoothing can copy the module), and is moved to the input's device."""
+
+    def __init__(self, model: nn.Module, input_scale: float, hidden_scale: float, hidden_shape: Sequence[int],
+                 generator: torch.Generator | None = None):
+        super().__init__()
+        self.model = model
+        self.input_scale, self.hidden_scale = float(input_scale), float(hidden_scale)
+        self.hidden_shape = tuple(int(s) for s in hidden_shape)
+        self.generator = generator
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        generator = self.generator if self.generator is not None else torch.default_generator
+        x = x + laplace_noise(tuple(x.shape), self.input_scale, generator).to(device=x.device, dtype=x.dtype)
+        hidden_noise = laplace_noise((len(x), *self.hidden_shape), self.hidden_scale, generator)
+        return noisy_logits(self.model, x, hidden_noise.to(device=x.device, dtype=x.dtype))
 
 
-def certified_robustness(model_dir: str | Path, images: torch.Tensor | np.ndarray, *, n0: int = 100,
-                         n: int = 1000, alpha: float = 0.001, batch_size: int = 500, seed: int = 0,
-                         device: torch.device | str = "cpu", track: Track = silent) -> list[StoBatchCertificate]:
-    """StoBatch's robustness certificate (the paper's PixelDP-style bound, made sound) for ``images``.
+@dataclass
+class StoBatchModel:
+    """A loaded ``stobatch`` checkpoint with its noise layer: the classifier (frozen, eval mode), its metadata, the
+    Laplace scales b_x and b_h, and S, the first layer's L1 -> L1 operator norm (:func:`l1_operator_norm`)."""
 
-    ``model_dir``: a checkpoint written by the ``stobatch`` arm; ``images``: (N, C, H, W), pixels in [0, 1].
-    For each image: ``n0`` noisy forward passes (fresh Laplace noise at the input, scale b_x, and at the first
-    layer, scale b_h, both from the checkpoint's metadata) select the top class; ``n`` further passes give its
-    one-sided Clopper-Pearson lower bound p_lower at level 1 - alpha (statsmodels); ABSTAIN unless
-    p_lower > 1/2. The radius is :func:`radius_from_p_lower`'s; L2 and L-infinity radii follow from
-    ||delta||_1 <= sqrt(d) ||delta||_2 <= d ||delta||_inf (d pixels). Noise drawn from ``seed`` (repeatable).
-    """
-    from statsmodels.stats.proportion import proportion_confint
+    model: nn.Module
+    metadata: dict[str, Any]
+    input_scale: float
+    hidden_scale: float
+    first_layer_l1_norm: float
+    hidden_shape: tuple[int, ...]
 
+    @property
+    def num_classes(self) -> int:
+        return int(self.metadata["num_classes"])
+
+    @property
+    def pixels(self) -> int:
+        """d: the number of input coordinates (channels x height x width)."""
+        return int(np.prod(self.metadata["input_shape"]))
+
+    def noisy(self, generator: torch.Generator | None = None) -> NoisyStoBatch:
+        """The randomised classifier, its noise drawn from ``generator`` (None: torch's global CPU generator)."""
+        return NoisyStoBatch(self.model, self.input_scale, self.hidden_scale, self.hidden_shape, generator)
+
+    def certify(self, image: torch.Tensor, n0: int, n: int, alpha: float, batch_size: int,
+                generator: torch.Generator) -> StoBatchCertificate:
+        """One image's certificate: ``n0`` draws of the randomised classifier select the top class, ``n`` fresh
+        draws give its one-sided Clopper-Pearson lower bound at level 1 - ``alpha``; ABSTAIN unless it exceeds 1/2;
+        else :func:`radius_from_p_lower`'s L1 radius, with L2 = L1 / sqrt(d) and L-infinity = L1 / d."""
+        from certify.core import clopper_pearson_lower
+        from training.baselines.securesgd import argmax_counts
+
+        noisy = self.noisy(generator)
+        selection = argmax_counts(noisy, image, n0, self.num_classes, batch_size)
+        top = int(selection.argmax())
+        count = int(argmax_counts(noisy, image, n, self.num_classes, batch_size)[top])
+        p_lower = clopper_pearson_lower(count, n, alpha)
+        if not p_lower > 0.5:
+            return StoBatchCertificate(ABSTAIN, count, n, p_lower, 0.0, 0.0, 0.0, 0.0, 0.0)
+        eps_r, r1, paper = radius_from_p_lower(p_lower, self.input_scale, self.hidden_scale, self.first_layer_l1_norm)
+        d = self.pixels
+        return StoBatchCertificate(top, count, n, p_lower, eps_r, r1, r1 / math.sqrt(d), r1 / d, paper)
+
+
+def load_stobatch(model_dir: str | Path, device: torch.device | str = "cpu") -> StoBatchModel:
+    """Load a checkpoint written by the ``stobatch`` arm (hash-checked) with its noise layer's scales."""
     from training.checkpoint import load_checkpoint
 
-    for name, value in (("n0", n0), ("n", n), ("batch_size", batch_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise UserError(f"{name} must be an integer >= 1, got {value!r}")
-    if not (isinstance(alpha, float) and 0 < alpha < 1):
-        raise UserError(f"alpha must lie in (0, 1), got {alpha!r}")
     checkpoint = load_checkpoint(model_dir, kind="classifier", map_location=device)
     meta = checkpoint.metadata
     settings = meta.get("stobatch")
     if meta.get("arm") != ARM or not isinstance(settings, dict):
         raise UserError(f"{model_dir} was not trained by the stobatch arm (no StoBatch noise layer in its metadata)")
+    model = checkpoint.model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    conv = first_layer(model)
+    with torch.no_grad():
+        probe = torch.zeros((1, *meta["input_shape"]), device=conv.weight.device)
+        hidden_shape = tuple(conv(model.normalize(probe)).shape[1:])
+    return StoBatchModel(model, meta, float(settings["input_laplace_scale"]), float(settings["hidden_laplace_scale"]),
+                         l1_operator_norm(conv, model.normalize.std.flatten().tolist()), hidden_shape)
+
+
+def certificate_generator(seed: int, idx: int) -> torch.Generator:
+    """The CPU generator of image ``idx``'s noise in a certificate run seeded with ``seed``: a stream of its own
+    (:func:`training.baselines.common.certificate_seed`), so an image's certificate depends on (seed, idx) only."""
+    from training.baselines.common import certificate_seed
+
+    return torch.Generator().manual_seed(certificate_seed(seed, idx))
+
+
+def certified_robustness(model_dir: str | Path, images: torch.Tensor | np.ndarray, *, n0: int = 100,
+                         n: int = 1000, alpha: float = 0.001, batch_size: int = 500, seed: int = 0,
+                         indices: Sequence[int] | None = None, device: torch.device | str = "cpu",
+                         track: Track = silent) -> list[StoBatchCertificate]:
+    """StoBatch's robustness certificate (the paper's PixelDP-style bound, made sound) for ``images``.
+
+    ``model_dir``: a checkpoint written by the ``stobatch`` arm; ``images``: (N, C, H, W), pixels in [0, 1].
+    For each image, :meth:`StoBatchModel.certify`: ``n0`` noisy forward passes (fresh Laplace noise at the input,
+    scale b_x, and at the first layer, scale b_h, both from the checkpoint's metadata) select the top class; ``n``
+    further passes give its one-sided Clopper-Pearson lower bound p_lower at level 1 - alpha (statsmodels); ABSTAIN
+    unless p_lower > 1/2. The radius is :func:`radius_from_p_lower`'s; L2 and L-infinity radii follow from
+    ||delta||_1 <= sqrt(d) ||delta||_2 <= d ||delta||_inf (d pixels). Image i's noise comes from
+    :func:`certificate_generator` (``seed``, ``indices[i]``), ``indices`` defaulting to 0, 1, ...: repeatable, and
+    the same as ``transdenoiser baseline-certify --seed SEED`` gives the split's image ``indices[i]``.
+    """
+    for name, value in (("n0", n0), ("n", n), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UserError(f"{name} must be an integer >= 1, got {value!r}")
+    if not (isinstance(alpha, float) and 0 < alpha < 1):
+        raise UserError(f"alpha must lie in (0, 1), got {alpha!r}")
+    loaded = load_stobatch(model_dir, device)
     images = torch.as_tensor(np.asarray(images) if not isinstance(images, torch.Tensor) else images)
-    expected = tuple(meta["input_shape"])
+    expected = tuple(loaded.metadata["input_shape"])
     if images.dim() != 4 or tuple(images.shape[1:]) != expected:
         raise UserError(f"images must have shape (N, {', '.join(map(str, expected))}), got {tuple(images.shape)}")
     images = images.to(torch.float32)
     if images.numel() and (not bool(torch.isfinite(images).all()) or float(images.min()) < 0
                            or float(images.max()) > 1):
         raise UserError("images must be finite with pixels in [0, 1]")
-    model = checkpoint.model
-    input_scale = float(settings["input_laplace_scale"])
-    hidden_scale = float(settings["hidden_laplace_scale"])
-    conv = first_layer(model)
-    s_norm = l1_operator_norm(conv, model.normalize.std.flatten().tolist())
-    d = int(np.prod(expected))
-    with torch.no_grad():
-        hidden_shape = conv(model.normalize(torch.zeros((1, *expected), device=device))).shape[1:]
-    generator = torch.Generator().manual_seed(seed)
-    num_classes = int(meta["num_classes"])
-    results = []
-    for i in track(range(len(images)), desc="stobatch certify", total=len(images)):
-        image = images[i].to(device)
-        selection = _counts(model, image, n0, num_classes, input_scale, hidden_scale, hidden_shape, batch_size,
-                            generator)
-        top = int(selection.argmax())
-        estimation = _counts(model, image, n, num_classes, input_scale, hidden_scale, hidden_shape, batch_size,
-                             generator)
-        count = int(estimation[top])
-        p_lower = float(proportion_confint(count, n, alpha=2 * alpha, method="beta")[0]) if count > 0 else 0.0
-        eps_r, r1, paper = radius_from_p_lower(p_lower, input_scale, hidden_scale, s_norm)
-        if not p_lower > 0.5:
-            results.append(StoBatchCertificate(ABSTAIN, count, n, p_lower, 0.0, 0.0, 0.0, 0.0, 0.0))
-            continue
-        results.append(StoBatchCertificate(top, count, n, p_lower, eps_r, r1, r1 / math.sqrt(d), r1 / d, paper))
-    return results
+    indices = list(range(len(images))) if indices is None else [int(i) for i in indices]
+    if len(indices) != len(images) or any(i < 0 for i in indices):
+        raise UserError(f"indices must be {len(images)} integers >= 0, one per image")
+    return [loaded.certify(images[i].to(device), n0, n, alpha, batch_size, certificate_generator(seed, indices[i]))
+            for i in track(range(len(images)), desc="stobatch certify", total=len(images))]
 
 
 __all__ = ["ABSTAIN", "ARM", "StoBatchConfig", "cmd_train_stobatch", "config_from_train_args", "StoBatchCertificate",
@@ -848,4 +902,5 @@ __all__ = ["ABSTAIN", "ARM", "StoBatchConfig", "cmd_train_stobatch", "config_fro
            "laplace_noise", "paper_budget", "disjoint_batches", "reconstruction_sensitivity",
            "largest_singular_value", "l1_operator_norm", "privacy_report", "format_privacy_report",
            "dp_adversarial_examples", "taylor_logistic", "plan", "clipped_gradient_sum", "privatised_gradient",
-           "example_gradients", "noisy_logits", "reconstruction_logits", "first_layer"]
+           "example_gradients", "noisy_logits", "reconstruction_logits", "first_layer", "NoisyStoBatch",
+           "StoBatchModel", "load_stobatch", "certificate_generator"]
