@@ -39,8 +39,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train-head": ("training.head_cli", "private linear head (OPERA, GRPUA, DP-SGD)"),
     "privacy-audit": ("training.privacy.audit_cli",
                       "train with canaries and measure an empirical epsilon lower bound beside the claimed epsilon"),
-    "baseline-certify": ("training.baselines.cli", "a baseline's own robustness certificate (SecureSGD) beside "
-                                                   "randomized smoothing of the same model"),
+    "baseline-certify": ("training.baselines.cli", "a baseline's own robustness certificate (SecureSGD, StoBatch) "
+                                                   "beside randomized smoothing of the same model"),
 }
 # Modules that add subcommands, in --help order.
 SUBCOMMAND_MODULES = tuple(dict.fromkeys(module for module, _ in COMMANDS.values()))
