@@ -215,7 +215,8 @@ def reproduce_dataset(runner: Runner, dataset: str, arms: set[str], commands: se
             argv = ["train", "--out", str(run_dir), "--resume", *device]
         elif arm in BASELINE_ARMS:  # their own settings; the paper's shared ones as flags (the configs' other
             # keys are Algorithm 1's, which the baselines refuse)
-            argv = ["train", "--arm", arm, "--sigma", f"{sigma:g}",
+            # StoBatch's noise is its own (Laplace, in the auto-encoder and the first layer): it refuses --sigma
+            argv = ["train", "--arm", arm, *(["--sigma", f"{sigma:g}"] if arm != "stobatch" else []),
                     "--target-epsilon", f"{PAPER_EPSILON if epsilon is None else epsilon:g}",
                     "--delta", "1e-5", "--clip-norm", "1", "--batch-size", "64", "--epochs", "5",
                     "--classifier", str(clf), "--out", str(run_dir), *common, *device, "--seed", str(seed),

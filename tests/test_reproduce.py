@@ -119,6 +119,22 @@ def test_plan_and_estimate_name_the_full_mode_without_running(quick_run):
         assert (f"skipped: arm {arm} not available" in plan.stdout) == (arm not in ARMS), run
     assert "--adaptive --n-max 10000" in plan.stdout and "--max-images 500" in plan.stdout
     assert not (out / "full").exists()
+    # every planned baseline training passes only flags its arm takes (checked by the arm's own flag reader)
+    import shlex
+
+    from training.baselines import securesgd, stobatch
+    from transdenoiser.cli import build_parser
+
+    readers = {"stobatch": stobatch.config_from_train_args, "securesgd-prt": securesgd.config_from_train_args,
+               "securesgd-sct": securesgd.config_from_train_args}
+    checked = set()
+    for line in plan.stdout.splitlines():
+        words = shlex.split(line.split("transdenoiser ", 1)[1]) if "transdenoiser train " in line else []
+        arm = words[words.index("--arm") + 1] if "--arm" in words else None
+        if arm in readers and arm in ARMS:
+            readers[arm](build_parser(words).parse_args(words))
+            checked.add(arm)
+    assert checked == {arm for arm in readers if arm in ARMS}
     estimate = run_script("--estimate-from", str(out / "steps.jsonl"), "--datasets", "mnist10k",
                           "--out", str(out / "full"), timeout=300)
     assert estimate.returncode == 0, estimate.stderr[-2000:]
