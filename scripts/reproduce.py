@@ -633,7 +633,7 @@ def plot_figures(result: dict, folder: Path, settings: Settings) -> list[Path]:
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=8)
         axes[0][0].set_ylabel("accuracy (smoothed)")
-        fig.suptitle(f"Figure 4 ({dataset}): accuracy under attack against epsilon")
+        fig.suptitle(f"Figure 4 ({dataset}):\naccuracy under attack against epsilon")
         fig.tight_layout()
         written.append(folder / "figure4.png")
         fig.savefig(written[-1], dpi=110)
