@@ -77,10 +77,10 @@ def paired_lines(by_arm: dict[str, dict]) -> list[str]:
     lines = ["| arm - sepdp (points) | " + " | ".join(f"r={r:g}" for r in RADII)
              + " | gap closed at 0.5; margin over 80% of the gap (points) |",
              "|" + "---|" * (len(RADII) + 2)]
-    rng = np.random.default_rng(0)
     for arm, r in by_arm.items():
         if arm == "sepdp" or r["rows"] is None:
             continue
+        rng = np.random.default_rng(0)  # per arm: a row's interval does not depend on which other arms are listed
         indices = sorted(set(r["rows"]) & set(base["rows"]))
         if len(indices) != len(base["rows"]) or len(indices) != len(r["rows"]):
             lines.append(f"| {LABELS[arm]} | not on sepdp's images |" + " |" * len(RADII))
