@@ -77,25 +77,27 @@ def paired_lines(by_arm: dict[str, dict]) -> list[str]:
     lines = ["| arm - sepdp (points) | " + " | ".join(f"r={r:g}" for r in RADII)
              + " | gap closed at 0.5; margin over 80% of the gap (points) |",
              "|" + "---|" * (len(RADII) + 2)]
+    indices = sorted(base["rows"])
+    theirs = certified_matrix(base["rows"], indices)
+    # one set of resamples for every arm (all are on sepdp's images): a row does not depend on the other arms
+    picks = np.random.default_rng(0).integers(0, len(indices), size=(BOOTSTRAP_RESAMPLES, len(indices)))
+    top, half = by_arm.get("nodp"), RADII.index(0.5)
+    upper = (certified_matrix(top["rows"], indices)
+             if top is not None and top["rows"] is not None and set(top["rows"]) == set(indices) else None)
     for arm, r in by_arm.items():
         if arm == "sepdp" or r["rows"] is None:
             continue
-        rng = np.random.default_rng(0)  # per arm: a row's interval does not depend on which other arms are listed
-        indices = sorted(set(r["rows"]) & set(base["rows"]))
-        if len(indices) != len(base["rows"]) or len(indices) != len(r["rows"]):
+        if set(r["rows"]) != set(indices):
             lines.append(f"| {LABELS[arm]} | not on sepdp's images |" + " |" * len(RADII))
             continue
-        ours, theirs = certified_matrix(r["rows"], indices), certified_matrix(base["rows"], indices)
-        picks = rng.integers(0, len(indices), size=(BOOTSTRAP_RESAMPLES, len(indices)))
+        ours = certified_matrix(r["rows"], indices)
         diffs = (ours[picks] - theirs[picks]).mean(axis=1)  # (resamples, radii)
         cells = []
         for k in range(len(RADII)):
             low, high = np.quantile(diffs[:, k], [0.025, 0.975])
             cells.append(f"{100 * (ours[:, k] - theirs[:, k]).mean():+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]")
         closed = ""
-        top = by_arm.get("nodp")
-        if arm != "nodp" and top is not None and top["rows"] is not None and set(top["rows"]) == set(indices):
-            upper, half = certified_matrix(top["rows"], indices), RADII.index(0.5)
+        if arm != "nodp" and upper is not None:
             gap = upper[:, half].mean() - theirs[:, half].mean()
             # the target as one linear statistic: (arm - sepdp) - 0.8 (nodp - sepdp) >= 0 at radius 0.5
             margins = diffs[:, half] - TARGET_SHARE * (upper[picks, half] - theirs[picks, half]).mean(axis=1)

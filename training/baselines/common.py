@@ -18,7 +18,7 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from training.privacy.accounting import epsilon_report
 from training.privacy.dp import GaussianNoise, PerExampleClipper, per_example_norms
-from training.privacy.report import json_safe
+from training.privacy.report import format_epsilon_line, json_safe
 from transdenoiser.errors import UserError
 
 Params = dict[str, torch.Tensor]
@@ -212,24 +212,11 @@ def dp_sgd_privacy_report(*, arm: str, sigma: float, clip_norm: float, noise_mul
     return json_safe(report)
 
 
-def format_number(value: Any) -> str:
-    """A report figure as text: 4 significant digits, "not computed" for None, strings as they are."""
-    if value is None:
-        return "not computed"
-    if isinstance(value, str):
-        return value
-    return f"{value:.4g}"
-
-
 def format_guarantee_lines(guarantees: list[dict[str, Any]]) -> list[str]:
     """Two lines per DP-SGD guarantee of a baseline's report: its label, and its epsilon by each accountant."""
     lines = []
     for g in guarantees:
-        eps = g["epsilon"]
-        lines.append(f"  [{g['name']}] {g['label']}")
-        lines.append(f"     epsilon at delta {eps['delta']:g}: RDP (moments accountant) {format_number(eps['rdp'])}; "
-                     f"PLD {format_number(eps['pld'])}; GDP mu {format_number(eps['gdp_mu'])} -> epsilon "
-                     f"{format_number(eps['gdp_epsilon'])} (GDP: CLT approximation, can underestimate)")
+        lines += [f"  [{g['name']}] {g['label']}", format_epsilon_line(g["epsilon"])]
     return lines
 
 

@@ -53,7 +53,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from torch.nn import functional as F
 
 from training.baselines.common import format_guarantee_lines
-from training.baselines.common import format_number as _number
+from training.privacy.report import format_number as _number
 from transdenoiser.errors import UserError
 from transdenoiser.progress import Track, silent
 from transdenoiser.toml import dataclass_from_dict

@@ -48,7 +48,7 @@ from training.privacy.canaries import (
     reconstruction_losses,
 )
 from training.privacy.membership import DEFAULT_FPR, CalibratedAttack, LossThresholdAttack, attack_metrics
-from training.privacy.report import json_safe
+from training.privacy.report import format_number, json_safe
 from transdenoiser.errors import UserError
 from transdenoiser.progress import Track, silent
 
@@ -302,11 +302,7 @@ def _read_json(path: Path) -> dict:
 
 
 def _fmt(value) -> str:
-    if value is None:
-        return "n/a"
-    if value == "inf" or (isinstance(value, float) and math.isinf(value)):
-        return "inf"
-    return f"{value:.3g}"
+    return format_number(value, digits=3, missing="n/a")
 
 
 def format_audit(result: dict) -> str:

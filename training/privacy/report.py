@@ -182,12 +182,21 @@ def released_privacy_report(report: dict[str, Any]) -> dict[str, Any]:
     return json_safe(out)
 
 
-def _eps(value) -> str:
+def format_number(value, digits: int = 4, missing: str = "not computed") -> str:
+    """A report figure as text: ``digits`` significant digits, ``missing`` for None, strings (e.g. "inf") as they
+    are; the one number format of the privacy, baseline and audit reports."""
     if value is None:
-        return "not computed"
-    if value == "inf" or (isinstance(value, float) and math.isinf(value)):
-        return "inf"
-    return f"{value:.4g}"
+        return missing
+    if isinstance(value, str):
+        return value
+    return f"{value:.{digits}g}"
+
+
+def format_epsilon_line(eps: dict) -> str:
+    """The report line of one guarantee's epsilon at its delta by each accountant (RDP, PLD, GDP)."""
+    return (f"     epsilon at delta {eps['delta']:g}: RDP (moments accountant) {format_number(eps['rdp'])}; "
+            f"PLD {format_number(eps['pld'])}; GDP mu {format_number(eps['gdp_mu'])} -> epsilon "
+            f"{format_number(eps['gdp_epsilon'])} (GDP: CLT approximation, can underestimate)")
 
 
 def _dist(d: dict | None) -> str:
@@ -229,9 +238,7 @@ def format_privacy_report(report: dict[str, Any]) -> str:
         if g["name"] == "data_independent":
             lines.append("     epsilon: none established (inf)")
             continue
-        lines.append(f"     epsilon at delta {eps['delta']:g}: RDP (moments accountant) {_eps(eps['rdp'])}; "
-                     f"PLD {_eps(eps['pld'])}; GDP mu {_eps(eps['gdp_mu'])} -> epsilon {_eps(eps['gdp_epsilon'])} "
-                     "(GDP: CLT approximation, can underestimate)")
+        lines.append(format_epsilon_line(eps))
         if "steps_without_explicit_noise" in g:
             lines.append(f"     per-step explicit multiplier: {_dist(g['noise_multiplier_per_step'])}; "
                          f"steps with none: {g['steps_without_explicit_noise']}")
