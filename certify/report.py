@@ -485,7 +485,7 @@ def overlay_runs(run_dirs: Sequence[Path], out_dir: Path, warn: Callable[[str], 
     if certify_dirs:
         written += _overlay_certify_runs(certify_dirs, out_dir, warn)
     if attack_dirs:
-        from certify.attack_report import overlay_attack_runs
+        from certify.attacks.report import overlay_attack_runs
 
         written += overlay_attack_runs(attack_dirs, out_dir)
     return written

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from certify.attacks import ATTACKS, FGSM, IFGSM, MIM, NORMS, PGD, build_attack, perturbation_norms
-from certify.threats import ClassifierThreat, PipelineThreat, SmoothedThreat, build_threat
+from certify.attacks.threats import ClassifierThreat, PipelineThreat, SmoothedThreat, build_threat
 from transdenoiser.errors import UserError
 
 NUM_IMAGES = 64
@@ -19,7 +19,7 @@ STEPS = 5
 
 @pytest.fixture(scope="module")
 def test_batch(mnist10k):
-    from certify.attack_eval import evenly_spaced
+    from certify.attacks.evaluate import evenly_spaced
 
     split = mnist10k.test
     return split.subset(evenly_spaced(len(split), NUM_IMAGES)).tensors()

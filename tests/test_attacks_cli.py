@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from certify.attack_eval import (
+from certify.attacks.evaluate import (
     AttackConfig,
     AuditConfig,
     audit_certify_run,
@@ -15,7 +15,7 @@ from certify.attack_eval import (
     read_certify_run,
     run_attack_eval,
 )
-from certify.attack_report import overlay_attack_runs, run_label
+from certify.attacks.report import overlay_attack_runs, run_label
 from certify.core import Smooth
 from certify.pipeline import load_pipeline
 from transdenoiser.cli import main

@@ -27,11 +27,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from certify import attacks as _attacks
+from certify.attacks import gradient as _attacks
+from certify.attacks.threats import build_threat
 from certify.core import ABSTAIN, AdaptiveCertificate, Certificate, Smooth, max_certifiable_radius
 from certify.job import CertifyJob, JobOutcome
 from certify.job import run_job as run_certify_job
-from certify.threats import build_threat
 from training.baselines.securesgd import train_securesgd
 from training.baselines.stobatch import train_stobatch
 from training.privacy.accounting import (

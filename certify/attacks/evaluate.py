@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from scipy.stats import binomtest
 
-from certify.attacks import (
+from certify.attacks.gradient import (
     ATTACKS,
     DEFAULT_MOMENTUM_DECAY,
     MADRY_STEP_FACTOR,
@@ -34,10 +34,10 @@ from certify.attacks import (
     check_norm,
     perturbation_norms,
 )
+from certify.attacks.threats import THREATS, SmoothedThreat, build_threat
 from certify.core import ABSTAIN, Smooth
 from certify.pipeline import Pipeline
 from certify.runner import read_rows
-from certify.threats import THREATS, SmoothedThreat, build_threat
 from transdenoiser.errors import UserError
 from transdenoiser.progress import Track, silent
 

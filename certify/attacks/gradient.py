@@ -3,7 +3,7 @@
 One class per attack over a small base class (the torchattacks layout, written here). The base
 class owns the device, the norm, the per-example budget ``eps``, targeted/untargeted mode, the
 steepest-ascent step of the norm and the projection back into the eps-ball intersected with
-[0, 1]. What is differentiated is a *threat* (certify/threats.py): a callable
+[0, 1]. What is differentiated is a *threat* (certify/attacks/threats.py): a callable
 ``threat(x, labels, generator) -> per-example loss`` (shape (N,)). An untargeted attack
 increases that loss at the true labels; a targeted attack decreases it at the target labels.
 
@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from certify.attack_names import ATTACK_NAMES, DEFAULT_MOMENTUM_DECAY, MADRY_STEP_FACTOR, NORMS  # noqa: E402,F401
+from certify.attacks.names import ATTACK_NAMES, DEFAULT_MOMENTUM_DECAY, MADRY_STEP_FACTOR, NORMS  # noqa: E402,F401
 from transdenoiser.errors import UserError
 
 TINY = 1e-12  # guards divisions by a zero gradient norm
@@ -276,7 +276,7 @@ class MIM(_Iterative):
 
 
 ATTACKS: dict[str, type[Attack]] = {cls.name: cls for cls in (FGSM, IFGSM, MIM, PGD)}
-assert tuple(ATTACKS) == ATTACK_NAMES, "certify/attack_names.py must list every attack"
+assert tuple(ATTACKS) == ATTACK_NAMES, "certify/attacks/names.py must list every attack"
 
 
 def build_attack(name: str, threat: Threat, norm: str, eps: float | torch.Tensor, steps: int = 10,

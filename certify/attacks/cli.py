@@ -42,8 +42,8 @@ def margin_fraction(text: str) -> float:
 
 
 def register(subparsers, common) -> None:
-    from certify.attack_names import ATTACK_NAMES as ATTACKS
-    from certify.attack_names import DEFAULT_MOMENTUM_DECAY, NORMS, THREATS
+    from certify.attacks.names import ATTACK_NAMES as ATTACKS
+    from certify.attacks.names import DEFAULT_MOMENTUM_DECAY, NORMS, THREATS
     from training.cli import add_dataset_args
 
     p = subparsers.add_parser(
@@ -113,8 +113,8 @@ def _checkpoint_path(path: Path | None, flag: str) -> Path | None:
 
 
 def cmd_attack(args) -> int:
-    from certify.attack_eval import FORMAT_VERSION, RESULT_FORMAT, AttackConfig, evenly_spaced, run_attack_eval
-    from certify.attack_report import write_attack_outputs
+    from certify.attacks.evaluate import FORMAT_VERSION, RESULT_FORMAT, AttackConfig, evenly_spaced, run_attack_eval
+    from certify.attacks.report import write_attack_outputs
     from certify.job import check_models_and_data
     from certify.pipeline import check_dataset_fits, load_pipeline
     from training.cli import load_dataset_from_args
@@ -173,7 +173,7 @@ def _write_audit(result: dict, out_dir: Path) -> list[Path]:
 
 
 def cmd_audit(args) -> int:
-    from certify.attack_eval import AuditConfig, audit_certify_run, read_certify_run
+    from certify.attacks.evaluate import AuditConfig, audit_certify_run, read_certify_run
     from certify.pipeline import check_dataset_fits, load_pipeline
     from training.datasets import load_dataset
 

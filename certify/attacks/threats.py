@@ -1,7 +1,7 @@
 """What the attacker differentiates: the three threat models as per-example losses of the pixels.
 
 Each threat is a callable ``threat(x, labels, generator) -> loss`` with ``loss`` of shape (N,), to be
-used by the attacks of certify/attacks.py. Models are frozen (put in eval mode; gradients flow to
+used by the attacks of certify/attacks/gradient.py. Models are frozen (put in eval mode; gradients flow to
 the pixels only) and pixels are in [0, 1]; the Gaussian noise, of standard deviation ``sigma`` in
 pixel units, is added before the denoiser, as in certify/core.py.
 
@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from certify.attack_names import THREATS  # noqa: E402
+from certify.attacks.names import THREATS  # noqa: E402
 from transdenoiser.errors import UserError
 
 
