@@ -4,7 +4,7 @@
 
 For each mode a real server (``transdenoiser serve``) starts on 127.0.0.1 from a model directory built in a
 temporary folder: ``batching = true`` (a forward pass gathers the rounds of several requests) or
-``batching = false`` (a pass is one request's round; requests take turns, serving.scheduler). Each phase
+``batching = false`` (a pass is one request's round; requests take turns, serving.compute.scheduler). Each phase
 sends one-image requests from C concurrent clients,
 at most ``max(--min-requests, C * --requests-per-client)`` requests and no new request after
 ``--max-seconds``; throughput counts completed requests over the phase's wall time. Loopback only.

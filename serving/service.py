@@ -13,8 +13,8 @@ serving.service:TransDenoiser``. Endpoints (POST, BentoML's convention for APIs)
   with the analysis behind each epsilon, certification settings).
 - ``/healthz``, ``/livez``, ``/readyz``, ``/metrics`` (BentoML's probes; never behind the API key).
 
-Requests share the compute in fair rounds (serving.scheduler); each image's noise is keyed to the model, its
-pixels and the settings (serving.noise), so asking again gives the same certificate.
+Requests share the compute in fair rounds (serving.compute.scheduler); each image's noise is keyed to the model, its
+pixels and the settings (serving.compute.noise), so asking again gives the same certificate.
 
 The pipeline is loaded and warmed up (a full forward pass, then certifications through the scheduler)
 before the server accepts connections, so ``/readyz`` answers 200 only once the model is ready.
@@ -35,12 +35,12 @@ from certify.core import ABSTAIN, AdaptiveCertificate, Certificate, Smooth, sequ
 from serving.auth import ApiKeyMiddleware
 from serving.bundle import load_model_dir
 from serving.card import model_card
+from serving.compute.engine import CertifyWork, NoiseJob, SequentialWork, VoteCounter
+from serving.compute.noise import NoiseKey, client_image_seed, model_identity
+from serving.compute.scheduler import FairScheduler, SchedulerRefusal, Work
 from serving.config import DEVICE_ENV, model_dir_from_env
-from serving.engine import CertifyWork, NoiseJob, SequentialWork, VoteCounter
 from serving.limits import PayloadLimitMiddleware
 from serving.metrics import service_metrics
-from serving.noise import NoiseKey, client_image_seed, model_identity
-from serving.scheduler import FairScheduler, SchedulerRefusal, Work
 from serving.validation import PredictRequest, RequestError, parse_payload, parse_predict_request
 from training.checkpoint import WEIGHTS
 from transdenoiser.runtime import keep_freed_memory, resolve_device
@@ -165,7 +165,7 @@ class TransDenoiser:
         self.card = model_card(self.bundle, str(self.device), batching)
         counter([NoiseJob(torch.zeros(self.input_shape), config.batch_size, 0)])  # full-size forward pass
         # request kinds: name -> builds the scheduler work of a validated request. A new kind adds a Work class
-        # (serving.scheduler.Work) and an entry here, plus its response.
+        # (serving.compute.scheduler.Work) and an entry here, plus its response.
         self.kinds = {"certify": self._certify_work, "decide": self._sequential_work,
                       "estimate": self._sequential_work}
         self._ready = False

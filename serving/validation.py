@@ -22,8 +22,8 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from serving.compute.engine import MAX_SEED
 from serving.config import ServingConfig
-from serving.engine import MAX_SEED
 
 IMAGE_FORMATS = ("PNG", "JPEG")
 MODE_CHANNELS = {"L": 1, "RGB": 3}  # the PIL modes accepted, and their channel counts
@@ -47,7 +47,7 @@ class RequestError(Exception):
 class PredictRequest:
     images: torch.Tensor  # (K, C, H, W) float32 in [0, 1]
     n: int  # estimation samples (fixed n), or the budget n_max of an adaptive request
-    seed: int | None  # a client seed (only when the server allows it); None: noise keyed to each image (serving.noise)
+    seed: int | None  # a client seed (if the server allows it); None: noise keyed to each image (serving.compute.noise)
     radius: float | None = None  # decide: is the prediction certified at this L2 radius ([0,1]-pixel units)?
     adaptive: bool = False  # estimate: the largest certifiable radius under the budget n
 

@@ -66,3 +66,60 @@ def test_dataset_check_names_both_and_knows_mnist10k_is_mnist():
         check_same_dataset("mnist10k", {"dataset": {"name": "fashion-mnist"}}, "classifier runs/c")
     check_same_dataset("mnist", {"dataset": {"name": "mnist10k"}}, "classifier runs/c")
     check_same_dataset("mnist10k", {}, "classifier without a record")
+
+
+BENTO_SERVICE_CHECK = r"""
+import json, sys
+from starlette.testclient import TestClient
+from serving.service import TransDenoiser
+
+image = [[[0.5] * 28] * 28]
+answers = {}
+with TestClient(TransDenoiser.to_asgi(), raise_server_exceptions=False) as client:
+    for kind, body in {"fixed": {}, "decide": {"radius": 0.1}, "estimate": {"adaptive": True}}.items():
+        response = client.post("/predict", json={"images": [image], "n": 200, **body})
+        answers[kind] = response.status_code
+ours = {name: getattr(module, "__file__", None) for name, module in sys.modules.items()
+        if name.split(".")[0] in ("serving", "certify", "training", "transdenoiser")}
+print(json.dumps({"answers": answers, "modules": ours}))
+"""
+
+
+def test_the_bento_holds_every_module_the_service_runs(checkpoints, tmp_path):
+    """Copy only what bentofile.yaml includes, serve the three request kinds from that copy, and check every module
+    of ours that ran came from it: a module the include list misses fails here, not in a user's container."""
+    import fnmatch
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    from serving.bundle import write_model_dir
+
+    root = Path(__file__).resolve().parents[1]
+    spec = yaml.safe_load((root / "bentofile.yaml").read_text())
+    bento = tmp_path / "bento"
+    for path in root.rglob("*.py"):
+        relative = path.relative_to(root).as_posix()
+        if any(fnmatch.fnmatchcase(relative, pattern) and "/" not in relative[len(pattern.split("*")[0]):]
+               for pattern in spec["include"]) and "__pycache__" not in relative:
+            (bento / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, bento / relative)
+    classifier, denoiser = checkpoints
+    model_dir = write_model_dir(tmp_path / "model", classifier, denoiser, sigma=0.25, n0=20, n=100, max_n=400)
+    env = {**os.environ, "PYTHONPATH": str(bento), "TRANSDENOISER_MODEL_DIR": str(model_dir),
+           "TRANSDENOISER_DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
+    env.pop("TRANSDENOISER_API_KEY", None)
+    done = subprocess.run([sys.executable, "-c", BENTO_SERVICE_CHECK], cwd=bento, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["answers"] == {"fixed": 200, "decide": 200, "estimate": 200}
+    outside = {name: file for name, file in result["modules"].items()
+               if file is not None and not Path(file).resolve().is_relative_to(bento.resolve())}
+    assert not outside, f"modules the Bento would lack (bentofile.yaml include): {outside}"
+    assert "serving.compute.scheduler" in result["modules"] and "certify.sequential" in result["modules"]

@@ -14,8 +14,8 @@ from certify.core import Smooth
 from serving.auth import ApiKeyMiddleware
 from serving.bundle import load_model_dir, write_model_dir
 from serving.card import epsilon_statements
+from serving.compute.engine import CertifyWork, NoiseJob, VoteCounter, job_seed, plan_jobs
 from serving.config import ServingConfig, load_config, validate_config
-from serving.engine import CertifyWork, NoiseJob, VoteCounter, job_seed, plan_jobs
 from serving.limits import PayloadLimitMiddleware
 from serving.validation import RequestError, decode_image, parse_payload
 from tests.conftest import in_process_service

@@ -14,9 +14,9 @@ import torch
 
 from certify.core import Smooth, sequential_rule
 from serving.bundle import load_model_dir, write_model_dir
-from serving.engine import SequentialWork, VoteCounter
+from serving.compute.engine import SequentialWork, VoteCounter
+from serving.compute.scheduler import BudgetExceeded, FairScheduler
 from serving.process import ServerProcess
-from serving.scheduler import BudgetExceeded, FairScheduler
 from serving.validation import RequestError, form_bool, form_radius, parse_payload
 from tests.conftest import in_process_service
 from tests.test_serving_server import START_TIMEOUT_S, png

@@ -10,9 +10,9 @@ import torch
 
 from certify.core import Smooth, certificate_from_counts
 from serving.bundle import load_model_dir, write_model_dir
-from serving.engine import ESTIMATION, SELECTION, CertifyWork, NoiseJob, VoteCounter, job_seed
-from serving.noise import NoiseKey, canonical_image_bytes, client_image_seed
-from serving.scheduler import BudgetExceeded, ClientDisconnected, DeadlineExceeded, FairScheduler, QueueFull
+from serving.compute.engine import ESTIMATION, SELECTION, CertifyWork, NoiseJob, VoteCounter, job_seed
+from serving.compute.noise import NoiseKey, canonical_image_bytes, client_image_seed
+from serving.compute.scheduler import BudgetExceeded, ClientDisconnected, DeadlineExceeded, FairScheduler, QueueFull
 
 SHAPE = (1, 28, 28)
 SETTINGS = {"kind": "certify", "sigma": 0.25, "n0": 20, "n": 200, "alpha": 0.001, "chunk_samples": 50}

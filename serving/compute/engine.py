@@ -2,11 +2,11 @@
 
 Each image of a request becomes *noise jobs* of at most ``chunk_samples`` noisy samples: selection
 jobs (``n0`` samples in total) and estimation jobs (``n`` samples), never sharing a draw. Every job
-carries its own seed, derived from the image's noise seed (``serving.noise``), the phase and the chunk
+carries its own seed, derived from the image's noise seed (``serving.compute.noise``), the phase and the chunk
 index, so a certificate depends on the image's seed only, never on how the jobs were grouped into forward
 passes or which other requests shared them. ``VoteCounter`` evaluates any list of jobs in shared forward
 passes; a job that fails yields its own exception and never another job's. ``CertifyWork`` is the work of
-one certify request for ``serving.scheduler.FairScheduler``; its certificate is
+one certify request for ``serving.compute.scheduler.FairScheduler``; its certificate is
 ``certify.core.certificate_from_counts`` (Clopper-Pearson lower bound pA, radius sigma * Phi^-1(pA),
 abstain when pA < 1/2), the same rule as ``certify.core.Smooth.certify``.
 
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from certify.core import Certificate, Smooth, certificate_from_counts
-from serving.noise import MAX_SEED
+from serving.compute.noise import MAX_SEED
 
 SELECTION, ESTIMATION = 0, 1
 

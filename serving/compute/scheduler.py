@@ -12,10 +12,10 @@ costs at most the one pass already running. New tickets beyond ``max_queued`` ar
 is refused with ``BudgetExceeded``.
 
 The scheduler changes when samples are computed, never which: every job carries its own seed, so a
-ticket's result is the same whatever it shared passes with (``serving.engine``).
+ticket's result is the same whatever it shared passes with (``serving.compute.engine``).
 
 A *work* is any object with ``kind``, ``planned_samples``, ``samples_left``, ``samples_taken``, ``take(max_samples)`` ->
-[(key, NoiseJob)], ``add(key, counts)``, ``finished`` and ``result()`` (``serving.engine.CertifyWork``).
+[(key, NoiseJob)], ``add(key, counts)``, ``finished`` and ``result()`` (``serving.compute.engine.CertifyWork``).
 A sequential kind (look at the counts, then decide whether to draw more) fits the same protocol: ``take``
 returns no job while it waits for counts, and ``finished`` turns true when it stops.
 """
@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import anyio
 import numpy as np
 
-from serving.engine import NoiseJob
+from serving.compute.engine import NoiseJob
 
 Disconnected = Callable[[], Awaitable[bool]]
 
