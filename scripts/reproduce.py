@@ -97,10 +97,18 @@ class Runner:
         self.failures: list[str] = []
         self.skipped: list[str] = []
         self.planned: list[dict] = []
+        self.answers: dict[str, bool] = {}
         self.log = settings.out / "steps.jsonl"
 
     def step(self, name: str, argv: list[str], done: bool, work: dict) -> bool:
-        """Run one command unless ``done``; True if its output is there afterwards."""
+        """Run one command unless ``done``; True if its output is there afterwards. A step already planned or run
+        in this invocation (one every seed needs, e.g. the pre-training) is not repeated: its answer stands."""
+        if name in self.answers:
+            return self.answers[name]
+        self.answers[name] = answer = self._step(name, argv, done, work)
+        return answer
+
+    def _step(self, name: str, argv: list[str], done: bool, work: dict) -> bool:
         if self.dry_run:
             self.planned.append({"name": name, "argv": argv, "work": work, "done": done})
             return True  # plan the steps that depend on this one too
@@ -190,7 +198,8 @@ def flag_value(argv: list[str], flag: str, default=None):
     return argv[argv.index(flag) + 1] if flag in argv else default
 
 
-def reproduce_dataset(runner: Runner, dataset: str, arms: set[str], commands: set[str]) -> None:
+def reproduce_dataset(runner: Runner, dataset: str, arms: set[str], commands: set[str], seeds: list[int]) -> None:
+    """Plan or run one data set's steps for the training ``seeds`` (the steps that take no seed, once)."""
     s = runner.s
     root = s.out / dataset
     common = ["--dataset", dataset] + (["--data-root", s.data_root] if s.data_root else [])
@@ -267,7 +276,7 @@ def reproduce_dataset(runner: Runner, dataset: str, arms: set[str], commands: se
     for run, arm, sigma in ARM_RUNS:
         if run not in s.runs:
             continue
-        for seed in range(s.seeds):
+        for seed in seeds:
             run_dir = root / "train" / f"{run}_s{seed}"
             if not train(run_dir, arm, sigma, seed, None, f"{run} seed {seed}"):
                 continue
@@ -287,7 +296,7 @@ def reproduce_dataset(runner: Runner, dataset: str, arms: set[str], commands: se
     for run, arm, sigma in ARM_RUNS:  # attacks after every arm's certification: Figure 2 comes first
         if run not in s.runs or arm not in arms:
             continue
-        for seed in range(s.seeds):
+        for seed in seeds:
             run_dir = root / "train" / f"{run}_s{seed}"
             if runner.dry_run or checkpoint_complete(run_dir):
                 for name in s.attacks:
@@ -298,7 +307,7 @@ def reproduce_dataset(runner: Runner, dataset: str, arms: set[str], commands: se
         if arm not in s.runs or arm not in s.figure4_arms:
             continue
         for epsilon in s.epsilons:
-            for seed in range(s.seeds):
+            for seed in seeds:
                 if epsilon == PAPER_EPSILON:
                     continue  # the paper-setting run above is the epsilon-1.0 point
                 run_dir = root / "eps" / f"{arm}_eps{epsilon:g}_s{seed}"
@@ -307,7 +316,7 @@ def reproduce_dataset(runner: Runner, dataset: str, arms: set[str], commands: se
                 for name in s.figure4_attacks:
                     attack(run_dir, arm, run_dir / f"attack_{name}", 0.25, name, (FIGURE4_BOUND,), seed)
         if PAPER_EPSILON in s.epsilons:
-            for seed in range(s.seeds):
+            for seed in seeds:
                 run_dir = root / "train" / f"{arm}_s{seed}"
                 if arm in arms and (runner.dry_run or checkpoint_complete(run_dir)):
                     for name in s.figure4_attacks:
@@ -315,7 +324,7 @@ def reproduce_dataset(runner: Runner, dataset: str, arms: set[str], commands: se
                             attack(run_dir, arm, root / "eps" / f"{arm}_eps1_s{seed}_attack_{name}", 0.25, name,
                                    (FIGURE4_BOUND,), seed)
     if "nodp" in s.runs:  # Figure 4's no-privacy reference line
-        for seed in range(s.seeds):
+        for seed in seeds:
             run_dir = root / "train" / f"nodp_s{seed}"
             if "nodp" in arms and (runner.dry_run or checkpoint_complete(run_dir)):
                 for name in s.figure4_attacks:
@@ -470,7 +479,8 @@ def number(value) -> str:
 
 def write_tables(result: dict, path: Path, settings: Settings, header: str) -> None:
     lines = [f"# Reproduction of the TransDenoiser paper's Section 3.2 on {result['dataset']}", "", header, ""]
-    seeds_note = (f"Each cell is the mean over {settings.seeds} training seeds (min-max in brackets)."
+    seeds_note = (f"Each cell is the mean over the training seeds that have run, up to {settings.seeds} (min-max in "
+                  "brackets when more than one)."
                   if settings.seeds > 1 else "One training seed per arm.")
     lines += ["## Figure 2: certified accuracy (%) against L2 radius", "", seeds_note, "",
               "| run | images | r = 0 | 0.25 | 0.5 | 0.75 | 1.0 | ACR | abstained |",
@@ -792,9 +802,10 @@ def main(argv: list[str] | None = None) -> int:
     elif args.figures_only and (settings.out / "commands.txt").exists():
         ran = (settings.out / "commands.txt").read_text().splitlines()
         command = f"{ran[-1]}` (figures redrawn by `{command}"
-    if not args.figures_only:
-        for dataset in settings.datasets:
-            reproduce_dataset(runner, dataset, arms, commands)
+    if not args.figures_only:  # seed by seed: a partial run has every arm and data set at the first seeds
+        for seed in range(settings.seeds):
+            for dataset in settings.datasets:
+                reproduce_dataset(runner, dataset, arms, commands, [seed])
     if args.estimate_from is not None:
         measured = [json.loads(line) for line in args.estimate_from.read_text().splitlines() if line.strip()]
         found = estimate(runner.planned, measured)

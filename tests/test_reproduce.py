@@ -119,6 +119,11 @@ def test_plan_and_estimate_name_the_full_mode_without_running(quick_run):
         assert (f"skipped: arm {arm} not available" in plan.stdout) == (arm not in ARMS), run
     assert "--adaptive --n-max 10000" in plan.stdout and "--max-images 500" in plan.stdout
     assert not (out / "full").exists()
+    # seed by seed: every step of a seed before any of the next, and the shared steps once
+    steps = [line for line in plan.stdout.splitlines() if line.startswith(("to do ", "done  "))]
+    seed_of = [max(map(int, re.findall(r"_s(\d+)\b", line)), default=0) for line in steps]
+    assert seed_of == sorted(seed_of) and set(seed_of) == {0, 1, 2}
+    assert sum(" pretrain " in line for line in steps) == 1 and sum("/none_s0" in line for line in steps) == 1
     # every planned baseline training passes only flags its arm takes (checked by the arm's own flag reader)
     import shlex
 
