@@ -6,11 +6,14 @@
 - an adaptive run's ``max_certifiable_radius`` is R in decide mode and, in estimate mode, sigma * Phi^-1 of the
   all-votes bound at n_max at level alpha / K; the look schedule and the price of the union bound are the
   figures the doc states (20 looks up to 100,000, the last two 94,661 and 100,000; 0.930 against 0.953);
-- resume: "checkpoint and data paths may differ", but the checkpoint hashes must match;
+- ``settings.json`` holds at least the documented keys, the checkpoint's absolute path and its weights' SHA-256
+  (hashlib over the file here); resume: "checkpoint and data paths may differ", but the checkpoint hashes must
+  match;
 - ``certify-merge`` "refuses folders of different runs".
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 
@@ -111,6 +114,17 @@ def test_resume_accepts_a_moved_checkpoint_but_refuses_other_weights(random_clas
     out = tmp_path / "run"
     args = [*FAST, "--max-index", "4", "--out", out]
     assert run_cli(["certify", "--classifier", random_classifier_dir, *args], capsys)[0] == 0
+    # "settings holds at least" these (what resume and merge compare, and what audit rebuilds the run from)
+    settings = json.loads((out / "settings.json").read_text())
+    documented = {"classifier", "denoiser", "dataset", "data_root", "split_seed", "split", "sigma", "n0", "n", "alpha",
+                  "batch", "skip", "max", "seed", "indices", "shards", "pack", "noise_device", "memory_format",
+                  "precision"}
+    assert documented <= set(settings), documented - set(settings)
+    assert settings["classifier"] == str(random_classifier_dir.resolve()) and settings["denoiser"] is None
+    assert settings["precision"] == "float32" and (settings["sigma"], settings["n0"], settings["n"]) == (0.25, 8, 24)
+    weights_sha256 = hashlib.sha256((random_classifier_dir / "weights.safetensors").read_bytes()).hexdigest()
+    assert weights_sha256 in json.dumps(settings)  # the SHA-256 of the checkpoint's weights
+    assert any("fingerprint" in key for key in settings) and any("size" in key for key in settings)
     lines = (out / "certify.tsv").read_text().splitlines(keepends=True)
     (out / "certify.tsv").write_text("".join(lines[:3]))  # header and 2 of the 4 rows: an interrupted run
     (out / "summary.json").unlink()
