@@ -4,7 +4,8 @@
   ``CertifyWork`` and the service's answer builder; pA is the one-sided Clopper-Pearson bound computed here
   from scipy's beta quantile, and a certified answer's radius is sigma * Phi^-1(pA);
 - the probes stay open without the API key on their "exact paths only": a path that merely starts with, or
-  extends, a probe's path needs the key;
+  extends, a probe's path needs the key; and the key check sits outside the body limit (401 before 413, through
+  the middleware stack BentoML builds for the service);
 - ``/metadata`` never shows ``noise_key``; a denoiser without a privacy report gets "no DP claim" and no epsilon;
 - ``transdenoiser serve`` warns when it binds beyond loopback without an API key, and when the model directory's
   sigma differs from the sigma its denoiser was trained at.
@@ -146,3 +147,33 @@ def test_serve_warns_beyond_loopback_without_a_key_and_on_a_sigma_mismatch(check
     assert cli_main(["serve", "--model-dir", str(mismatched), "--dry-run"]) == 0
     err = capsys.readouterr().err
     assert "warning" in err and "0.5" in err and "0.25" in err
+
+
+def test_requests_without_the_key_are_refused_before_the_body_limit(checkpoints, tmp_path, monkeypatch):
+    """"The middleware ... sits outside the body limit, so requests without a key are refused before their
+    bodies are read": through the middleware stack BentoML builds for the real service, an oversized body
+    without the key gets 401 (the key check), with the key 413 (the body limit)."""
+    from starlette.testclient import TestClient
+
+    from tests.conftest import forget_bentoml_metrics
+
+    classifier, _ = checkpoints
+    model_dir = write_model_dir(tmp_path / "model", classifier, sigma=0.25, n0=10, n=20, max_n=40, batch_size=100,
+                                chunk_samples=10, max_payload_bytes=10_000)
+    key = "a-long-enough-key-" + "9" * 10
+    monkeypatch.setenv("TRANSDENOISER_MODEL_DIR", str(model_dir))
+    monkeypatch.setenv("TRANSDENOISER_DEVICE", "cpu")
+    monkeypatch.setenv("TRANSDENOISER_API_KEY", key)
+    from serving.service import TransDenoiser
+
+    oversized = b'{"images": [' + b"0.0, " * 5_000 + b"0.0]}"  # 25 kB, over the 10 kB limit
+    try:
+        with TestClient(TransDenoiser.to_asgi(), raise_server_exceptions=False) as client:
+            for body in (oversized, iter([oversized[:8_000], oversized[8_000:]])):  # declared length, then chunked
+                refused = client.post("/predict", content=body, headers={"content-type": "application/json"})
+                assert refused.status_code == 401 and "missing API key" in refused.json()["error"]
+            limited = client.post("/predict", content=oversized,
+                                  headers={"content-type": "application/json", "X-API-Key": key})
+            assert limited.status_code == 413 and "max_payload_bytes" in limited.json()["error"]
+    finally:
+        forget_bentoml_metrics()
