@@ -105,6 +105,21 @@ def test_classifier_of_another_dataset_is_refused_naming_both(models, tmp_path, 
     assert "trained on fashion-mnist, the data is mnist10k" in capsys.readouterr().err
 
 
+def test_denoiser_of_another_dataset_is_refused_naming_both(models, tmp_path, capsys):
+    """The denoiser's recorded dataset is checked as the classifier's is: a Fashion-MNIST denoiser in front of an
+    mnist10k classifier on mnist10k data is refused before anything is certified."""
+    from training.checkpoint import load_checkpoint, save_checkpoint
+
+    classifier, denoiser, _ = models
+    source = load_checkpoint(denoiser, kind="denoiser")
+    fashion_denoiser = save_checkpoint(tmp_path / "fashion_denoiser", source.model,
+                                       {**source.metadata, "dataset": {"name": "fashion-mnist"}})
+    assert main([*certify_argv(classifier, tmp_path / "run"), "--denoiser", str(fashion_denoiser)]) == 2
+    line = capsys.readouterr().err.strip()
+    assert "\n" not in line and "fashion_denoiser was trained on fashion-mnist, the data is mnist10k" in line
+    assert not (tmp_path / "run" / "certify.tsv").exists()
+
+
 def test_old_flag_spellings_still_work_with_a_note(models, tmp_path, capsys):
     classifier, _, _ = models
     argv = certify_argv(classifier, tmp_path / "run")
