@@ -1,6 +1,7 @@
 """The docs' code stays true: every `transdenoiser` command line in the README and docs/ parses with the real
-command-line parser and uses no deprecated spelling, and every Python snippet's imports and keywords exist (below),
-so a renamed or removed flag, module or argument fails here, not in a reader's terminal.
+command-line parser and uses no deprecated spelling, every Python snippet's imports and keywords exist, and the
+example output docs/ACCOUNTING.md calls verbatim is what the commands print (below). A renamed or removed flag,
+module or argument, or a changed figure, fails here, not in a reader's terminal.
 
 Command lines come from fenced code blocks (continuation lines joined; comments, pipes and redirections cut). Lines
 with placeholders (``$VAR``, ``[--optional]``, ``...``, ``<tag>``, upper-case names such as ``ARM`` or ``I/K``)
@@ -23,9 +24,25 @@ SHELL_STOPS = {"|", "||", "&&", ";", "&", "2>&1"}
 PLACEHOLDER = re.compile(r"\$|\[|\.\.\.|<|(^|/)[A-Z][A-Z_]*(/|$)")
 
 
+def code_blocks(text: str, languages: tuple[str, ...] | None = None) -> list[str]:
+    """The fenced code blocks of a markdown text whose info string is one of ``languages`` (None: any)."""
+    blocks, current, language = [], None, ""
+    for line in text.splitlines():
+        if line.startswith("```"):
+            if current is None:
+                current, language = [], line[3:].strip()
+            else:
+                if languages is None or language in languages:
+                    blocks.append("\n".join(current) + "\n")
+                current = None
+        elif current is not None:
+            current.append(line)
+    return blocks
+
+
 def command_lines(text: str) -> list[str]:
     lines = []
-    for block in re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S):
+    for block in code_blocks(text):
         for line in re.sub(r"\\\n\s*", " ", block).splitlines():
             match = re.search(r"(?:^|\s|/)transdenoiser\s+([a-z][a-z-]*(?:\s.*)?)$", line.strip())
             if match and not line.strip().startswith("#"):
@@ -69,7 +86,7 @@ SNIPPET_DOCS = [path for path in DOCS if path.name != "API.md"]
 
 def python_snippets() -> list[tuple[str, str]]:
     return [(path.relative_to(REPO).as_posix(), block) for path in SNIPPET_DOCS
-            for block in re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)]
+            for block in code_blocks(path.read_text(), ("python",))]
 
 
 def check_snippet(source: str) -> list[str]:
@@ -130,3 +147,36 @@ def test_the_snippet_check_catches_a_renamed_keyword_and_a_missing_name():
     assert check_snippet("from certify.core import Smooth\nsmooth = Smooth(c, num_classes=10, sigma=0.25)\n"
                          "smooth.certify(x, n0=1, n=2, alfa=0.1)") == ["smooth.certify() takes no keyword 'alfa'"]
     assert check_snippet("from certify.core import Smoothed") == ["certify.core has no Smoothed"]
+
+
+# ------------------------------------------------------------------------------------- verbatim example output
+def verbatim_examples(path: Path) -> list[tuple[list[str], str]]:
+    """(argv, expected output) for each ``$ transdenoiser ...`` line of ``path``'s plain code blocks."""
+    examples = []
+    for block in code_blocks(path.read_text(), ("",)):
+        for part in re.split(r"^\$ ", block, flags=re.M)[1:]:
+            command, _, output = part.partition("\n")
+            examples.append((shlex.split(command)[1:], output.rstrip("\n")))
+    return examples
+
+
+ACCOUNTING_EXAMPLES = verbatim_examples(REPO / "docs" / "ACCOUNTING.md")
+
+
+def test_accounting_has_verbatim_examples():
+    assert len(ACCOUNTING_EXAMPLES) >= 6
+
+
+@pytest.mark.parametrize("argv, expected", ACCOUNTING_EXAMPLES, ids=[" ".join(a) for a, _ in ACCOUNTING_EXAMPLES])
+def test_accounting_examples_print_what_the_doc_shows(argv, expected, capsys):
+    """docs/ACCOUNTING.md says its examples are real output, reproduced verbatim: rerun each and compare."""
+    from transdenoiser.cli import main
+
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    captured = capsys.readouterr()
+    printed = (captured.out + captured.err).rstrip("\n")
+    assert printed == expected
+    assert code == (2 if "error:" in expected else 0)
