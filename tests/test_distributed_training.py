@@ -106,6 +106,12 @@ def _worker(rank: int, world_size: int, port: int, classifier_dir: str, out: str
         model, batches = _run_case(name, overrides, stop_after, dataset, classifier, root / "ddp", group)
         save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(root / f"{name}.rank{rank}.st"))
         facts[name] = {"all_reduce_bytes": list(calls), "batches": batches}
+    group.check_same("the same settings", "the training settings")  # agreeing ranks pass
+    try:  # rank 1 launched with other settings: every rank refuses with the same line, none is left waiting
+        group.check_same(f"settings of rank {rank if rank == 1 else 0}", "the training settings")
+        facts["disagreement"] = None
+    except UserError as exc:
+        facts["disagreement"] = str(exc)
     (root / f"facts.rank{rank}.json").write_text(json.dumps(facts))
     dist.all_reduce = original_all_reduce
     close(group)
@@ -215,6 +221,14 @@ def test_parameter_count_of_the_test_model():
     # conv 1->2 (3x3 + bias), conv 2->2 (3x3 + bias), conv-transpose 2->1 (3x3 + bias)
     assert sum(p.numel() for p in model.parameters()) == (9 * 2 + 2) + (2 * 2 * 9 + 2) + (2 * 9 + 1)
     assert WIDTH2_PARAMETERS == (9 * 2 + 2) + (2 * 2 * 9 + 2) + (2 * 9 + 1)
+
+
+def test_ranks_that_disagree_on_their_settings_all_refuse_with_one_line(runs):
+    out, _, _ = runs
+    facts = [json.loads((out / f"facts.rank{rank}.json").read_text()) for rank in (0, 1)]
+    want = ("the 2 training processes disagree on the training settings (rank(s) 1 differ from rank 0); launch "
+            "every rank with the same command and data")
+    assert [f["disagreement"] for f in facts] == [want, want]
 
 
 def test_resume_with_another_world_size_is_refused(runs, mnist10k, classifier_dir):
