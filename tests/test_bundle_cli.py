@@ -79,6 +79,9 @@ with TestClient(TransDenoiser.to_asgi(), raise_server_exceptions=False) as clien
     for kind, body in {"fixed": {}, "decide": {"radius": 0.1}, "estimate": {"adaptive": True}}.items():
         response = client.post("/predict", json={"images": [image], "n": 200, **body})
         answers[kind] = response.status_code
+    answers["/metadata"] = client.post("/metadata").status_code  # the model card (/metrics: the real-server tests)
+    for path in ("/readyz", "/livez"):
+        answers[path] = client.get(path).status_code
 ours = {name: getattr(module, "__file__", None) for name, module in sys.modules.items()
         if name.split(".")[0] in ("serving", "certify", "training", "transdenoiser")}
 print(json.dumps({"answers": answers, "modules": ours}))
@@ -118,7 +121,8 @@ def test_the_bento_holds_every_module_the_service_runs(checkpoints, tmp_path):
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["answers"] == {"fixed": 200, "decide": 200, "estimate": 200}
+    assert result["answers"] == {"fixed": 200, "decide": 200, "estimate": 200, "/metadata": 200, "/readyz": 200,
+                                 "/livez": 200}
     outside = {name: file for name, file in result["modules"].items()
                if file is not None and not Path(file).resolve().is_relative_to(bento.resolve())}
     assert not outside, f"modules the Bento would lack (bentofile.yaml include): {outside}"
