@@ -167,6 +167,20 @@ def test_cli_batch_size_auto_needs_a_target_epsilon(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+def test_plan_needs_no_out_and_training_without_out_is_one_line(tmp_path, capsys, monkeypatch):
+    """`train --plan` trains and writes nothing, so it takes no --out (as the recipe configs document); a training
+    without --out is refused in one line naming the flag."""
+    from transdenoiser import cli
+
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "--plan", "--arm", "sepdp", "--target-epsilon", "1", "--epochs", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "<- chosen" in out and list(tmp_path.iterdir()) == []
+    assert cli.main(["train", "--arm", "sepdp", "--classifier", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--out is required" in err
+
+
 def test_sweep_quick_runs_every_run_at_the_target(random_classifier_dir, tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep_recipe.py"), "--quick", "--classifier",
                              str(random_classifier_dir), "--out", str(tmp_path / "sweep"),

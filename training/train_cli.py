@@ -59,7 +59,8 @@ def register(subparsers, common) -> None:
     p.add_argument("--config", type=Path, default=None, help="TOML file of settings (see configs/); flags override")
     p.add_argument("--classifier", type=Path, default=None,
                    help="frozen classifier checkpoint directory (required unless --resume)")
-    p.add_argument("--out", type=Path, required=True, help="checkpoint directory written after every epoch")
+    p.add_argument("--out", type=Path, default=None,
+                   help="checkpoint directory written after every epoch (required unless --plan)")
     p.add_argument("--resume", action="store_true", help="continue the run saved in --out exactly where it stopped")
     add_dataset_args(p)
     g = p.add_argument_group("arm and privacy")
@@ -222,6 +223,8 @@ def _plan_only(args) -> int:
 def cmd_train(args) -> int:
     if getattr(args, "plan", False):
         return _plan_only(args)
+    if args.out is None:
+        raise UserError("--out is required: the checkpoint directory to write (only --plan trains nothing)")
     device = resolve_device(args.device)
     group = None
     try:
