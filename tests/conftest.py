@@ -61,3 +61,15 @@ def in_process_service(model_dir):
                 yield client
         finally:
             forget_bentoml_metrics()
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread for the test: small models' forward passes only lose time to a second thread (much more so
+    while other jobs share the cores). Use with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -13,14 +13,7 @@ from certify.runner import Shard, certify_dataset, pack_size, plan_units, rank_d
 from transdenoiser.cli import main
 from transdenoiser.errors import UserError
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread: these tests are dominated by small forward passes, which extra threads only slow down."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 FAST = ["--sigma", "0.25", "--n0", "8", "--n", "40", "--batch-size", "64", "--alpha", "0.01", "--device", "cpu"]

@@ -26,13 +26,7 @@ Q, XI_UP, DELTA, STEPS = 0.25, 2.0, 1e-3, 4
 W = 77  # the parameter count of the tiny denoiser at width 2
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread: these small models only lose time to a second thread (as in test_certify_runner.py)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def dp_accounting_rdp(q: float, multiplier: float, steps: int, delta: float) -> float:
