@@ -63,6 +63,22 @@ def in_process_service(model_dir):
             forget_bentoml_metrics()
 
 
+@pytest.fixture(scope="session")
+def random_classifier_dir(tmp_path_factory):
+    """An untrained cnn28 (seed 0) saved as an mnist10k classifier checkpoint: for tests of run bookkeeping, training
+    mechanics and serving, which need a frozen classifier, not a good one."""
+    from training.checkpoint import save_checkpoint
+    from training.models import build_model
+
+    torch.manual_seed(0)
+    kwargs = {"in_channels": 1, "num_classes": 10}
+    meta = {"kind": "classifier", "architecture": "cnn28", "arch_kwargs": kwargs, "input_shape": [1, 28, 28],
+            "num_classes": 10, "class_names": [str(d) for d in range(10)], "test_accuracy": None,
+            "dataset": {"name": "mnist10k", "trained_on": "public"}}
+    return save_checkpoint(tmp_path_factory.mktemp("random_classifier") / "classifier",
+                           build_model("cnn28", **kwargs), meta)
+
+
 @pytest.fixture
 def one_torch_thread():
     """One torch thread for the test: small models' forward passes only lose time to a second thread (much more so

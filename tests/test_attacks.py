@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from certify.attacks import ATTACKS, FGSM, IFGSM, MIM, NORMS, PGD, build_attack, perturbation_norms
+from certify.attacks.gradient import ATTACKS, FGSM, IFGSM, MIM, NORMS, PGD, build_attack, perturbation_norms
 from certify.attacks.threats import ClassifierThreat, PipelineThreat, SmoothedThreat, build_threat
 from transdenoiser.errors import UserError
 

@@ -91,19 +91,6 @@ FAST = ["--sigma", "0.25", "--n0", "8", "--n", "24", "--batch-size", "64", "--al
         "--threads", "1"]
 
 
-@pytest.fixture(scope="module")
-def random_classifier_dir(tmp_path_factory):
-    """A randomly initialised cnn28 checkpoint: the run bookkeeping is under test, not accuracy."""
-    from training.checkpoint import save_checkpoint
-    from training.models import build_model
-
-    torch.manual_seed(0)
-    kwargs = {"in_channels": 1, "num_classes": 10}
-    meta = {"kind": "classifier", "architecture": "cnn28", "arch_kwargs": kwargs, "num_classes": 10,
-            "input_shape": [1, 28, 28], "class_names": [str(d) for d in range(10)], "test_accuracy": None}
-    return save_checkpoint(tmp_path_factory.mktemp("doc_certify") / "classifier", build_model("cnn28", **kwargs), meta)
-
-
 def run_cli(argv, capsys):
     code = main([str(a) for a in argv])
     captured = capsys.readouterr()

@@ -75,19 +75,14 @@ def test_released_data_independent_epsilon_only_for_the_merged_run_that_never_co
         assert none["epsilon"]["rdp"] == none["epsilon"]["pld"] == "inf" and "none established" in none["label"]
 
 
-def test_a_default_merged_run_that_computes_smin_claims_no_data_independent_epsilon(tmp_path):
+def test_a_default_merged_run_that_computes_smin_claims_no_data_independent_epsilon(random_classifier_dir, tmp_path):
     """End to end: merge_uncredited_noise on (the default), w = 77 <= max_smin_dim = 4096, so S_min is computed
     from the private batches and the released metadata must not carry sepdp's epsilon."""
-    from training.checkpoint import load_checkpoint, read_metadata, save_checkpoint
+    from training.checkpoint import load_checkpoint, read_metadata
     from training.datasets import load_dataset
-    from training.models import build_model
     from training.private_train import TrainConfig, load_private_record, train_denoiser
 
-    torch.manual_seed(0)
-    meta = {"kind": "classifier", "architecture": "cnn28", "arch_kwargs": {}, "input_shape": [1, 28, 28],
-            "num_classes": 10}
-    classifier = load_checkpoint(save_checkpoint(tmp_path / "classifier", build_model("cnn28"), meta),
-                                 kind="classifier")
+    classifier = load_checkpoint(random_classifier_dir, kind="classifier")
     config = TrainConfig(arm="transdenoiser", denoiser="tiny", denoiser_kwargs={"width": 2}, activation="silu",
                          epochs=1, batch_size=5, train_examples=20, eval_examples=20, max_smin_dim=4096,
                          learning_rate=0.05, optimizer="sgd", delta=1e-2, xi_up=XI_UP)  # q = 0.25, 4 steps

@@ -98,18 +98,14 @@ def test_probes_are_open_on_their_exact_paths_only():
 # ----------------------------------------------------------------------------------------------- model directories
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
+def checkpoints(random_classifier_dir, tmp_path_factory):
     """A random cnn28 classifier and a random tiny denoiser trained "at sigma 0.25" with no privacy report."""
     from training.checkpoint import save_checkpoint
     from training.models import build_model
 
     root = tmp_path_factory.mktemp("doc_serving")
     torch.manual_seed(0)
-    kwargs = {"in_channels": 1, "num_classes": 10}
-    classifier = save_checkpoint(root / "classifier", build_model("cnn28", **kwargs),
-                                 {"kind": "classifier", "architecture": "cnn28", "arch_kwargs": kwargs,
-                                  "num_classes": 10, "input_shape": [1, 28, 28],
-                                  "class_names": [str(d) for d in range(10)], "test_accuracy": None})
+    classifier = random_classifier_dir
     denoiser_kwargs = {"in_channels": 1, "width": 2}
     denoiser = save_checkpoint(root / "denoiser", build_model("tiny", **denoiser_kwargs),
                                {"kind": "denoiser", "architecture": "tiny", "arch_kwargs": denoiser_kwargs,

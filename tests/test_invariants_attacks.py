@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from certify.attacks import ATTACKS, PGD, Attack, BudgetViolation, build_attack, rounding_slack
+from certify.attacks.gradient import ATTACKS, PGD, Attack, BudgetViolation, build_attack, rounding_slack
 
 EPS = {"l2": 1.0, "linf": 0.1}
 

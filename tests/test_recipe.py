@@ -12,23 +12,13 @@ import torch
 from torch import nn
 
 import training.private_train as private_train
-from training.checkpoint import load_checkpoint, save_checkpoint
+from training.checkpoint import load_checkpoint
 from training.models import build_model
 from training.private_train import TrainConfig, train_denoiser
 from training.recipe import batch_norm_to_group_norm, choose_batch_size, plan_batch_sizes, refuse_batch_norm
 from transdenoiser.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def random_classifier_dir(tmp_path_factory, mnist10k):
-    """An untrained cnn28 saved as a classifier checkpoint (the tests here need a frozen h, not a good one)."""
-    torch.manual_seed(0)
-    model = build_model("cnn28", in_channels=1, num_classes=10)
-    meta = {"kind": "classifier", "architecture": "cnn28", "arch_kwargs": {"in_channels": 1, "num_classes": 10},
-            "input_shape": [1, 28, 28], "num_classes": 10, "dataset": {"name": "mnist10k", "trained_on": "public"}}
-    return save_checkpoint(tmp_path_factory.mktemp("clf") / "classifier", model, meta)
 
 
 def _config(**overrides) -> TrainConfig:
