@@ -329,7 +329,8 @@ class Smooth:
         """Is the smoothed prediction at ``x`` certified at L2 ``radius``? Select a class with n0 samples, then draw
         fresh estimation samples in rounds until an anytime-valid lower bound on pA reaches Phi(radius / sigma)
         (certified), an anytime-valid upper bound falls below it (not certified), or ``n_max`` are spent.
-        The answer is wrong with probability at most ``alpha`` (docs/CERTIFY.md, "Adaptive certification")."""
+        The answer is wrong with probability at most ``alpha`` (docs/CERTIFY.md, "Adaptive certification");
+        "not certified" is a statement about the selected class only."""
         return self.decide_many(x.unsqueeze(0), radius, n0, n_max, alpha, [generator], method)[0]
 
     def decide_many(self, images: torch.Tensor, radius: float, n0: int, n_max: int, alpha: float,

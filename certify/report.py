@@ -45,6 +45,9 @@ ACR_DEFINITION = ("mean over all images of the certified radius when the predict
                   "(abstentions and wrong predictions count 0)")
 GUARANTEE = ("each certificate is a statement about the smoothed classifier g(x) = argmax_c P[f(D(x+e)) = c], "
              "e ~ N(0, sigma^2 I), that holds with probability >= 1 - alpha over the Monte Carlo sampling")
+DECIDE_NOT_CERTIFIED = ("; a 'not certified at the radius' answer says that the class chosen by the n0 selection "
+                        "samples has pA < Phi(R / sigma), wrong with probability <= alpha; it says nothing of other "
+                        "classes (when the selection chose another class than g's, g may be certified at R)")
 
 
 # ----------------------------------------------------------------------------------------------- numbers
@@ -117,17 +120,17 @@ def summarize(records: Sequence[CertifyRecord], sigma: float, n0: int, n: int, a
     extra = adaptive_summary(records, sigma, n0, n, alpha, adaptive) if adaptive else {}
     largest_possible = extra.get("max_certifiable_radius", max_certifiable_radius(sigma, n, alpha))
     largest = max(r.radius for r in records)
-    grid = radius_grid(largest_possible, radius_step)
-    if extra.get("mode") == "decide" and largest_possible not in grid:
-        grid.append(largest_possible)
+    decide = extra.get("mode") == "decide"
+    # decide mode answers one question per image (certified at R or not): only the row at R is measured
+    grid = [largest_possible] if decide else radius_grid(largest_possible, radius_step)
     table = [{"radius": r, "certified_accuracy": certified_accuracy(records, r)} for r in grid]
     summary = {
         "task": "certify",
         "images": count,
-        "smoothed_clean_accuracy": sum(r.correct for r in records) / count,
+        "smoothed_clean_accuracy": None if decide else sum(r.correct for r in records) / count,
         **_outcome_rates(records),
         "certified_accuracy": table,
-        "average_certified_radius": sum(r.radius for r in records if r.correct) / count,
+        "average_certified_radius": None if decide else sum(r.radius for r in records if r.correct) / count,
         "average_certified_radius_definition": ACR_DEFINITION,
         "largest_certified_radius": largest,
         "max_certifiable_radius": largest_possible,
@@ -141,8 +144,17 @@ def summarize(records: Sequence[CertifyRecord], sigma: float, n0: int, n: int, a
         summary.update(extra)
         summary["guarantee"] = GUARANTEE + (
             "; the bound on pA is anytime-valid (a confidence sequence), so it holds at the data-dependent "
-            "stopping time" + ("; 'not certified at the radius' is wrong with probability <= alpha too"
-                               if extra["mode"] == "decide" else ""))
+            "stopping time" + (DECIDE_NOT_CERTIFIED if decide else ""))
+    if decide:
+        rates = _outcome_rates(records)
+        summary["abstention_rate"] = None
+        summary["decide"] = {
+            "radius": largest_possible,
+            "certified_correct": table[0]["certified_accuracy"],
+            "certified_wrong": rates["wrong_rate"],
+            "not_certified": rates["abstention_rate"],
+            "note": "decide mode answers one question per image, certified at the radius or not: it measures no "
+                    "clean accuracy, no abstention and no certified accuracy at any other radius (hence null)"}
     return summary
 
 
@@ -163,17 +175,30 @@ def summarize_predictions(records: Sequence[PredictRecord], sigma: float, n: int
     }
 
 
+def decide_line(summary: dict[str, Any]) -> str:
+    """A decide run's outcome in one line: certified at R (right class, wrong class), not certified."""
+    d = summary["decide"]
+    return (f"decide at L2 radius {d['radius']:g}: certified with the true class {d['certified_correct']:.1%}, "
+            f"certified with another class {d['certified_wrong']:.1%}, not certified {d['not_certified']:.1%} "
+            f"(no clean accuracy and no other radius is measured in decide mode)")
+
+
 def format_certified_accuracy_table(summary: dict[str, Any]) -> str:
     """Plain-text table of a certify summary: certified accuracy per radius, then the headline numbers."""
-    lines = [f"certified accuracy (L2 radius, sigma {summary['sigma']:g}, n0 {summary['n0']}, n {summary['n']}, "
+    budget = "n_max" if summary.get("mode") else "n"
+    lines = [f"certified accuracy (L2 radius, sigma {summary['sigma']:g}, n0 {summary['n0']}, {budget} {summary['n']}, "
              f"alpha {summary['alpha']:g}, {summary['images']} images)",
              "  radius  certified accuracy"]
     for row in summary["certified_accuracy"]:
         lines.append(f"  {row['radius']:6.2f}  {row['certified_accuracy']:8.1%}")
-    lines.append(f"  smoothed clean accuracy {summary['smoothed_clean_accuracy']:.1%}; abstained "
-                 f"{summary['abstention_rate']:.1%}; average certified radius {summary['average_certified_radius']:.3f}"
-                 f"; largest radius {summary['largest_certified_radius']:.3f} (at most "
-                 f"{summary['max_certifiable_radius']:.3f} with this n and alpha)")
+    if "decide" in summary:
+        lines.append(f"  {decide_line(summary)}")
+    else:
+        lines.append(f"  smoothed clean accuracy {summary['smoothed_clean_accuracy']:.1%}; abstained "
+                     f"{summary['abstention_rate']:.1%}; average certified radius "
+                     f"{summary['average_certified_radius']:.3f}; largest radius "
+                     f"{summary['largest_certified_radius']:.3f} (at most {summary['max_certifiable_radius']:.3f} "
+                     f"with this {budget} and alpha)")
     if summary.get("seconds_per_image") is not None:
         lines.append(f"  {summary['seconds_per_image']:.3f} s per image, "
                      f"{summary['noisy_samples_per_second']:,.0f} noisy samples per second")
@@ -257,7 +282,12 @@ def legend_label(summary: dict[str, Any]) -> str:
     parts = [run_label(summary)]
     if settings.get("denoiser") or summary.get("denoiser_metadata") is not None:
         parts.append(epsilon_text(summary.get("denoiser_metadata")) or "privacy unknown")
-    if settings.get("n") is not None:
+    mode = settings.get("mode") or summary.get("mode")
+    if mode == "decide":
+        parts.append(f"decide R = {settings.get('radius', summary.get('radius'))}, n_max {settings.get('n')}")
+    elif mode == "estimate":
+        parts.append(f"estimate, n_max {settings.get('n')}")
+    elif settings.get("n") is not None:
         parts.append(f"n {settings['n']}")
     if settings.get("dataset"):
         parts.append(str(settings["dataset"]))
@@ -267,7 +297,7 @@ def legend_label(summary: dict[str, Any]) -> str:
 def cap_note(summary: dict[str, Any]) -> tuple[float, str] | None:
     """The largest radius this run could certify (set by n and alpha), and its label on a figure."""
     cap = summary.get("max_certifiable_radius")
-    if not isinstance(cap, (int, float)):
+    if not isinstance(cap, (int, float)) or summary.get("mode") == "decide":  # decide: R is the question, no cap
         return None
     return float(cap), f"largest certifiable radius {cap:.3f} (n {summary.get('n')}, alpha {summary.get('alpha'):g})"
 
@@ -280,20 +310,24 @@ def _curve(records: Sequence[CertifyRecord], radii: np.ndarray) -> np.ndarray:
 
 
 def certified_accuracy_figure(curves: Sequence[tuple[str, Sequence[CertifyRecord]]], title: str = "Certified accuracy",
-                              caps: Sequence[tuple[float, str]] = ()):
+                              caps: Sequence[tuple[float, str]] = (), points: Sequence[tuple[str, float, float]] = ()):
     """The figure: certified accuracy (y) against L2 radius (x), one line per (label, records); each cap in ``caps``
     (radius, text) is drawn as a dotted vertical line with its text: no radius beyond it can be certified with that
-    run's n and alpha, so the curve's drop to 0 there is the sampling budget, not the model."""
+    run's n and alpha, so the curve's drop to 0 there is the sampling budget, not the model. Each of ``points``
+    (label, radius, certified accuracy) is one marker: a decide run measures one radius only."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    largest = max([r.radius for _, records in curves for r in records] + [cap for cap, _ in caps] + [RADIUS_STEP])
+    largest = max([r.radius for _, records in curves for r in records] + [cap for cap, _ in caps]
+                  + [radius for _, radius, _ in points] + [RADIUS_STEP])
     radii = np.linspace(0.0, largest * 1.08, CURVE_POINTS)
     fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=120)
     for label, records in curves:
         ax.plot(radii, _curve(records, radii), label=label, drawstyle="steps-post")
+    for label, radius, accuracy in points:
+        ax.plot([radius], [accuracy], marker="o", linestyle="none", label=label)
     for cap, text in dict(caps).items():  # one line per distinct cap
         ax.axvline(cap, color="0.4", linestyle=":", linewidth=1)
         ax.text(cap, 0.98, text, rotation=90, va="top", ha="right", fontsize="x-small", color="0.3")
@@ -309,11 +343,12 @@ def certified_accuracy_figure(curves: Sequence[tuple[str, Sequence[CertifyRecord
 
 
 def plot_certified_accuracy(curves: Sequence[tuple[str, Sequence[CertifyRecord]]], path: Path,
-                            title: str = "Certified accuracy", caps: Sequence[tuple[float, str]] = ()) -> Path:
+                            title: str = "Certified accuracy", caps: Sequence[tuple[float, str]] = (),
+                            points: Sequence[tuple[str, float, float]] = ()) -> Path:
     """:func:`certified_accuracy_figure`, written to ``path`` (PNG)."""
     import matplotlib.pyplot as plt
 
-    fig = certified_accuracy_figure(curves, title, caps)
+    fig = certified_accuracy_figure(curves, title, caps, points)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fig.savefig(tmp, format="png")
     plt.close(fig)
@@ -378,14 +413,19 @@ def format_run_report(summary: dict[str, Any]) -> str:
     if summary["task"] == "certify":
         lines += ["## Results", "", "| L2 radius | certified accuracy |", "| ---: | ---: |"]
         lines += [f"| {row['radius']:.2f} | {row['certified_accuracy']:.1%} |" for row in summary["certified_accuracy"]]
-        lines += ["", f"- smoothed clean accuracy (certified accuracy at radius 0): "
-                      f"{summary['smoothed_clean_accuracy']:.1%}",
-                  f"- abstention rate: {summary['abstention_rate']:.1%}; "
-                  f"certified but wrong: {summary['wrong_rate']:.1%}",
-                  f"- average certified radius: {summary['average_certified_radius']:.4f} ({ACR_DEFINITION})",
-                  f"- largest certified radius: {summary['largest_certified_radius']:.4f}; largest possible with "
-                  f"n = {summary['n']} and alpha = {summary['alpha']:g}: {summary['max_certifiable_radius']:.4f}",
-                  *([f"- {_samples_line(summary).strip()}"] if "samples_per_image" in summary else []),
+        budget = "n_max" if summary.get("mode") else "n"
+        if "decide" in summary:
+            lines += ["", f"- {decide_line(summary)}"]
+        else:
+            lines += ["", f"- smoothed clean accuracy (certified accuracy at radius 0): "
+                          f"{summary['smoothed_clean_accuracy']:.1%}",
+                      f"- abstention rate: {summary['abstention_rate']:.1%}; "
+                      f"certified but wrong: {summary['wrong_rate']:.1%}",
+                      f"- average certified radius: {summary['average_certified_radius']:.4f} ({ACR_DEFINITION})",
+                      f"- largest certified radius: {summary['largest_certified_radius']:.4f}; largest possible "
+                      f"with {budget} = {summary['n']} and alpha = {summary['alpha']:g}: "
+                      f"{summary['max_certifiable_radius']:.4f}"]
+        lines += [*([f"- {_samples_line(summary).strip()}"] if "samples_per_image" in summary else []),
                   "", f"![certified accuracy against L2 radius]({PLOT_FILE})", ""]
     else:
         lines += ["## Results", "", f"- smoothed accuracy: {summary['smoothed_accuracy']:.1%}",
@@ -446,9 +486,21 @@ def finalize_run(run_dirs: Sequence[Path], out_dir: Path | None = None) -> dict[
     write_text(out_dir / REPORT_FILE, format_run_report(summary))
     if task == "certify":
         cap = cap_note(summary)
-        plot_certified_accuracy([(legend_label(summary), rows)], out_dir / PLOT_FILE,
-                                title=f"Certified accuracy, {run_label(summary)}", caps=[cap] if cap else [])
+        curves, points = _curves_and_points([(legend_label(summary), summary, rows)])
+        plot_certified_accuracy(curves, out_dir / PLOT_FILE, title=f"Certified accuracy, {run_label(summary)}",
+                                caps=[cap] if cap else [], points=points)
     return summary
+
+
+def _curves_and_points(runs: Sequence[tuple[str, dict[str, Any], Sequence[CertifyRecord]]]):
+    """(label, summary, records) per run -> the figure's curves, and one point per decide run (its one radius)."""
+    curves, points = [], []
+    for label, summary, records in runs:
+        if "decide" in summary:
+            points.append((label, summary["decide"]["radius"], summary["decide"]["certified_correct"]))
+        else:
+            curves.append((label, records))
+    return curves, points
 
 
 def read_certify_run(run_dir: Path) -> tuple[dict[str, Any], list[CertifyRecord]]:
@@ -512,28 +564,40 @@ def _overlay_certify_runs(run_dirs: list[Path], out_dir: Path, warn: Callable[[s
     labels = [f"{label} ({run_dir.name})" if plain.count(label) > 1 else label  # same label twice: add the folder
               for label, run_dir in zip(plain, run_dirs, strict=True)]
     largest = max(summary["max_certifiable_radius"] for summary, _ in runs)
-    radii = radius_grid(largest)
+    radii = sorted(set(radius_grid(largest)) | {s["decide"]["radius"] for s, _ in runs if "decide" in s})
     table = []
     for label, run_dir, (summary, records) in zip(labels, run_dirs, runs, strict=True):
+        # a decide run measured one radius: the others are None (not measured), not its certified accuracy
+        measured = [summary["decide"]["radius"]] if "decide" in summary else radii
         table.append({"label": label, "run": str(run_dir), "images": len(records),
                       "smoothed_clean_accuracy": summary["smoothed_clean_accuracy"],
                       "abstention_rate": summary["abstention_rate"],
                       "average_certified_radius": summary["average_certified_radius"],
-                      "certified_accuracy": {f"{r:.2f}": certified_accuracy(records, r) for r in radii},
+                      "certified_accuracy": {f"{r:.2f}": certified_accuracy(records, r) if r in measured else None
+                                             for r in radii},
                       "settings": {k: summary.get("settings", {}).get(k) for k in ("sigma", "n0", "n", "alpha",
-                                                                                    "dataset", "split")}})
+                                                                                    "dataset", "split", "mode",
+                                                                                    "radius")}})
     caps = [cap for cap in (cap_note(summary) for summary, _ in runs) if cap]
-    png = plot_certified_accuracy(list(zip(labels, [records for _, records in runs], strict=True)), out_dir / PLOT_FILE,
-                                  title="Certified accuracy against L2 radius", caps=caps)
+    curves, points = _curves_and_points([(label, summary, records)
+                                         for label, (summary, records) in zip(labels, runs, strict=True)])
+    png = plot_certified_accuracy(curves, out_dir / PLOT_FILE, title="Certified accuracy against L2 radius",
+                                  caps=caps, points=points)
     header = "| run | images | " + " | ".join(f"r = {r:.2f}" for r in radii) + " | ACR | abstained |"
     lines = ["# Certified accuracy of several runs", "", *[f"**{line}**" for line in warnings],
              *([""] if warnings else []),
              "Certified accuracy at each L2 radius (pixels in [0,1]); ACR: average certified radius "
              f"({ACR_DEFINITION}).", "", header, "|" + " --- |" * (len(radii) + 4)]
+    def cell(value: float | None, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
     for row in table:
-        cells = " | ".join(f"{row['certified_accuracy'][f'{r:.2f}']:.1%}" for r in radii)
-        lines.append(f"| {row['label']} | {row['images']} | {cells} | {row['average_certified_radius']:.3f} | "
-                     f"{row['abstention_rate']:.1%} |")
+        cells = " | ".join(cell(row['certified_accuracy'][f'{r:.2f}'], ".1%") for r in radii)
+        lines.append(f"| {row['label']} | {row['images']} | {cells} | {cell(row['average_certified_radius'], '.3f')} | "
+                     f"{cell(row['abstention_rate'], '.1%')} |")
+    if any(row["settings"].get("mode") == "decide" for row in table):
+        lines += ["", "A decide run answers one question per image, certified at its radius R or not: '-' marks the "
+                      "radii, ACR and abstention it does not measure."]
     lines += ["", f"![certified accuracy against L2 radius]({PLOT_FILE})", "", "Runs:", ""]
     lines += [f"- {row['label']}: `{row['run']}` (n0 {row['settings']['n0']}, n {row['settings']['n']}, "
               f"alpha {row['settings']['alpha']})" for row in table]

@@ -6,10 +6,11 @@ Clopper-Pearson bound. Here the estimation samples come in rounds and the proced
 any round, on what it has seen so far. A bound computed at a data-dependent stopping time is only
 valid if it holds at every look at once, so both constructions below are *confidence sequences*:
 
-    P[ for every look k:  lower_k <= pA <= upper_k ] >= 1 - alpha     (each side alone: >= 1 - alpha)
+    P[ for every look k:  lower_k <= pA ] >= 1 - alpha,   P[ for every look k:  upper_k >= pA ] >= 1 - alpha
 
-whatever pA is, so a certificate read off at any stopping time, however the time was chosen from
-the data, is wrong with probability at most alpha.
+(each side on its own; both at once: >= 1 - 2 alpha for ``union-cp``, >= 1 - alpha for the mixture's
+interval) whatever pA is, so a certificate read off at any stopping time, however the time was chosen
+from the data, is wrong with probability at most alpha: every answer uses one side only.
 
 - :class:`UnionClopperPearson`: the looks are a schedule t_1 < t_2 < ... < t_K = n_max fixed in
   advance; look k uses a one-sided Clopper-Pearson bound at level alpha_k with sum_k alpha_k = alpha.
@@ -25,9 +26,11 @@ the data, is wrong with probability at most alpha.
 Rules (pure functions of the count stream, shared by ``Smooth`` and the validity simulations):
 - :class:`DecideRule`: is the prediction certified at L2 radius R? Stop with CERTIFIED as soon as
   lower >= Phi(R / sigma), with NOT_CERTIFIED as soon as upper < Phi(R / sigma), with BUDGET_SPENT at
-  the last look. "Certified" is wrong only when lower > pA; "not certified" only when upper < pA; for a
-  given image at most one of the two answers can be wrong (pA is on one side of the threshold), so the
-  answer is wrong with probability <= alpha.
+  the last look. pA is the probability of the class cA chosen by the n0 selection samples. "Certified"
+  is wrong only when lower > pA; "not certified" (a statement about cA: pA < Phi(R / sigma)) only when
+  upper < pA; for a given image at most one of the two can be wrong (pA is on one side of the
+  threshold), so the answer is wrong with probability <= alpha. "Not certified" says nothing of other
+  classes: if the selection picked a class other than g's top class, g itself may be certified at R.
 - :class:`EstimateRule`: the largest certifiable radius: the running maximum of the lower bounds
   (valid: all lower bounds hold at once), stopping once the radius cannot grow by more than
   ``tolerance`` up to n_max: neither with every remaining sample voting for cA, nor past the radius of

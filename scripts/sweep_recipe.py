@@ -13,7 +13,7 @@ Every run spends the same target epsilon: xi_up is calibrated to it by the RDP a
 each run's privacy report (data-independent RDP epsilon in [0.99 target, target]) and stops if one misses.
 
     python scripts/sweep_recipe.py --dataset fashion-mnist --classifier DIR --sigma 0.5 --target-epsilon 1 \
-        --out runs/recipe/sweep_fashion_sigma050_eps1 --write-config configs/recipe_fashion_sigma050_eps1.toml
+        --out runs/recipe/sweep_fashion_sigma050_eps1 --write-config runs/recipe/fashion_sigma050_eps1.toml
     python scripts/sweep_recipe.py --quick --classifier DIR --out /tmp/sweep    # a seconds-long smoke run
 """
 from __future__ import annotations
@@ -138,6 +138,8 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true",
                    help="smoke run: mnist10k, 1 epoch, 2 runs, small validation set (seconds)")
     args = p.parse_args(argv)
+    if args.write_config is not None and args.write_config.exists():
+        p.error(f"--write-config {args.write_config} exists: nothing is overwritten; choose another path")
     if args.quick:
         args.dataset, args.epochs, args.validation = "mnist10k", 1, 200
         args.min_steps, args.optimizers, args.ema, args.norm = [10], [("adam", 1e-3)], [0.0, 0.9], ["none"]

@@ -293,7 +293,25 @@ def test_adaptive_runs_write_samples_resume_shard_merge_and_overlay(tiny_classif
     assert summary["mode"] == ("decide" if mode[0] == "--radius" else "estimate")
     assert summary["settings"]["n"] == 300 and "anytime-valid" in summary["guarantee"]
     assert "samples per image" in (single / "report.md").read_text()
-    if mode[0] != "--radius":
+    if mode[0] == "--radius":
+        # decide measures one radius: no clean accuracy, ACR or abstention is claimed, only the three outcomes at R
+        certified = [r for r in rows if r.prediction != -1]
+        assert summary["smoothed_clean_accuracy"] is None and summary["average_certified_radius"] is None
+        assert summary["abstention_rate"] is None
+        assert [row["radius"] for row in summary["certified_accuracy"]] == [0.1]
+        assert summary["decide"]["certified_correct"] == pytest.approx(sum(r.correct for r in certified) / 5)
+        assert summary["decide"]["not_certified"] == pytest.approx((5 - len(certified)) / 5)
+        assert "not certified" in (single / "report.md").read_text() and "not certified" in stdout
+        assert "clean accuracy (" not in (single / "report.md").read_text()
+        fixed = tmp_path / "fixed_for_decide"
+        assert run_cli(["certify", "--classifier", tiny_classifier_dir, *FAST, "--max-index", "3", "--out", fixed],
+                       capsys)[0] == 0
+        assert run_cli(["report", single, fixed, "--out", tmp_path / "overlay_decide"], capsys)[0] == 0
+        overlay = json.loads((tmp_path / "overlay_decide" / "overlay.json").read_text())
+        decide_row = next(row for row in overlay if "decide R = 0.1" in row["label"])
+        assert {r for r, v in decide_row["certified_accuracy"].items() if v is not None} == {"0.10"}
+        assert all(v is not None for v in overlay[1]["certified_accuracy"].values())
+        assert "'-' marks the radii" in (tmp_path / "overlay_decide" / "report.md").read_text()
         return  # the bookkeeping below is the same for both modes
 
     # resume after a cut line, shards in one folder, shards in separate folders merged: the same rows

@@ -2,14 +2,17 @@
 gradients averaged over several input-noise draws (clipped once)."""
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import shutil
 
 import pytest
 import torch
 
 from training.models import build_model
 from training.privacy.dp import GaussianNoise
-from training.private_train import SepDPArm, TrainConfig, TransDenoiserArm
+from training.private_train import SepDPArm, TrainConfig, TransDenoiserArm, line16_sigma_bar
 from transdenoiser.errors import UserError
 
 
@@ -48,6 +51,35 @@ def test_uncredited_steps_add_sepdp_noise_once_when_merged(merge, expected_calls
     assert arm.noise.calls == [2.0] * expected_calls
     # never more noise than sepdp when merged; the paper's version adds sqrt(2) xi_up in such a step
     assert record.explicit_multiplier == pytest.approx(2.0 if merge else 2.0 * math.sqrt(2))
+
+
+@pytest.mark.parametrize("merge", [True, False])
+@pytest.mark.parametrize("negatives", [0, 8])
+def test_merged_credited_steps_never_add_more_noise_than_sepdp(merge, negatives, mnist10k):
+    """A step with input-noise credit (sigma_bar < xi_up, S_min stubbed): merged, a batch with a negative group
+    gets xi_up once (Algorithm 1 would add sqrt(sigma_bar^2 + xi_up^2) > xi_up) and an all-credited batch keeps
+    sigma_bar; the paper's version noises each group."""
+    arm, _ = _arm(TransDenoiserArm, merge_uncredited_noise=merge, sigma=0.5)
+    arm.noise = _Spy(arm.config.clip_norm)
+    x = _batch(mnist10k)
+    split = torch.tensor([1.0] * (16 - negatives) + [-1.0] * negatives, dtype=torch.float64)
+    arm.remainders = lambda z, x: (split, torch.zeros_like(split))
+    arm.smin = lambda x_nonneg, factors: (1e-2, "stub")
+    _, record = arm.gradient(x, torch.Generator().manual_seed(1))
+    xi_up = arm.xi_up
+    credited = line16_sigma_bar(arm.config.sigma * math.sqrt(arm.total_steps * 1e-2) / arm.config.clip_norm,
+                                arm.config.xi_low, xi_up)
+    assert record.sigma_bar == pytest.approx(credited) and 0 < credited < xi_up  # the step is credited
+    if merge and negatives:
+        assert arm.noise.calls == [xi_up] and record.explicit_multiplier == xi_up
+    elif negatives:
+        assert arm.noise.calls == [credited, xi_up]
+        assert record.explicit_multiplier == pytest.approx(math.hypot(credited, xi_up))
+        assert record.explicit_multiplier > xi_up
+    else:
+        assert arm.noise.calls == [credited] and record.explicit_multiplier == pytest.approx(credited)
+    if merge:
+        assert record.explicit_multiplier <= xi_up
 
 
 def test_merged_uncredited_step_equals_the_sepdp_step(mnist10k):
@@ -128,6 +160,16 @@ def test_public_initialisation_is_recorded_and_private_sources_refused(mnist10k,
     report = read_metadata(tmp_path / "private")["privacy"]
     assert report["initialisation"]["kind"] == "public" and report["initialisation"]["checkpoint"] == str(public)
     assert "initialisation: public" in (tmp_path / "private" / "privacy_report.txt").read_text()
+    assert report["initialisation"]["weights_sha256"] == hashlib.sha256(
+        (public / "weights.safetensors").read_bytes()).hexdigest()
+    # a public checkpoint of another split (another fingerprint) is refused too
+    other = tmp_path / "other_split"
+    shutil.copytree(public, other)
+    meta = json.loads((other / "metadata.json").read_text())
+    meta["dataset"]["fingerprints"]["public"] = "0" * 64
+    (other / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(UserError, match="not on this run's"):
+        initialise_from_public(model, TrainConfig(arm="sepdp", init_from=str(other), **fast), mnist10k)
     with pytest.raises(UserError, match="only a denoiser trained on the public split"):
         initialise_from_public(model, TrainConfig(arm="sepdp", init_from=str(tmp_path / "private"), **fast),
                                mnist10k)

@@ -187,6 +187,13 @@ def test_sweep_quick_runs_every_run_at_the_target(random_classifier_dir, tmp_pat
     assert config.target_epsilon == summary["target_epsilon"] and config.arm == "sepdp"
     assert config.ema_decay == summary["best"]["ema_decay"]
     assert np.isfinite(summary["best"]["validation_mse"])
+    before = (tmp_path / "best.toml").read_bytes()
+    again = subprocess.run([sys.executable, str(ROOT / "scripts" / "sweep_recipe.py"), "--quick", "--classifier",
+                            str(random_classifier_dir), "--out", str(tmp_path / "sweep2"),
+                            "--write-config", str(tmp_path / "best.toml")],
+                           capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert again.returncode == 2 and "nothing is overwritten" in again.stderr
+    assert (tmp_path / "best.toml").read_bytes() == before and not (tmp_path / "sweep2").exists()
 
 
 def _fake_arm(root: Path, arm: str, certified_at_half: set[int], images: int) -> None:

@@ -29,6 +29,7 @@ from torch import nn
 
 from training.checkpoint import (
     Checkpoint,
+    WEIGHTS,
     load_checkpoint,
     load_tensors,
     read_metadata,
@@ -359,9 +360,12 @@ class TransDenoiserArm(DPArm):
     """Algorithm 1: the Taylor remainder (line 8) splits the batch; S_min of the non-negative group's
     mixed-derivative matrix lowers that group's explicit noise by line 16; the negative group gets xi_up.
 
-    With ``merge_uncredited_noise`` (the default), a step whose non-negative group gets no input-noise credit
-    (sigma_bar = xi_up, or no non-negative example) adds xi_up once to the whole clipped sum: that step is
-    exactly sepdp's. Without it (the paper as written), each non-empty group gets its own noise.
+    With ``merge_uncredited_noise`` (the default), a step in which any example is uncredited adds xi_up once to
+    the whole clipped sum: that step is exactly sepdp's. Uncredited: the non-negative group gets no input-noise
+    credit (sigma_bar = xi_up, or no non-negative example), or the negative group (always uncredited) is not
+    empty, where Algorithm 1 would add sqrt(sigma_bar^2 + xi_up^2) >= xi_up. So the merged arm never adds more
+    explicit noise than sepdp; only a step whose whole batch is credited keeps line 17's sigma_bar < xi_up.
+    Without it (the paper as written), each non-empty group gets its own noise.
     """
 
     name = "transdenoiser"
@@ -405,8 +409,9 @@ class TransDenoiserArm(DPArm):
             record.input_multiplier = (self.config.sigma * math.sqrt(self.total_steps * record.smin)
                                        / self.config.clip_norm)
             record.sigma_bar = line16_sigma_bar(record.input_multiplier, self.config.xi_low, self.xi_up)
-        if self.config.merge_uncredited_noise and not record.sigma_bar < self.xi_up:
-            # no input-noise credit in this step: the sepdp step, xi_up once on the whole clipped sum
+        if self.config.merge_uncredited_noise and (not record.sigma_bar < self.xi_up or num_nonneg < len(x)):
+            # an uncredited example in this step (no credit, or a negative group): the sepdp step, xi_up once on
+            # the whole clipped sum, never more explicit noise than sepdp's
             record.explicit_multiplier = self.xi_up
             summed = (self.clipper.weighted_sum(grads, factors) if sums is None else sums["whole"] if "whole" in sums
                       else {k: sums["nonneg"][k] + sums["negative"][k] for k in sums["nonneg"]})
@@ -638,9 +643,11 @@ def noise_generator(config: TrainConfig, group: RankGroup | None = None) -> torc
     return torch.Generator().manual_seed(seed)
 
 
-def initialise_from_public(model: nn.Module, config: TrainConfig, dataset: Dataset) -> None:
+def initialise_from_public(model: nn.Module, config: TrainConfig, dataset: Dataset) -> str:
     """Copy the weights of ``config.init_from``, refusing any checkpoint not trained on the public split of
-    this very dataset, or of another architecture: a public initialisation costs no privacy, a private one would."""
+    this very dataset, or of another architecture: a public initialisation costs no privacy, a private one would.
+    The check reads the checkpoint's own metadata.json: it catches mistakes, not a file edited on purpose.
+    Returns the SHA-256 of the weights copied (recorded in the privacy report)."""
     source = load_checkpoint(config.init_from, kind="denoiser")
     meta = source.metadata
     trained = meta.get("dataset") or {}
@@ -660,6 +667,7 @@ def initialise_from_public(model: nn.Module, config: TrainConfig, dataset: Datas
     except RuntimeError as exc:
         raise UserError(f"--init-from {config.init_from}: weights do not fit this run's denoiser "
                         f"({str(exc).splitlines()[0]})") from None
+    return meta["files"][WEIGHTS]
 
 
 def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint, device: torch.device,
@@ -709,8 +717,7 @@ def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint
     check_denoiser_fits(model, dataset.image_shape)
     if config.arm != "nodp":
         refuse_batch_norm(model, config.arm)
-    if config.init_from is not None:
-        initialise_from_public(model, config, dataset)
+    init_weights_sha256 = initialise_from_public(model, config, dataset) if config.init_from is not None else None
     average = ParameterAverage(model, config.ema_decay) if config.ema_decay else None  # released: the average
     released_model = average.model if average is not None else model
     optimizer = _optimizer(config, model)
@@ -743,6 +750,7 @@ def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint
     model.train()
     run = _RunFacts(config, dataset, classifier, schedule, baselines, kwargs, device, count_parameters(model),
                     world_size=group.world_size)
+    run.init_weights_sha256 = init_weights_sha256
     for epoch in range(epochs_done, last_epoch):
         epoch_started = time.perf_counter()
         if sampler is None:
@@ -815,6 +823,7 @@ class _RunFacts:
         self.config, self.dataset, self.classifier = config, dataset, classifier
         self.num_parameters = num_parameters
         self.world_size = world_size  # training processes (torchrun); --resume needs the same
+        self.init_weights_sha256: str | None = None  # --init-from: the SHA-256 of the weights copied
         self.schedule, self.baselines, self.kwargs, self.device = schedule, baselines, kwargs, device
         trained_on = dataset.split(config.train_on)
         self.num_examples = len(trained_on) if not config.train_examples else min(config.train_examples,
@@ -836,7 +845,10 @@ class _RunFacts:
             num_parameters=self.num_parameters, noise=noise_description(config),
             merge_uncredited_noise=config.merge_uncredited_noise,
             initialisation=({"kind": "public", "checkpoint": config.init_from,
-                             "note": "weights of a denoiser trained without noise on the public split"}
+                             "weights_sha256": self.init_weights_sha256,
+                             "note": "weights of a denoiser trained without noise on the public split, as that "
+                                     "checkpoint's own metadata.json says (a check against mistakes: an edited "
+                                     "metadata file is not detected; the trainer answers for the weights' origin)"}
                             if config.init_from else {"kind": "random", "seed": config.seed}),
             target_epsilon=config.target_epsilon if config.arm != "nodp" else None,
             calibration_accountant=config.calibration_accountant

@@ -227,7 +227,9 @@ def format_privacy_report(report: dict[str, Any]) -> str:
                            f"{report['steps_done']} steps", f"  {report['privacy_claim']}"])
     init = report.get("initialisation") or {}
     if init.get("kind") == "public":
-        lines.append(f"  initialisation: public ({init['checkpoint']}, trained on the public split: no privacy spent)")
+        digest = f", weights sha256 {init['weights_sha256'][:16]}..." if init.get("weights_sha256") else ""
+        lines.append(f"  initialisation: public ({init['checkpoint']}{digest}; trained on the public split by its own "
+                     "metadata: no privacy spent on it)")
     if report.get("target_epsilon") is not None:
         lines.append(f"  xi_up calibrated for target epsilon {report['target_epsilon']} with the "
                      f"{report['calibration_accountant']} accountant")
