@@ -3,10 +3,11 @@
     python -m benchmarks.bench_adaptive --quick                       # seconds: a smoke run
     nice -n 10 python -m benchmarks.bench_adaptive --images 500 --images-100k 100 --json runs/bench/adaptive.json
 
-Sides, each on the same images with the same per-image generators (seed, idx), so every side selects
-its class from the same n0 noise draws:
 Images: ``--images`` evenly spaced over the test split, visited interleaved (0, 10 stride, 20 stride, ...)
 so that each chunk spans all classes and a run stopped early is still spread over the split.
+
+Sides, each on the same images with the same per-image generators (seed, idx), so every side selects
+its class from the same n0 noise draws:
 - ``fixed_n10000`` / ``fixed_n100000``: Cohen's CERTIFY (``Smooth.certify_many``) with n = 10,000 / 100,000;
   n = 100,000 runs on every k-th image only (``--images-100k``), and its figures say on how many;
 - ``decide_r{R}``: ``Smooth.decide_many`` at each radius R of ``--radii``, budget ``--n-max``;

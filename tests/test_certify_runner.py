@@ -314,7 +314,7 @@ def test_adaptive_runs_write_samples_resume_shard_merge_and_overlay(tiny_classif
         assert "'-' marks the radii" in (tmp_path / "overlay_decide" / "report.md").read_text()
         return  # the bookkeeping below is the same for both modes
 
-    # resume after a cut line, shards in one folder, shards in separate folders merged: the same rows
+    # resume after a cut line, and shards in separate folders merged: the same rows as one run
     cut = tmp_path / "cut"
     assert run_cli([*common, "--out", cut], capsys)[0] == 0
     text = (cut / "certify.tsv").read_text().splitlines(keepends=True)
