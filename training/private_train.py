@@ -28,8 +28,8 @@ import torch
 from torch import nn
 
 from training.checkpoint import (
-    Checkpoint,
     WEIGHTS,
+    Checkpoint,
     load_checkpoint,
     load_tensors,
     read_metadata,
