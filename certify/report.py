@@ -321,7 +321,7 @@ def certified_accuracy_figure(curves: Sequence[tuple[str, Sequence[CertifyRecord
     import matplotlib.pyplot as plt
 
     largest = max([r.radius for _, records in curves for r in records] + [cap for cap, _ in caps]
-                  + [radius for _, radius, _ in points] + [RADIUS_STEP])
+                  + [1.25 * radius for _, radius, _ in points] + [RADIUS_STEP])  # a point is not drawn on the edge
     radii = np.linspace(0.0, largest * 1.08, CURVE_POINTS)
     fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=120)
     for label, records in curves:
