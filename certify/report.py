@@ -124,11 +124,12 @@ def summarize(records: Sequence[CertifyRecord], sigma: float, n0: int, n: int, a
     # decide mode answers one question per image (certified at R or not): only the row at R is measured
     grid = [largest_possible] if decide else radius_grid(largest_possible, radius_step)
     table = [{"radius": r, "certified_accuracy": certified_accuracy(records, r)} for r in grid]
+    rates = _outcome_rates(records)
     summary = {
         "task": "certify",
         "images": count,
         "smoothed_clean_accuracy": None if decide else sum(r.correct for r in records) / count,
-        **_outcome_rates(records),
+        **rates,
         "certified_accuracy": table,
         "average_certified_radius": None if decide else sum(r.radius for r in records if r.correct) / count,
         "average_certified_radius_definition": ACR_DEFINITION,
@@ -146,7 +147,6 @@ def summarize(records: Sequence[CertifyRecord], sigma: float, n0: int, n: int, a
             "; the bound on pA is anytime-valid (a confidence sequence), so it holds at the data-dependent "
             "stopping time" + (DECIDE_NOT_CERTIFIED if decide else ""))
     if decide:
-        rates = _outcome_rates(records)
         summary["abstention_rate"] = None
         summary["decide"] = {
             "radius": largest_possible,

@@ -749,8 +749,7 @@ def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint
     started = time.perf_counter()
     model.train()
     run = _RunFacts(config, dataset, classifier, schedule, baselines, kwargs, device, count_parameters(model),
-                    world_size=group.world_size)
-    run.init_weights_sha256 = init_weights_sha256
+                    world_size=group.world_size, init_weights_sha256=init_weights_sha256)
     for epoch in range(epochs_done, last_epoch):
         epoch_started = time.perf_counter()
         if sampler is None:
@@ -819,11 +818,11 @@ class _RunFacts:
     """What a run's metadata is built from; splits it into the released metadata and the private record."""
 
     def __init__(self, config, dataset, classifier, schedule, baselines, kwargs, device, num_parameters,
-                 world_size: int = 1):
+                 world_size: int = 1, init_weights_sha256: str | None = None):
         self.config, self.dataset, self.classifier = config, dataset, classifier
         self.num_parameters = num_parameters
         self.world_size = world_size  # training processes (torchrun); --resume needs the same
-        self.init_weights_sha256: str | None = None  # --init-from: the SHA-256 of the weights copied
+        self.init_weights_sha256 = init_weights_sha256  # --init-from: the SHA-256 of the weights copied
         self.schedule, self.baselines, self.kwargs, self.device = schedule, baselines, kwargs, device
         trained_on = dataset.split(config.train_on)
         self.num_examples = len(trained_on) if not config.train_examples else min(config.train_examples,
