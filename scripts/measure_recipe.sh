@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 14 item 5: the arms and the ablation at one (dataset, sigma, epsilon), each trained then certified.
 # usage: scripts/measure_recipe.sh DATASET SIGMA EPSILON CLASSIFIER RECIPE_CONFIG OUTDIR IMAGES N [ARM ...]
+# N: fixed n per image (e.g. 10000), or estimate:N_MAX for the adaptive estimate mode (`certify --adaptive --n-max`)
 # ARM: nodp sepdp transdenoiser public_init sepdp_init sepdp_draws td_merged sepdp_recipe recipe_full
 # Every heavy command runs under nice -n 10; logs go to OUTDIR/logs.
 set -euo pipefail
@@ -8,6 +9,11 @@ set -euo pipefail
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 dataset=$1 sigma=$2 eps=$3 clf=$4 recipe=$5 out=$6 images=$7 n=$8
 shift 8
+case $n in
+    estimate:*) sampling=(--adaptive --n-max "${n#estimate:}") ;;
+    *[!0-9]*|'') echo "measure_recipe.sh: N must be a sample count or estimate:N_MAX, got '$n'" >&2; exit 2 ;;
+    *) sampling=(--n "$n") ;;
+esac
 arms=("$@")
 T=.venv/bin/transdenoiser
 mkdir -p "$out/logs"
@@ -26,7 +32,7 @@ certify() {  # name
     local name=$1
     [ -f "$out/cert/$name/summary.json" ] && return 0
     nice -n 10 $T certify --classifier "$clf" --denoiser "$out/train/$name" --dataset "$dataset" --sigma "$sigma" \
-        --n0 100 --n "$n" --alpha 0.001 --skip "$skip" --max-index "$max_index" --out "$out/cert/$name" > "$out/logs/cert_$name.log" 2>&1
+        --n0 100 "${sampling[@]}" --alpha 0.001 --skip "$skip" --max-index "$max_index" --out "$out/cert/$name" > "$out/logs/cert_$name.log" 2>&1
 }
 for arm in "${arms[@]}"; do
     case $arm in
