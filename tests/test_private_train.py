@@ -224,7 +224,8 @@ def test_existing_checkpoint_and_changed_config_refused(mnist10k, clf, tmp_path)
 
 @pytest.mark.parametrize("overrides,message", [
     ({"sigma": 0.0}, "sigma"), ({"clip_norm": -1.0}, "clip norm"), ({"delta": 0.02}, "delta"),
-    ({"xi_low": 3.0, "xi_up": 2.0}, "xi_low"), ({"batch_size": 65}, "sample rate"), ({"arm": "foo"}, "arm"),
+    ({"arm": "transdenoiser", "xi_low": 3.0, "xi_up": 2.0}, "xi_low"), ({"batch_size": 65}, "sample rate"),
+    ({"arm": "foo"}, "arm"),
     ({"optimizer": "rmsprop"}, "optimizer"), ({"denoiser_kwargs": {"in_channels": 3}}, "in_channels")])
 def test_bad_input_rejected_before_training(overrides, message, mnist10k, clf, tmp_path, monkeypatch):
     for arm_class in ARM_CLASSES.values():
@@ -233,6 +234,20 @@ def test_bad_input_rejected_before_training(overrides, message, mnist10k, clf, t
         train_denoiser(cfg(**{"arm": "sepdp", **overrides}), mnist10k, clf, torch.device("cpu"),
                        checkpoint_dir=tmp_path / "x")
     assert not (tmp_path / "x").exists()
+
+
+def test_xi_low_binds_only_the_arm_that_uses_it():
+    """xi_low is Algorithm 1's line-16 threshold: a high target epsilon (xi_up below the default xi_low 0.5) is
+    refused for the transdenoiser arm, with a way out, and planned for sepdp, which never reads xi_low."""
+    high = {"target_epsilon": 8.0, "batch_size": 64, "epochs": 5, "delta": 1e-5}
+    sepdp = plan(cfg(arm="sepdp", **high), 30_000)
+    assert sepdp["xi_up"] < 0.5 == cfg().xi_low
+    with pytest.raises(UserError, match="exceeds the calibrated xi_up.*--xi-low"):
+        plan(cfg(arm="transdenoiser", **high), 30_000)
+    assert plan(cfg(arm="transdenoiser", xi_low=0.25, **high), 30_000)["xi_up"] == pytest.approx(sepdp["xi_up"])
+    cfg(arm="sepdp", target_epsilon=None, xi_low=3.0, xi_up=2.0).validate(500)
+    with pytest.raises(UserError, match="must not exceed xi_up"):
+        cfg(arm="transdenoiser", target_epsilon=None, xi_low=3.0, xi_up=2.0).validate(500)
 
 
 def test_empty_dataset_and_misfit_classifier_rejected(mnist10k, clf):
