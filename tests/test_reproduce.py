@@ -140,6 +140,29 @@ def test_plan_and_estimate_name_the_full_mode_without_running(quick_run):
             readers[arm](build_parser(words).parse_args(words))
             checked.add(arm)
     assert checked == {arm for arm in readers if arm in ARMS}
+    # every planned training of our arms, on both data sets, passes the product's own planner (xi_up calibrated
+    # to its epsilon, xi_low <= xi_up for Algorithm 1) on the full-size private split
+    from training.datasets import load_dataset
+    from training.private_train import TrainConfig
+    from training.private_train import plan as plan_training
+    from training.train_cli import config_from_args
+
+    planned = run_script("--plan", "--datasets", "mnist10k,fashion-mnist", "--out", str(out / "full"), timeout=300)
+    assert planned.returncode == 0, planned.stderr[-2000:]
+    sizes, count = {}, 0
+    for line in planned.stdout.splitlines():
+        words = shlex.split(line.split("transdenoiser ", 1)[1]) if "transdenoiser train " in line else []
+        if "--config" not in words:
+            continue
+        dataset = words[words.index("--dataset") + 1]
+        if dataset not in sizes:
+            sizes[dataset] = len(load_dataset(dataset).split("private"))
+        config, _ = config_from_args(build_parser(words).parse_args(words))
+        assert isinstance(config, TrainConfig)
+        config.validate(sizes[dataset])
+        plan_training(config, sizes[dataset])
+        count += 1
+    assert count and set(sizes) == {"mnist10k", "fashion-mnist"}
     estimate = run_script("--estimate-from", str(out / "steps.jsonl"), "--datasets", "mnist10k",
                           "--out", str(out / "full"), timeout=300)
     assert estimate.returncode == 0, estimate.stderr[-2000:]
