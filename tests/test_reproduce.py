@@ -132,9 +132,13 @@ def test_plan_and_estimate_name_the_full_mode_without_running(quick_run):
 
     readers = {"stobatch": stobatch.config_from_train_args, "securesgd-prt": securesgd.config_from_train_args,
                "securesgd-sct": securesgd.config_from_train_args}
+    def planned_trainings(stdout: str) -> list[list[str]]:
+        """The argv (after `transdenoiser`) of every `transdenoiser train` step a --plan lists."""
+        return [shlex.split(line.split("transdenoiser ", 1)[1]) for line in stdout.splitlines()
+                if "transdenoiser train " in line]
+
     checked = set()
-    for line in plan.stdout.splitlines():
-        words = shlex.split(line.split("transdenoiser ", 1)[1]) if "transdenoiser train " in line else []
+    for words in planned_trainings(plan.stdout):
         arm = words[words.index("--arm") + 1] if "--arm" in words else None
         if arm in readers and arm in ARMS:
             readers[arm](build_parser(words).parse_args(words))
@@ -147,11 +151,10 @@ def test_plan_and_estimate_name_the_full_mode_without_running(quick_run):
     from training.private_train import plan as plan_training
     from training.train_cli import config_from_args
 
-    planned = run_script("--plan", "--datasets", "mnist10k,fashion-mnist", "--out", str(out / "full"), timeout=300)
-    assert planned.returncode == 0, planned.stderr[-2000:]
+    fashion = run_script("--plan", "--datasets", "fashion-mnist", "--out", str(out / "full"), timeout=300)
+    assert fashion.returncode == 0, fashion.stderr[-2000:]
     sizes, count = {}, 0
-    for line in planned.stdout.splitlines():
-        words = shlex.split(line.split("transdenoiser ", 1)[1]) if "transdenoiser train " in line else []
+    for words in planned_trainings(plan.stdout) + planned_trainings(fashion.stdout):
         if "--config" not in words:
             continue
         dataset = words[words.index("--dataset") + 1]

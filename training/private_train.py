@@ -139,6 +139,11 @@ class TrainConfig:
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> TrainConfig:
         return dataclass_from_dict(cls, values, source)
 
+    @property
+    def uses_xi_low(self) -> bool:
+        """xi_low is Algorithm 1's line-16 threshold: only the transdenoiser arm reads it (and needs it <= xi_up)."""
+        return self.arm == "transdenoiser"
+
     def validate(self, num_examples: int) -> None:
         """Refuse bad settings before any training (one line naming the problem)."""
         if num_examples < 1:
@@ -200,7 +205,7 @@ class TrainConfig:
         if not 0 < self.delta < 1 / num_examples:
             raise UserError(f"delta must lie in (0, 1/N) = (0, {1 / num_examples:.3g}) for N = {num_examples} "
                             f"private examples, got {self.delta}")
-        if self.arm == "transdenoiser" and self.target_epsilon is None and self.xi_low > self.xi_up:
+        if self.uses_xi_low and self.target_epsilon is None and self.xi_low > self.xi_up:
             raise UserError(f"xi_low ({self.xi_low}) must not exceed xi_up ({self.xi_up})")
 
 
@@ -601,7 +606,7 @@ def plan(config: TrainConfig, num_examples: int) -> dict[str, Any]:
 
         xi_up = noise_multiplier_for_epsilon(config.target_epsilon, q, total, config.delta,
                                              accountant=config.calibration_accountant)
-        if config.arm == "transdenoiser" and config.xi_low > xi_up:  # line 16's threshold: only Algorithm 1 uses it
+        if config.uses_xi_low and config.xi_low > xi_up:
             raise UserError(f"xi_low ({config.xi_low}) exceeds the calibrated xi_up ({xi_up:.4g}) for target epsilon "
                             f"{config.target_epsilon}; lower it with --xi-low")
     return {"sample_rate": q, "steps_per_epoch": steps_per_epoch, "total_steps": total, "xi_up": xi_up,
