@@ -114,7 +114,9 @@ def _worker(rank: int, world_size: int, port: int, classifier_dir: str, out: str
         facts["disagreement"] = str(exc)
     (root / f"facts.rank{rank}.json").write_text(json.dumps(facts))
     dist.all_reduce = original_all_reduce
+    threads_before = len(os.listdir("/proc/self/task"))
     close(group)
+    (root / f"threads.rank{rank}.json").write_text(json.dumps([threads_before, len(os.listdir("/proc/self/task"))]))
 
 
 @pytest.fixture(scope="module")
@@ -229,6 +231,16 @@ def test_ranks_that_disagree_on_their_settings_all_refuse_with_one_line(runs):
     want = ("the 2 training processes disagree on the training settings (rank(s) 1 differ from rank 0); launch "
             "every rank with the same command and data")
     assert [f["disagreement"] for f in facts] == [want, want]
+
+
+def test_close_joins_the_process_groups_threads(runs):
+    """After the ranks' collectives (which make torch import torch.distributed.nn, whose functions take group.WORLD
+    as a default argument), close() still destroys the process group: its gloo threads are gone, so none can be
+    caught releasing a collective while the interpreter exits (an abort, SIGABRT, seen when they were not)."""
+    out = runs[0]
+    for rank in (0, 1):
+        before, after = json.loads((out / f"threads.rank{rank}.json").read_text())
+        assert after < before, f"rank {rank}: {before} threads before close(), {after} after: the group outlived it"
 
 
 def test_resume_with_another_world_size_is_refused(runs, mnist10k, classifier_dir):

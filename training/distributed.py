@@ -157,6 +157,12 @@ def rank_group_from_environment(device: torch.device, environ: dict[str, str] | 
         return RankGroup(device=device)
     import torch.distributed as dist
 
+    # torch.distributed.nn.functional binds group.WORLD as a default argument when it is first imported (torch
+    # imports it lazily). Imported after init_process_group it would keep the process group, and its gloo worker
+    # threads, alive past destroy_process_group, and a worker thread still releasing a finished collective at
+    # interpreter exit aborts the process (SIGABRT). Imported first, those defaults hold None.
+    import torch.distributed.nn  # noqa: F401
+
     backend = backend_for(device)
     if not dist.is_initialized():
         if device.type == "cuda":
@@ -166,7 +172,8 @@ def rank_group_from_environment(device: torch.device, environ: dict[str, str] | 
 
 
 def close(group: RankGroup) -> None:
-    """Tear the process group down (at the end of a distributed run)."""
+    """Tear the process group down (at the end of a distributed run): its communication threads are joined here,
+    so none is left running while the interpreter exits."""
     if group.distributed:
         import torch.distributed as dist
 
