@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -106,6 +107,12 @@ def test_second_run_redoes_nothing(quick_run):
     assert (out / "steps.jsonl").read_text() == before
 
 
+def planned_trainings(stdout: str) -> list[list[str]]:
+    """The argv (after `transdenoiser`) of every `transdenoiser train` step a --plan lists."""
+    return [shlex.split(line.split("transdenoiser ", 1)[1]) for line in stdout.splitlines()
+            if "transdenoiser train " in line]
+
+
 @pytest.mark.slow
 def test_plan_and_estimate_name_the_full_mode_without_running(quick_run):
     from training.choices import ARMS
@@ -125,18 +132,11 @@ def test_plan_and_estimate_name_the_full_mode_without_running(quick_run):
     assert seed_of == sorted(seed_of) and set(seed_of) == {0, 1, 2}
     assert sum(" pretrain " in line for line in steps) == 1 and sum("/none_s0" in line for line in steps) == 1
     # every planned baseline training passes only flags its arm takes (checked by the arm's own flag reader)
-    import shlex
-
     from training.baselines import securesgd, stobatch
     from transdenoiser.cli import build_parser
 
     readers = {"stobatch": stobatch.config_from_train_args, "securesgd-prt": securesgd.config_from_train_args,
                "securesgd-sct": securesgd.config_from_train_args}
-    def planned_trainings(stdout: str) -> list[list[str]]:
-        """The argv (after `transdenoiser`) of every `transdenoiser train` step a --plan lists."""
-        return [shlex.split(line.split("transdenoiser ", 1)[1]) for line in stdout.splitlines()
-                if "transdenoiser train " in line]
-
     checked = set()
     for words in planned_trainings(plan.stdout):
         arm = words[words.index("--arm") + 1] if "--arm" in words else None
