@@ -15,7 +15,7 @@ case $n in
     *) sampling=(--n "$n") ;;
 esac
 arms=("$@")
-T=.venv/bin/transdenoiser
+T=${TRANSDENOISER:-.venv/bin/transdenoiser}
 mkdir -p "$out/logs"
 paper=(--config configs/mnist_sigma025.toml --dataset "$dataset" --sigma "$sigma" --target-epsilon "$eps"
        --classifier "$clf")
@@ -24,13 +24,17 @@ paper=(--config configs/mnist_sigma025.toml --dataset "$dataset" --sigma "$sigma
 # input multiplier is 0, below either value)
 xi_low=(); awk "BEGIN { exit !($eps > 1) }" && xi_low=(--xi-low 0.25)
 # every (test size / IMAGES)-th test image, IMAGES of them (Fashion-MNIST: every 20th of 10,000; mnist10k: every 4th of 2,004)
-test_size=$(.venv/bin/python -c "from training.datasets import load_dataset; print(len(load_dataset('$dataset').split('test')))")
+test_size=$(${PYTHON:-.venv/bin/python} -c "from training.datasets import load_dataset; print(len(load_dataset('$dataset').split('test')))")
 skip=$(( test_size / images ))
 max_index=$(( skip * images ))
 train() {  # name, flags...
     local name=$1; shift
-    [ -f "$out/train/$name/metadata.json" ] && grep -q '"complete": true' "$out/train/$name/metadata.json" && return 0
-    nice -n 10 $T train "$@" --out "$out/train/$name" > "$out/logs/train_$name.log" 2>&1
+    local resume=()
+    if [ -f "$out/train/$name/metadata.json" ]; then
+        grep -q '"complete": true' "$out/train/$name/metadata.json" && return 0
+        resume=(--resume)  # an interrupted run: continue it (train refuses if the settings differ)
+    fi
+    nice -n 10 $T train "$@" "${resume[@]}" --out "$out/train/$name" >> "$out/logs/train_$name.log" 2>&1
 }
 certify() {  # name
     local name=$1

@@ -2,6 +2,7 @@
 for a target epsilon, and the sweep whose every run spends that epsilon."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -237,3 +238,37 @@ def test_recipe_table_paired_margin_is_the_targets_statistic(tmp_path):
     bad = subprocess.run([sys.executable, "scripts/recipe_table.py", str(tmp_path), "--cert", "nothing"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "no certified arm" in bad.stderr
+
+
+def test_measure_recipe_resumes_an_interrupted_training_and_skips_a_complete_one(tmp_path):
+    """scripts/measure_recipe.sh trains an arm from scratch, continues an interrupted one with --resume (train refuses
+    an existing checkpoint without it), and neither retrains a complete arm nor recertifies a certified one."""
+    calls = tmp_path / "calls.txt"
+    fake = tmp_path / "transdenoiser"
+    fake.write_text("#!/usr/bin/env bash\n"
+                    f'echo "$*" >> {calls}\n'
+                    'out=""; prev=""; for a in "$@"; do [ "$prev" = --out ] && out=$a; prev=$a; done\n'
+                    'mkdir -p "$out"\n'
+                    '[ "$1" = train ] && echo \'{"complete": true}\' > "$out/metadata.json"\n'
+                    '[ "$1" = certify ] && echo "{}" > "$out/summary.json"\n'
+                    "exit 0\n")
+    fake.chmod(0o755)
+    out = tmp_path / "run"
+    (out / "train" / "sepdp").mkdir(parents=True)
+    (out / "train" / "sepdp" / "metadata.json").write_text('{"complete": false, "epochs_done": 3}')
+    (out / "train" / "nodp").mkdir(parents=True)
+    (out / "train" / "nodp" / "metadata.json").write_text('{"complete": true}')
+    (out / "cert" / "nodp").mkdir(parents=True)
+    (out / "cert" / "nodp" / "summary.json").write_text("{}")
+    env = {**os.environ, "TRANSDENOISER": str(fake), "PYTHON": sys.executable}
+    done = subprocess.run(["bash", "scripts/measure_recipe.sh", "mnist10k", "0.5", "1", "clf", "recipe.toml", str(out),
+                           "10", "100", "nodp", "sepdp", "transdenoiser"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stderr
+    lines = calls.read_text().splitlines()
+    trains = {line.split("--out ")[1].split()[0].rsplit("/", 1)[1]: line for line in lines if line.startswith("train")}
+    certifies = [line.split("--out ")[1].split()[0].rsplit("/", 1)[1] for line in lines if line.startswith("certify")]
+    assert sorted(trains) == ["sepdp", "transdenoiser"]  # nodp is complete: not retrained
+    assert "--resume" in trains["sepdp"].split() and "--resume" not in trains["transdenoiser"].split()
+    assert sorted(certifies) == ["sepdp", "transdenoiser"]  # nodp is certified: not recertified
+    assert all("--skip 200 --max-index 2000" in line for line in lines if line.startswith("certify"))  # 10 of 2,004
