@@ -56,7 +56,19 @@ def row(directory: Path, arm: str, cert: str = "cert") -> dict | None:
     return {"arm": arm, "accuracy": meta["metrics"][-1]["accuracy_denoised"], "epsilon": epsilon_text(meta["privacy"]),
             "certified": [table.get(r, 0.0) for r in RADII], "acr": summary["average_certified_radius"],
             "images": summary["images"], "n": summary["n"], "config": meta["config"],
+            "sampling": sampling_text(summary),
             "rows": per_image(run / "certify.tsv") if (run / "certify.tsv").is_file() else None}
+
+
+def sampling_text(summary: dict) -> str:
+    """How a run's samples were drawn: a fixed n, or the adaptive estimate mode's budget and what it used."""
+    if summary.get("mode") != "estimate":
+        return f"n = {summary['n']}"
+    used = summary.get("samples_per_image", {}).get("mean")
+    return (f"adaptive estimate mode, n_max = {summary['n']}"
+            + (f" (mean {used:,.0f} samples per image)" if used is not None else "")
+            + (f"; largest certifiable radius {summary['max_certifiable_radius']:.3f}"
+               if summary.get("max_certifiable_radius") is not None else ""))
 
 
 def certified_matrix(rows: dict[int, tuple[bool, float]], indices: list[int]):
@@ -132,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
             closed = f"{(r['certified'][2] - low['certified'][2]) / gap:.0%}" if gap > 0 else "n/a (no gap)"
         print(f"| {LABELS[r['arm']]} | {r['accuracy']:.2%} | {r['epsilon']} | "
               + " | ".join(f"{c:.1%}" for c in r["certified"]) + f" | {r['acr']:.3f} | {closed} |")
-    print(f"\n{rows[0]['images']} test images, n = {rows[0]['n']}")
+    print(f"\n{rows[0]['images']} test images")
+    for r in rows:
+        print(f"- {LABELS[r['arm']]}: {r['sampling']}")
     if args.paired:
         print("\nPaired differences to sepdp (same images, same seeds; 95% paired-bootstrap intervals):\n")
         print("\n".join(paired_lines(by_arm)))
