@@ -14,9 +14,12 @@ and much tighter than two independent binomial intervals.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from certify.runner import CertifyRecord, read_rows  # noqa: E402  (the repository's packages, run as a script)
 
 RADII = (0.0, 0.25, 0.5, 0.75, 1.0)
 LABELS = {
@@ -39,11 +42,9 @@ def epsilon_text(privacy: dict) -> str:
     return "none"
 
 
-def per_image(path: Path) -> dict[int, tuple[bool, float]]:
-    """Image index -> (certified prediction correct, certified radius) from a run's certify.tsv."""
-    with path.open() as handle:
-        return {int(r["idx"]): (r["correct"] == "1", float(r["radius"]))
-                for r in csv.DictReader(handle, delimiter="\t")}
+def per_image(path: Path) -> dict[int, CertifyRecord]:
+    """Image index -> its row of a run's certify.tsv."""
+    return {record.idx: record for record in read_rows(path, "certify")}
 
 
 def row(directory: Path, arm: str, cert: str = "cert") -> dict | None:
@@ -71,17 +72,11 @@ def sampling_text(summary: dict) -> str:
                if summary.get("max_certifiable_radius") is not None else ""))
 
 
-def certified_matrix(rows: dict[int, tuple[bool, float]], indices: list[int]):
-    """(images, radii) 0/1 array: certified correctly at each radius of RADII (radius 0: correct, not abstained)."""
-    import numpy as np
-
-    return np.array([[ok and (radius >= r if r > 0 else True) for r in RADII]
-                     for ok, radius in (rows[i] for i in indices)], dtype=float)
-
-
 def paired_lines(by_arm: dict[str, dict]) -> list[str]:
     """Differences to sepdp at every radius and the gap closed at 0.5, with paired-bootstrap 95% intervals."""
     import numpy as np
+
+    from certify.compare import bootstrap_picks, certified_matrix
 
     base = by_arm.get("sepdp")
     if base is None or base["rows"] is None:
@@ -90,11 +85,11 @@ def paired_lines(by_arm: dict[str, dict]) -> list[str]:
              + " | gap closed at 0.5; margin over 80% of the gap (points) |",
              "|" + "---|" * (len(RADII) + 2)]
     indices = sorted(base["rows"])
-    theirs = certified_matrix(base["rows"], indices)
+    theirs = certified_matrix(list(base["rows"].values()), RADII, indices)
     # one set of resamples for every arm (all are on sepdp's images): a row does not depend on the other arms
-    picks = np.random.default_rng(0).integers(0, len(indices), size=(BOOTSTRAP_RESAMPLES, len(indices)))
+    picks = bootstrap_picks(len(indices), BOOTSTRAP_RESAMPLES, seed=0)
     top, half = by_arm.get("nodp"), RADII.index(0.5)
-    upper = (certified_matrix(top["rows"], indices)
+    upper = (certified_matrix(list(top["rows"].values()), RADII, indices)
              if top is not None and top["rows"] is not None and set(top["rows"]) == set(indices) else None)
     for arm, r in by_arm.items():
         if arm == "sepdp" or r["rows"] is None:
@@ -102,7 +97,7 @@ def paired_lines(by_arm: dict[str, dict]) -> list[str]:
         if set(r["rows"]) != set(indices):
             lines.append(f"| {LABELS[arm]} | not on sepdp's images |" + " |" * len(RADII))
             continue
-        ours = certified_matrix(r["rows"], indices)
+        ours = certified_matrix(list(r["rows"].values()), RADII, indices)
         diffs = (ours[picks] - theirs[picks]).mean(axis=1)  # (resamples, radii)
         cells = []
         for k in range(len(RADII)):

@@ -384,6 +384,42 @@ def epsilons_of(meta: dict) -> dict:
     return found
 
 
+def paired_to_sepdp(root: Path, runs: list[str], radii: list[float]) -> dict:
+    """Each run's certified accuracy minus sepdp's, paired over the same images at the first training seed both
+    have certified (the certify seed is the training seed, so each image's noise draws are shared too), with a 95%
+    paired-bootstrap interval over images (certify.compare). A run on other images gets a note instead."""
+    from certify.compare import paired_difference
+    from certify.runner import read_rows
+    from transdenoiser.errors import UserError
+
+    def seeds(run: str) -> dict[int, Path]:
+        found = {}
+        for folder in (root / "certify").glob(f"{run}_s*"):
+            match = re.fullmatch(rf"{re.escape(run)}_s(\d+)", folder.name)
+            if match and (folder / "summary.json").exists():
+                found[int(match.group(1))] = folder
+        return found
+
+    base = seeds("sepdp")
+    paired: dict = {}
+    for run in runs:
+        common = sorted(set(seeds(run)) & set(base)) if run != "sepdp" else []
+        if not common:
+            continue
+        seed = common[0]
+        try:
+            difference = paired_difference(read_rows(seeds(run)[seed] / "certify.tsv", "certify"),
+                                           read_rows(base[seed] / "certify.tsv", "certify"), radii)
+        except UserError as exc:
+            paired[run] = {"seed": seed, "note": str(exc)}
+            continue
+        paired[run] = {"seed": seed, "images": difference.images, "radii": list(difference.radii),
+                       "difference": list(difference.difference), "low": list(difference.low),
+                       "high": list(difference.high), "confidence": difference.confidence,
+                       "resamples": difference.resamples}
+    return paired
+
+
 def collect(root: Path, settings: Settings) -> dict:
     """Everything the figures and tables show, read back from the runs' files."""
     result: dict = {"dataset": root.name, "certify": {}, "attack": {}, "figure4": {}, "training": {}}
@@ -410,6 +446,8 @@ def collect(root: Path, settings: Settings) -> dict:
             accuracies = [(m.get("metrics") or [{}])[-1].get("accuracy_denoised") for m in metas]
             result["training"][run] = {"accuracy_denoised": mean_and_range(accuracies),
                                        "epsilons": [epsilons_of(m) for m in metas]}
+    result["paired"] = paired_to_sepdp(root, [run for run in ("none", *settings.runs) if run in result["certify"]],
+                                       radii)
     for run in settings.runs:
         per_seed = sorted((root / "baseline_certify").glob(f"{run}_s*")) if (root / "baseline_certify").exists() else []
         rows = []
@@ -497,6 +535,21 @@ def write_tables(result: dict, path: Path, settings: Settings, header: str) -> N
         lines.append(f"| {LABELS.get(run, run)} (sigma {entry['sigma']:g}) | {entry['images'][0]} | "
                      + " | ".join(percent(acc[k]) for k in ("0", "0.25", "0.5", "0.75", "1"))
                      + f" | {acr:.3f} | {percent(entry['abstention'])} |")
+    if result.get("paired"):
+        lines += ["", "Each run minus sepdp in certified accuracy (points), paired over the same images at one "
+                  "training seed (each image's noise draws shared), with a 95% paired-bootstrap interval over images "
+                  "(10,000 resamples): an interval that includes 0 means these images do not tell the two apart. It "
+                  "says nothing of the variation between training seeds.", "",
+                  "| run - sepdp | seed | images | r = 0 | 0.25 | 0.5 | 0.75 | 1.0 |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for run, entry in result["paired"].items():
+            if "note" in entry:
+                lines.append(f"| {LABELS.get(run, run)} | {entry['seed']} | - | {entry['note']} | | | | |")
+                continue
+            cells = [f"{100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+                     for d, lo, hi in zip(entry["difference"], entry["low"], entry["high"], strict=True)]
+            lines.append(f"| {LABELS.get(run, run)} | {entry['seed']} | {entry['images']} | "
+                         + " | ".join(cells) + " |")
     if result.get("baseline_certify"):
         lines += ["", "Phan et al.'s own certificate of the baselines (`transdenoiser baseline-certify`, same images):",
                   "", "| run | images | r = 0 | 0.25 | 0.5 | 0.75 | 1.0 |", "|---|---|---|---|---|---|---|"]

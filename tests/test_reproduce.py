@@ -82,6 +82,14 @@ def test_tables_agree_with_the_runs_files(quick_run):
         assert row, label
         assert int(row.group(1)) == len(tsv.read_text().splitlines()) - 1
         assert [row.group(i).strip() for i in (2, 3, 4)] == expected, label
+    # the paired table: transdenoiser minus sepdp on the same images, the exact difference of the two runs' files
+    sepdp_tsv, td_tsv = (root / "certify" / f"{run}_s0" / "certify.tsv" for run in ("sepdp", "transdenoiser"))
+    paired = re.search(rf"^\| {re.escape(LABELS['transdenoiser'])} \| 0 \| (\d+) \| ([^|]+) \| ([^|]+) \| ([^|]+) \|",
+                       tables, re.MULTILINE)
+    assert paired, "paired row"
+    for column, radius in zip((2, 3, 4), (0.0, 0.25, 0.5), strict=True):
+        expected = 100 * (certified_fraction(td_tsv, radius) - certified_fraction(sepdp_tsv, radius))
+        assert paired.group(column).strip().startswith(f"{expected:+.1f} ["), (radius, paired.group(column))
     results = json.loads((root / "results.json").read_text())
     record = json.loads((root / "attack" / "transdenoiser_s0" / "pgd" / "attack.json").read_text())
     got = results["attack"]["transdenoiser"]["pgd"]
