@@ -554,6 +554,29 @@ def overlay_warnings(summaries: Sequence[dict[str, Any]]) -> list[str]:
     return warnings
 
 
+def paired_to_first(labels: Sequence[str], runs: Sequence[tuple[dict[str, Any], Sequence[CertifyRecord]]],
+                    radii: Sequence[float]) -> dict[str, dict[str, Any]]:
+    """Every later run minus the first, paired over the same images (certify.compare), by label. Empty when there is
+    one run or the first is a decide run (one radius); a run on other images, or a decide run, gets a note."""
+    from certify.compare import paired_difference
+
+    if len(runs) < 2 or "decide" in runs[0][0]:
+        return {}
+    paired: dict[str, dict[str, Any]] = {}
+    for label, (summary, records) in zip(labels[1:], runs[1:], strict=True):
+        if "decide" in summary:
+            paired[label] = {"note": "a decide run (one radius): not compared"}
+            continue
+        try:
+            found = paired_difference(records, runs[0][1], radii)
+        except UserError as exc:
+            paired[label] = {"note": str(exc)}
+            continue
+        paired[label] = {"images": found.images, "radii": list(found.radii), "difference": list(found.difference),
+                         "low": list(found.low), "high": list(found.high), "confidence": found.confidence}
+    return paired
+
+
 def _overlay_certify_runs(run_dirs: list[Path], out_dir: Path, warn: Callable[[str], None] | None = None) -> list[Path]:
     runs = [read_certify_run(d) for d in run_dirs]
     warnings = overlay_warnings([summary for summary, _ in runs])
@@ -598,6 +621,23 @@ def _overlay_certify_runs(run_dirs: list[Path], out_dir: Path, warn: Callable[[s
     if any(row["settings"].get("mode") == "decide" for row in table):
         lines += ["", "A decide run answers one question per image, certified at its radius R or not: '-' marks the "
                       "radii, ACR and abstention it does not measure."]
+    paired = paired_to_first(labels, runs, radii)
+    if paired:
+        lines += ["", f"Each run minus **{labels[0]}** in certified accuracy (points), paired over the same images, "
+                  "with a 95% paired-bootstrap interval over images (10,000 resamples; `certify.compare`). An "
+                  "interval that includes 0: these images do not tell the two runs apart.", "",
+                  "| run - first run | images | " + " | ".join(f"r = {r:.2f}" for r in radii) + " |",
+                  "|" + " --- |" * (len(radii) + 2)]
+        for label, entry in paired.items():
+            if "note" in entry:
+                lines.append(f"| {label} | - | {entry['note']} |" + " |" * (len(radii) - 1))
+                continue
+            cells = " | ".join(f"{100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+                               for d, lo, hi in zip(entry["difference"], entry["low"], entry["high"], strict=True))
+            lines.append(f"| {label} | {entry['images']} | {cells} |")
+        for row in table:
+            if row["label"] in paired:
+                row["paired_to_first_run"] = paired[row["label"]]
     lines += ["", f"![certified accuracy against L2 radius]({PLOT_FILE})", "", "Runs:", ""]
     lines += [f"- {row['label']}: `{row['run']}` (n0 {row['settings']['n0']}, n {row['settings']['n']}, "
               f"alpha {row['settings']['alpha']})" for row in table]

@@ -162,6 +162,17 @@ def test_report_has_a_privacy_table_rounded_numbers_legends_and_the_radius_cap(m
     assert warning in capsys.readouterr().err
     overlay = (tmp_path / "overlay" / "report.md").read_text()
     assert warning in overlay and "n 16, mnist10k" in overlay
+    # the second run minus the first, paired over their 3 common images: exactly the difference of the two runs' files
+    from certify.report import certified_accuracy
+
+    rows = json.loads((tmp_path / "overlay" / "overlay.json").read_text())
+    paired = rows[1]["paired_to_first_run"]
+    _, plain_records = read_certify_run(plain)
+    assert paired["images"] == 3 and "paired_to_first_run" not in rows[0]
+    assert paired["difference"] == pytest.approx([certified_accuracy(plain_records, r) - certified_accuracy(records, r)
+                                                 for r in paired["radii"]])
+    assert all(lo <= d <= hi for d, lo, hi in zip(paired["difference"], paired["low"], paired["high"], strict=True))
+    assert "minus **sepdp, sigma 0.25" in overlay
 
 
 def test_merge_is_refused_while_a_run_writes_into_the_folder(tmp_path, capsys):
