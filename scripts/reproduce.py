@@ -186,6 +186,22 @@ def checkpoint_complete(path: Path) -> bool:
     return bool(meta) and meta.get("complete", True) is True and (path / "weights.safetensors").exists()
 
 
+def set_aside_interrupted(run_dir: Path) -> Path | None:
+    """Move an interrupted training of an arm that cannot resume (the baselines: SecureSGD saves after every epoch
+    and cannot continue, StoBatch keeps no noise state) out of the way, to RUN.interrupted (or .interrupted-2, ...),
+    so that the step can train again; nothing is deleted. None, and nothing moved, unless ``run_dir`` holds a
+    checkpoint marked incomplete."""
+    meta = read_json(run_dir / "metadata.json")
+    if meta is None or meta.get("complete") is not False:
+        return None
+    aside, number = run_dir.with_name(run_dir.name + ".interrupted"), 1
+    while aside.exists():
+        number += 1
+        aside = run_dir.with_name(f"{run_dir.name}.interrupted-{number}")
+    run_dir.rename(aside)
+    return aside
+
+
 def split_sizes(dataset: str, data_root: str | None) -> dict[str, int]:
     from training.datasets import load_dataset
 
@@ -224,7 +240,14 @@ def reproduce_dataset(runner: Runner, dataset: str, arms: set[str], commands: se
             runner.skip(f"skipped: arm {arm} not available (`transdenoiser train --help` does not list it)")
             return False
         meta = read_json(run_dir / "metadata.json")
-        if meta is not None and meta.get("complete") is False and meta.get("kind") == "denoiser":
+        if arm in BASELINE_ARMS and not runner.dry_run:
+            aside = set_aside_interrupted(run_dir)
+            if aside is not None:
+                print(f"note: {run_dir} held an interrupted {arm} training, which cannot resume: moved to {aside}; "
+                      "training again from the start", flush=True)
+                meta = None
+        if meta is not None and meta.get("complete") is False and meta.get("kind") == "denoiser" \
+                and arm not in BASELINE_ARMS:
             argv = ["train", "--out", str(run_dir), "--resume", *device]
         elif arm in BASELINE_ARMS:  # their own settings; the paper's shared ones as flags (the configs' other
             # keys are Algorithm 1's, which the baselines refuse)

@@ -199,3 +199,28 @@ def test_paper_configs_hold_the_papers_settings(name, sigma, channels, size):
     model = build_model(config.denoiser, **denoiser_kwargs(config.denoiser, channels, config.activation,
                                                            config.denoiser_kwargs))
     assert model(torch.rand(2, channels, size, size)).shape == (2, channels, size, size)
+
+
+def test_an_interrupted_baseline_training_is_set_aside_not_lost(tmp_path):
+    """The baselines cannot resume: reproduce.py moves an interrupted one to RUN.interrupted (then -2, ...) so the
+    step trains again, and leaves a complete checkpoint (or none) where it is."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("reproduce_script", REPO / "scripts" / "reproduce.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
+    run = tmp_path / "securesgd-prt_s0"
+    assert module.set_aside_interrupted(run) is None  # nothing there
+    for number, suffix in ((1, ".interrupted"), (2, ".interrupted-2")):
+        run.mkdir()
+        (run / "metadata.json").write_text(json.dumps({"kind": "denoiser", "complete": False, "epoch": number}))
+        aside = module.set_aside_interrupted(run)
+        assert aside == tmp_path / f"securesgd-prt_s0{suffix}" and not run.exists()
+        assert json.loads((aside / "metadata.json").read_text())["epoch"] == number
+    run.mkdir()
+    (run / "metadata.json").write_text(json.dumps({"kind": "denoiser", "complete": True}))
+    assert module.set_aside_interrupted(run) is None and (run / "metadata.json").exists()
