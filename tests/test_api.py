@@ -183,6 +183,15 @@ def test_certify_job_is_the_command_line_run_and_resumes(doc):
     # the command line's settings file: the same fields, so `transdenoiser certify` with these flags resumes it
     settings = __import__("json").loads((outcome.out / "settings.json").read_text())
     assert settings["n"] == 1000 and settings["skip"] == 200 and settings["sigma"] == 0.25
+    # the paired comparison of the two seeds' runs: the exact difference of their files, inside its interval
+    second = read_rows(outcome.out.parent / "certify_run_seed1" / "certify.tsv", "certify")
+    difference = doc["difference"]
+    assert difference.images == 11 and [r.idx for r in second] == [r.idx for r in rows]
+    for k, radius in enumerate(difference.radii):
+        def share(records, radius=radius):
+            return sum(r.correct and (radius == 0 or r.radius >= radius) for r in records) / len(records)
+        assert difference.difference[k] == pytest.approx(share(second) - share(rows))
+        assert difference.low[k] <= difference.difference[k] <= difference.high[k]
 
 
 def test_private_head_noise_is_the_analytic_gaussian_of_its_sensitivity(doc):
