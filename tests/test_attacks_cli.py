@@ -51,6 +51,9 @@ def test_attack_cli_writes_json_tsv_png(attack_run):
         for key in ("smoothed_accuracy", "smoothed_abstain_rate", "noisy_accuracy", "base_accuracy"):
             assert 0.0 <= row[key] <= 1.0
     assert record["clean"]["smoothed_accuracy"] > record["results"][-1]["smoothed_accuracy"]
+    for row in (record["clean"], *record["results"]):  # per image, in image_indices order: the accuracy's parts
+        assert len(row["smoothed_correct"]) == 8 and set(row["smoothed_correct"]) <= {0, 1}
+        assert sum(row["smoothed_correct"]) / 8 == pytest.approx(row["smoothed_accuracy"])
     tsv = (attack_run / "attack.tsv").read_text().splitlines()
     assert tsv[0].split("\t")[:3] == ["row", "eps", "smoothed_accuracy"] and len(tsv) == 1 + 1 + 2
     assert (attack_run / "attack.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

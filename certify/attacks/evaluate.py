@@ -126,7 +126,9 @@ def smoothed_predictions(smooth: Smooth, images: torch.Tensor, n: int, alpha: fl
 @torch.no_grad()
 def _evaluate(smooth: Smooth, images: torch.Tensor, labels: torch.Tensor, n: int, alpha: float, seed: int,
               eps: float, track: Track, desc: str) -> dict[str, Any]:
-    """Accuracies on ``images``: smoothed prediction (abstain = wrong), one noisy pass, and the base model."""
+    """Accuracies on ``images``: smoothed prediction (abstain = wrong), one noisy pass, and the base model; and
+    ``smoothed_correct``, each image's smoothed outcome (1 correct, 0 wrong or abstained) in ``images``' order, so
+    two runs on the same images can be compared image by image (a paired comparison)."""
     smoothed_gen = smooth.generator(derived_seed(seed, "smoothed", eps))
     noisy_gen = smooth.generator(derived_seed(seed, "noisy", eps))
     predictions = smoothed_predictions(smooth, images, n, alpha, smoothed_gen, track, desc)
@@ -136,6 +138,7 @@ def _evaluate(smooth: Smooth, images: torch.Tensor, labels: torch.Tensor, n: int
     base = smooth.base_logits(images).argmax(dim=1).cpu().numpy()
     return {
         "smoothed_accuracy": float(np.mean(predictions == truth)),
+        "smoothed_correct": (predictions == truth).astype(int).tolist(),
         "smoothed_abstain_rate": float(np.mean(predictions == ABSTAIN)),
         "noisy_accuracy": float(np.mean(noisy == truth)),
         "base_accuracy": float(np.mean(base == truth)),
@@ -147,8 +150,8 @@ def run_attack_eval(pipeline: Pipeline, images: torch.Tensor, labels: torch.Tens
     """Attack ``images`` (N, C, H, W in [0,1]) at every epsilon of ``config``; return the JSON-ready results.
 
     Keys: ``settings`` (the config), ``num_images``, ``clean`` (reference accuracies), ``results`` (one
-    dict per epsilon: eps, step_size, the three accuracies, abstain rate, mean/max perturbation norm,
-    seconds). Same seed, same numbers.
+    dict per epsilon: eps, step_size, the three accuracies, abstain rate, each image's smoothed outcome, mean/max
+    perturbation norm, seconds). Same seed, same numbers.
     """
     config.validate()
     device = pipeline.device
