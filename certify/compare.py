@@ -26,8 +26,9 @@ BOOTSTRAP_RESAMPLES = 10_000
 
 @dataclass(frozen=True)
 class PairedDifference:
-    """``ours - theirs`` in certified accuracy (a share of images, not points) at each radius, with a
-    paired-bootstrap interval at ``confidence``."""
+    """``ours - theirs`` in certified accuracy (a share of images, not points) at each radius (or, from
+    :func:`paired_outcomes`, at each column: ``radii`` then names the columns), with a paired-bootstrap interval at
+    ``confidence``."""
 
     radii: tuple[float, ...]
     images: int
@@ -70,13 +71,27 @@ def paired_difference(ours: Sequence[CertifyRecord], theirs: Sequence[CertifyRec
         raise UserError(f"a paired comparison needs the same images in both runs: {len(mine - other)} only in one, "
                         f"{len(other - mine)} only in the other")
     indices = sorted(mine)
-    a, b = certified_matrix(ours, radii, indices), certified_matrix(theirs, radii, indices)
-    picks = bootstrap_picks(len(indices), resamples, seed)
-    resampled = (a[picks] - b[picks]).mean(axis=1)  # (resamples, radii)
+    return paired_outcomes(certified_matrix(ours, radii, indices), certified_matrix(theirs, radii, indices), radii,
+                           resamples, seed, confidence)
+
+
+def paired_outcomes(ours: np.ndarray, theirs: np.ndarray, columns: Sequence[float],
+                    resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0,
+                    confidence: float = 0.95) -> PairedDifference:
+    """The same for any per-image outcomes: (images, columns) arrays of 0/1 (e.g. correct under attack at each
+    bound), rows the same images in the same order. ``columns`` names the columns (radii, bounds)."""
+    ours, theirs = np.asarray(ours, dtype=float), np.asarray(theirs, dtype=float)
+    if ours.shape != theirs.shape or ours.ndim != 2 or ours.shape[1] != len(columns):
+        raise UserError(f"paired outcomes need two (images, {len(columns)}) arrays of the same shape, got "
+                        f"{ours.shape} and {theirs.shape}")
+    if not 0 < confidence < 1:
+        raise UserError(f"confidence must lie in (0, 1), got {confidence}")
+    picks = bootstrap_picks(len(ours), resamples, seed)
+    resampled = (ours[picks] - theirs[picks]).mean(axis=1)  # (resamples, columns)
     tail = (1 - confidence) / 2
     low, high = np.quantile(resampled, [tail, 1 - tail], axis=0)
-    return PairedDifference(radii=tuple(float(r) for r in radii), images=len(indices),
-                            difference=tuple(float(d) for d in (a - b).mean(axis=0)),
+    return PairedDifference(radii=tuple(float(c) for c in columns), images=len(ours),
+                            difference=tuple(float(d) for d in (ours - theirs).mean(axis=0)),
                             low=tuple(float(x) for x in low), high=tuple(float(x) for x in high),
                             confidence=confidence, resamples=resamples)
 

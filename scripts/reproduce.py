@@ -443,6 +443,41 @@ def paired_to_sepdp(root: Path, runs: list[str], radii: list[float]) -> dict:
     return paired
 
 
+def attack_paired_to_sepdp(root: Path, runs: list[str], attacks: tuple[str, ...]) -> dict:
+    """Each run's smoothed accuracy under each attack minus sepdp's, at every bound (0: clean), paired over the same
+    images at the first training seed both have attacked, with a 95% paired-bootstrap interval over images. Only
+    runs whose attack.json has each image's outcome (``smoothed_correct``) on sepdp's images take part."""
+    from certify.compare import paired_outcomes
+
+    def outcomes(run: str, name: str) -> dict[int, dict]:
+        found = {}
+        for folder in (root / "attack").glob(f"{run}_s*"):
+            match = re.fullmatch(rf"{re.escape(run)}_s(\d+)", folder.name)
+            record = read_json(folder / name / "attack.json") if match else None
+            rows = [record["clean"], *record["results"]] if record else []
+            if rows and all("smoothed_correct" in row for row in rows):
+                found[int(match.group(1))] = {"indices": record["image_indices"], "bounds": [0.0] + [
+                    row["eps"] for row in record["results"]], "correct": [row["smoothed_correct"] for row in rows]}
+        return found
+
+    paired: dict = {}
+    for name in attacks:
+        base = outcomes("sepdp", name)
+        for run in runs:
+            mine = outcomes(run, name) if run != "sepdp" else {}
+            common = sorted(seed for seed in set(mine) & set(base) if mine[seed]["indices"] == base[seed]["indices"]
+                            and mine[seed]["bounds"] == base[seed]["bounds"])
+            if not common:
+                continue
+            seed = common[0]
+            ours, theirs = (list(zip(*entry[seed]["correct"], strict=True)) for entry in (mine, base))
+            found = paired_outcomes(ours, theirs, mine[seed]["bounds"])
+            paired.setdefault(run, {})[name] = {"seed": seed, "images": found.images, "bounds": list(found.radii),
+                                                "difference": list(found.difference), "low": list(found.low),
+                                                "high": list(found.high)}
+    return paired
+
+
 def collect(root: Path, settings: Settings) -> dict:
     """Everything the figures and tables show, read back from the runs' files."""
     result: dict = {"dataset": root.name, "certify": {}, "attack": {}, "figure4": {}, "training": {}}
@@ -501,6 +536,8 @@ def collect(root: Path, settings: Settings) -> dict:
             result["attack"].setdefault(run, {})[name] = {
                 f"{e:g}": mean_and_range([attack_accuracy(r, e) for r in records]) for e in eps}
             result["attack"][run][name]["images"] = records[0]["num_images"]
+    if (root / "attack").exists():
+        result["attack_paired"] = attack_paired_to_sepdp(root, ["none", *settings.runs], settings.attacks)
     for arm in (*DP_ARMS, "nodp"):
         if arm not in settings.runs or (arm != "nodp" and arm not in settings.figure4_arms):
             continue
@@ -604,6 +641,19 @@ def write_tables(result: dict, path: Path, settings: Settings, header: str) -> N
                     lines.append(f"| {LABELS.get(run, run)} | {per_attack[name]['images']} | "
                                  + " | ".join(percent(per_attack[name].get(k)) for k in eps_keys) + " |")
             lines.append("")
+            paired = {run: entry[name] for run, entry in (result.get("attack_paired") or {}).items() if name in entry}
+            if paired:
+                bounds = next(iter(paired.values()))["bounds"]
+                lines += [f"{ATTACK_NAMES[name]}, each run minus sepdp (points; paired over the same images at one "
+                          "training seed, 95% paired-bootstrap interval over images):", "",
+                          "| run - sepdp | seed | images | " + " | ".join(f"{b:g}" for b in bounds) + " |",
+                          "|---|---|---|" + "---|" * len(bounds)]
+                for run, entry in paired.items():
+                    cells = [f"{100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
+                             for d, lo, hi in zip(entry["difference"], entry["low"], entry["high"], strict=True)]
+                    lines.append(f"| {LABELS.get(run, run)} | {entry['seed']} | {entry['images']} | "
+                                 + " | ".join(cells) + " |")
+                lines.append("")
     if result["figure4"]:
         lines += ["", f"## Figure 4: accuracy (%) under attack at L2 bound {FIGURE4_BOUND:g} against epsilon", "",
                   "Each DP arm trained with `--target-epsilon E` (delta 1e-5); nodp has no epsilon.", ""]

@@ -67,3 +67,16 @@ def test_the_same_seed_gives_the_same_interval():
     ours = records({i: (float(rng.random()) if rng.random() < 0.7 else None) for i in range(100)})
     theirs = records({i: (float(rng.random()) if rng.random() < 0.6 else None) for i in range(100)})
     assert paired_difference(ours, theirs, RADII, seed=3) == paired_difference(ours, theirs, RADII, seed=3)
+
+
+def test_paired_outcomes_compare_any_per_image_results_and_refuse_other_shapes():
+    """Per-image outcomes under attack (one column per bound): the difference of the column means."""
+    from certify.compare import paired_outcomes
+
+    ours = np.array([[1, 1], [1, 0], [1, 1], [0, 0]])
+    theirs = np.array([[1, 0], [1, 0], [0, 0], [0, 0]])
+    result = paired_outcomes(ours, theirs, (0.5, 2.0))
+    assert result.difference == (0.25, 0.5) and result.radii == (0.5, 2.0) and result.images == 4
+    assert all(lo <= d <= hi for d, lo, hi in zip(result.difference, result.low, result.high, strict=True))
+    with pytest.raises(UserError, match="same shape"):
+        paired_outcomes(ours, theirs[:3], (0.5, 2.0))

@@ -92,6 +92,15 @@ def test_tables_agree_with_the_runs_files(quick_run):
         assert paired.group(column).strip().startswith(f"{expected:+.1f} ["), (radius, paired.group(column))
     results = json.loads((root / "results.json").read_text())
     record = json.loads((root / "attack" / "transdenoiser_s0" / "pgd" / "attack.json").read_text())
+    # under attack, paired: transdenoiser minus sepdp at every bound (0: clean) is the difference of the two runs'
+    # smoothed accuracies, image by image on the same images
+    base = json.loads((root / "attack" / "sepdp_s0" / "pgd" / "attack.json").read_text())
+    paired_attack = results["attack_paired"]["transdenoiser"]["pgd"]
+    assert paired_attack["bounds"] == [0.0, *(row["eps"] for row in record["results"])]
+    assert paired_attack["difference"] == pytest.approx(
+        [a["smoothed_accuracy"] - b["smoothed_accuracy"]
+         for a, b in zip([record["clean"], *record["results"]], [base["clean"], *base["results"]], strict=True)])
+    assert "each run minus sepdp (points; paired over the same images" in tables
     got = results["attack"]["transdenoiser"]["pgd"]
     assert got["0"]["mean"] == record["clean"]["smoothed_accuracy"]
     for row in record["results"]:
