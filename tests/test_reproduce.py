@@ -163,6 +163,8 @@ def test_plan_and_estimate_name_the_full_mode_without_running(quick_run):
     assert checked == {arm for arm in readers if arm in ARMS}
     # every planned training of our arms, on both data sets, passes the product's own planner (xi_up calibrated
     # to its epsilon, xi_low <= xi_up for Algorithm 1) on the full-size private split
+    from dataclasses import asdict
+
     from training.datasets import load_dataset
     from training.private_train import TrainConfig
     from training.private_train import plan as plan_training
@@ -170,7 +172,7 @@ def test_plan_and_estimate_name_the_full_mode_without_running(quick_run):
 
     fashion = run_script("--plan", "--datasets", "fashion-mnist", "--out", str(out / "full"), timeout=300)
     assert fashion.returncode == 0, fashion.stderr[-2000:]
-    sizes, count = {}, 0
+    sizes, checked_configs = {}, set()
     for words in planned_trainings(plan.stdout) + planned_trainings(fashion.stdout):
         if "--config" not in words:
             continue
@@ -179,10 +181,14 @@ def test_plan_and_estimate_name_the_full_mode_without_running(quick_run):
             sizes[dataset] = len(load_dataset(dataset).split("private"))
         config, _ = config_from_args(build_parser(words).parse_args(words))
         assert isinstance(config, TrainConfig)
+        key = (dataset, json.dumps({k: v for k, v in asdict(config).items() if k != "seed"}, sort_keys=True,
+                                   default=str))
+        if key in checked_configs:  # the same training at another seed: the planner's answer is the same
+            continue
         config.validate(sizes[dataset])
         plan_training(config, sizes[dataset])
-        count += 1
-    assert count and set(sizes) == {"mnist10k", "fashion-mnist"}
+        checked_configs.add(key)
+    assert checked_configs and set(sizes) == {"mnist10k", "fashion-mnist"}
     estimate = run_script("--estimate-from", str(out / "steps.jsonl"), "--datasets", "mnist10k",
                           "--out", str(out / "full"), timeout=300)
     assert estimate.returncode == 0, estimate.stderr[-2000:]
