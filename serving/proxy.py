@@ -12,6 +12,7 @@ the cap; this module fills it in and, for tests and benchmarks, runs nginx on lo
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import socket
 import subprocess
@@ -47,7 +48,7 @@ def render_config(listen: str, upstream: str, prefix: Path, settings: ProxySetti
     text = TEMPLATE.read_text()
     for key, value in values.items():
         text = text.replace(f"@{key}@", value)
-    if "@" in "".join(line.split("#")[0] for line in text.splitlines()):
+    if re.search(r"@[A-Z_]+@", "\n".join(line.split("#")[0] for line in text.splitlines())):
         raise ValueError("nginx.conf.template has a placeholder this module does not fill")
     return text
 

@@ -413,16 +413,22 @@ def test_proxy_caps_open_connections(proxy, digits):
         time.sleep(0.5)
         open_connections = sum(len(worker.net_connections(kind="tcp")) for worker in workers)
         assert open_connections <= PROXY_CAP  # the rest wait in the kernel's backlog, holding no nginx slot
-        # At the cap nginx may close a new connection at once instead of leaving it in the backlog; a client
-        # that retries is served once the stalled connections time out (client_header_timeout, 10 s).
+        # At the cap nginx may close a new connection at once instead of leaving it in the backlog, or accept it
+        # and find no connection left for the upstream: then it answers 503 with Retry-After (never its bare 500).
+        # A client that retries is served once the stalled connections time out (client_header_timeout).
         deadline, response = time.monotonic() + 60, None
         with httpx.Client(base_url=proxy.url, timeout=60) as http:
-            while response is None:
+            while response is None or response.status_code == 503:
                 try:
                     response = http.post("/predict", json={"images": [x[1].tolist()], "n": 100})
                 except (httpx.RemoteProtocolError, httpx.ConnectError, httpx.ReadError):
                     if time.monotonic() > deadline:
                         raise
+                    time.sleep(1.0)
+                    continue
+                if response.status_code == 503:
+                    assert response.headers["retry-after"] == "1" and "connection cap" in response.json()["error"]
+                    assert time.monotonic() < deadline, "still at the cap after 60 s"
                     time.sleep(1.0)
         assert response.status_code == 200, response.text
     finally:
@@ -450,3 +456,27 @@ def test_benchmarks_run_against_a_server(servers, proxy, digits):
     slow = measure_slow({"proxy": proxy.url}, {"images": [x[0].tolist()], "n": 100}, stalled=10, repeats=1,
                         requests=2)
     assert slow["proxy"]["failures"] == 0 and slow["proxy"]["stalled"]["count"] == 2
+
+
+def test_proxy_without_a_connection_for_the_upstream_answers_503_with_retry_after(servers, digits, tmp_path):
+    """worker_connections 3: the listening socket, the worker's channel to the master and one client fill it (with 2
+    nginx cannot even accept the client), so it cannot open the upstream
+    connection ("worker_connections are not enough"). It answers 503 with Retry-After, as the server's full queue
+    does, not its bare 500."""
+    from serving.process import free_port
+    from serving.proxy import ProxyProcess, ProxySettings, nginx_binary
+
+    if nginx_binary() is None:
+        pytest.skip("nginx is not installed (Debian: apt-get install nginx-light)")
+    x, _ = digits
+    tight = ProxyProcess(servers["open"].url, tmp_path / "tight", free_port(),
+                         ProxySettings(header_timeout_s=2, body_timeout_s=2, max_connections=3))
+    try:
+        tight.wait_ready()
+        with httpx.Client(base_url=tight.url, timeout=30) as http:
+            response = http.post("/predict", json={"images": [x[1].tolist()], "n": 100})
+        assert response.status_code == 503, response.text
+        assert response.headers["retry-after"] == "1" and "connection cap" in response.json()["error"]
+        assert "worker_connections are not enough" in (tight.out_dir / "error.log").read_text()
+    finally:
+        tight.stop()
