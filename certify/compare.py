@@ -38,6 +38,12 @@ class PairedDifference:
     confidence: float
     resamples: int
 
+    def as_dict(self) -> dict:
+        """JSON-ready: every field, tuples as lists."""
+        return {"images": self.images, "radii": list(self.radii), "difference": list(self.difference),
+                "low": list(self.low), "high": list(self.high), "confidence": self.confidence,
+                "resamples": self.resamples}
+
 
 def certified_matrix(records: Sequence[CertifyRecord], radii: Sequence[float],
                      indices: Sequence[int] | None = None) -> np.ndarray:
@@ -64,8 +70,6 @@ def paired_difference(ours: Sequence[CertifyRecord], theirs: Sequence[CertifyRec
 
     Both runs must hold the same images (by test-set index); otherwise the pairing is undefined and this refuses.
     """
-    if not 0 < confidence < 1:
-        raise UserError(f"confidence must lie in (0, 1), got {confidence}")
     mine, other = {r.idx for r in ours}, {r.idx for r in theirs}
     if mine != other:
         raise UserError(f"a paired comparison needs the same images in both runs: {len(mine - other)} only in one, "
@@ -96,7 +100,17 @@ def paired_outcomes(ours: np.ndarray, theirs: np.ndarray, columns: Sequence[floa
                             confidence=confidence, resamples=resamples)
 
 
+def points_cell(difference: float, low: float, high: float) -> str:
+    """A difference of shares and its interval as one table cell in points: '+3.6 [+1.6, +5.8]'."""
+    return f"{100 * difference:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]"
+
+
+def points_cells(entry: PairedDifference | dict) -> list[str]:
+    """Every column's cell, from a PairedDifference or its ``as_dict()``."""
+    values = entry if isinstance(entry, dict) else entry.as_dict()
+    return [points_cell(*cell) for cell in zip(values["difference"], values["low"], values["high"], strict=True)]
+
+
 def format_points(difference: PairedDifference, column: int) -> str:
-    """One cell in points: '+3.6 [+1.6, +5.8]'."""
-    return (f"{100 * difference.difference[column]:+.1f} "
-            f"[{100 * difference.low[column]:+.1f}, {100 * difference.high[column]:+.1f}]")
+    """One column's cell in points: '+3.6 [+1.6, +5.8]'."""
+    return points_cell(difference.difference[column], difference.low[column], difference.high[column])

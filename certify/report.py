@@ -572,8 +572,7 @@ def paired_to_first(labels: Sequence[str], runs: Sequence[tuple[dict[str, Any], 
         except UserError as exc:
             paired[label] = {"note": str(exc)}
             continue
-        paired[label] = {"images": found.images, "radii": list(found.radii), "difference": list(found.difference),
-                         "low": list(found.low), "high": list(found.high), "confidence": found.confidence}
+        paired[label] = found.as_dict()
     return paired
 
 
@@ -623,6 +622,8 @@ def _overlay_certify_runs(run_dirs: list[Path], out_dir: Path, warn: Callable[[s
                       "radii, ACR and abstention it does not measure."]
     paired = paired_to_first(labels, runs, radii)
     if paired:
+        from certify.compare import points_cells
+
         lines += ["", f"Each run minus **{labels[0]}** in certified accuracy (points), paired over the same images, "
                   "with a 95% paired-bootstrap interval over images (10,000 resamples; `certify.compare`). An "
                   "interval that includes 0: these images do not tell the two runs apart.", "",
@@ -632,9 +633,7 @@ def _overlay_certify_runs(run_dirs: list[Path], out_dir: Path, warn: Callable[[s
             if "note" in entry:
                 lines.append(f"| {label} | - | {entry['note']} |" + " |" * (len(radii) - 1))
                 continue
-            cells = " | ".join(f"{100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
-                               for d, lo, hi in zip(entry["difference"], entry["low"], entry["high"], strict=True))
-            lines.append(f"| {label} | {entry['images']} | {cells} |")
+            lines.append(f"| {label} | {entry['images']} | {' | '.join(points_cells(entry))} |")
         for row in table:
             if row["label"] in paired:
                 row["paired_to_first_run"] = paired[row["label"]]

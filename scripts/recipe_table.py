@@ -76,7 +76,7 @@ def paired_lines(by_arm: dict[str, dict]) -> list[str]:
     """Differences to sepdp at every radius and the gap closed at 0.5, with paired-bootstrap 95% intervals."""
     import numpy as np
 
-    from certify.compare import bootstrap_picks, certified_matrix
+    from certify.compare import bootstrap_picks, certified_matrix, points_cell
 
     base = by_arm.get("sepdp")
     if base is None or base["rows"] is None:
@@ -102,7 +102,7 @@ def paired_lines(by_arm: dict[str, dict]) -> list[str]:
         cells = []
         for k in range(len(RADII)):
             low, high = np.quantile(diffs[:, k], [0.025, 0.975])
-            cells.append(f"{100 * (ours[:, k] - theirs[:, k]).mean():+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]")
+            cells.append(points_cell((ours[:, k] - theirs[:, k]).mean(), low, high))
         closed = ""
         if arm != "nodp" and upper is not None:
             gap = upper[:, half].mean() - theirs[:, half].mean()

@@ -407,6 +407,16 @@ def epsilons_of(meta: dict) -> dict:
     return found
 
 
+def seed_folders(parent: Path, run: str) -> dict[int, Path]:
+    """Training seed -> folder, for the folders RUN_sSEED under ``parent``."""
+    found = {}
+    for folder in parent.glob(f"{run}_s*"):
+        match = re.fullmatch(rf"{re.escape(run)}_s(\d+)", folder.name)
+        if match:
+            found[int(match.group(1))] = folder
+    return found
+
+
 def paired_to_sepdp(root: Path, runs: list[str], radii: list[float]) -> dict:
     """Each run's certified accuracy minus sepdp's, paired over the same images at the first training seed both
     have certified (the certify seed is the training seed, so each image's noise draws are shared too), with a 95%
@@ -416,30 +426,24 @@ def paired_to_sepdp(root: Path, runs: list[str], radii: list[float]) -> dict:
     from transdenoiser.errors import UserError
 
     def seeds(run: str) -> dict[int, Path]:
-        found = {}
-        for folder in (root / "certify").glob(f"{run}_s*"):
-            match = re.fullmatch(rf"{re.escape(run)}_s(\d+)", folder.name)
-            if match and (folder / "summary.json").exists():
-                found[int(match.group(1))] = folder
-        return found
+        return {seed: folder for seed, folder in seed_folders(root / "certify", run).items()
+                if (folder / "summary.json").exists()}
 
     base = seeds("sepdp")
     paired: dict = {}
     for run in runs:
-        common = sorted(set(seeds(run)) & set(base)) if run != "sepdp" else []
+        mine = seeds(run) if run != "sepdp" else {}
+        common = sorted(set(mine) & set(base))
         if not common:
             continue
         seed = common[0]
         try:
-            difference = paired_difference(read_rows(seeds(run)[seed] / "certify.tsv", "certify"),
+            difference = paired_difference(read_rows(mine[seed] / "certify.tsv", "certify"),
                                            read_rows(base[seed] / "certify.tsv", "certify"), radii)
         except UserError as exc:
             paired[run] = {"seed": seed, "note": str(exc)}
             continue
-        paired[run] = {"seed": seed, "images": difference.images, "radii": list(difference.radii),
-                       "difference": list(difference.difference), "low": list(difference.low),
-                       "high": list(difference.high), "confidence": difference.confidence,
-                       "resamples": difference.resamples}
+        paired[run] = {"seed": seed, **difference.as_dict()}
     return paired
 
 
@@ -451,12 +455,11 @@ def attack_paired_to_sepdp(root: Path, runs: list[str], attacks: tuple[str, ...]
 
     def outcomes(run: str, name: str) -> dict[int, dict]:
         found = {}
-        for folder in (root / "attack").glob(f"{run}_s*"):
-            match = re.fullmatch(rf"{re.escape(run)}_s(\d+)", folder.name)
-            record = read_json(folder / name / "attack.json") if match else None
+        for seed, folder in seed_folders(root / "attack", run).items():
+            record = read_json(folder / name / "attack.json")
             rows = [record["clean"], *record["results"]] if record else []
             if rows and all("smoothed_correct" in row for row in rows):
-                found[int(match.group(1))] = {"indices": record["image_indices"], "bounds": [0.0] + [
+                found[seed] = {"indices": record["image_indices"], "bounds": [0.0] + [
                     row["eps"] for row in record["results"]], "correct": [row["smoothed_correct"] for row in rows]}
         return found
 
@@ -471,10 +474,9 @@ def attack_paired_to_sepdp(root: Path, runs: list[str], attacks: tuple[str, ...]
                 continue
             seed = common[0]
             ours, theirs = (list(zip(*entry[seed]["correct"], strict=True)) for entry in (mine, base))
-            found = paired_outcomes(ours, theirs, mine[seed]["bounds"])
-            paired.setdefault(run, {})[name] = {"seed": seed, "images": found.images, "bounds": list(found.radii),
-                                                "difference": list(found.difference), "low": list(found.low),
-                                                "high": list(found.high)}
+            entry = paired_outcomes(ours, theirs, mine[seed]["bounds"]).as_dict()
+            entry["bounds"] = entry.pop("radii")  # the attack's L2 bounds (0: clean)
+            paired.setdefault(run, {})[name] = {"seed": seed, **entry}
     return paired
 
 
@@ -582,6 +584,8 @@ def number(value) -> str:
 
 
 def write_tables(result: dict, path: Path, settings: Settings, header: str) -> None:
+    from certify.compare import points_cells
+
     lines = [f"# Reproduction of the TransDenoiser paper's Section 3.2 on {result['dataset']}", "", header, ""]
     seeds_note = (f"Each cell is the mean over the training seeds that have run, up to {settings.seeds} (min-max in "
                   "brackets when more than one)."
@@ -606,10 +610,8 @@ def write_tables(result: dict, path: Path, settings: Settings, header: str) -> N
             if "note" in entry:
                 lines.append(f"| {LABELS.get(run, run)} | {entry['seed']} | - | {entry['note']} | | | | |")
                 continue
-            cells = [f"{100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
-                     for d, lo, hi in zip(entry["difference"], entry["low"], entry["high"], strict=True)]
             lines.append(f"| {LABELS.get(run, run)} | {entry['seed']} | {entry['images']} | "
-                         + " | ".join(cells) + " |")
+                         + " | ".join(points_cells(entry)) + " |")
     if result.get("baseline_certify"):
         lines += ["", "Phan et al.'s own certificate of the baselines (`transdenoiser baseline-certify`, same images):",
                   "", "| run | images | r = 0 | 0.25 | 0.5 | 0.75 | 1.0 |", "|---|---|---|---|---|---|---|"]
@@ -649,10 +651,8 @@ def write_tables(result: dict, path: Path, settings: Settings, header: str) -> N
                           "| run - sepdp | seed | images | " + " | ".join(f"{b:g}" for b in bounds) + " |",
                           "|---|---|---|" + "---|" * len(bounds)]
                 for run, entry in paired.items():
-                    cells = [f"{100 * d:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"
-                             for d, lo, hi in zip(entry["difference"], entry["low"], entry["high"], strict=True)]
                     lines.append(f"| {LABELS.get(run, run)} | {entry['seed']} | {entry['images']} | "
-                                 + " | ".join(cells) + " |")
+                                 + " | ".join(points_cells(entry)) + " |")
                 lines.append("")
     if result["figure4"]:
         lines += ["", f"## Figure 4: accuracy (%) under attack at L2 bound {FIGURE4_BOUND:g} against epsilon", "",
