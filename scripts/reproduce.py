@@ -809,8 +809,10 @@ def write_results(root: Path, settings: Settings, command: str) -> list[Path]:
 # ---------------------------------------------------------------------------------------------------- estimate
 
 
-def estimate(plan: list[dict], measured: list[dict]) -> dict:
-    """Wall time of ``plan`` (dry-run steps) from the per-unit rates of ``measured`` steps (steps.jsonl)."""
+def estimate(plan: list[dict], *measured: list[dict]) -> dict:
+    """Wall time of the steps of ``plan`` (dry-run steps) not yet done, from the per-unit rates of ``measured`` steps
+    (the lines of one or more steps.jsonl files). A kind of step takes its median rate from the first file that
+    measured it, so a run's own rates come before those of another scale or machine load."""
     def units(work: dict) -> float:
         kind = work.get("kind")
         if kind == "pretrain":
@@ -829,24 +831,33 @@ def estimate(plan: list[dict], measured: list[dict]) -> dict:
             return (kind, work["arm"])
         if kind == "attack":
             return (kind, work["attack"], work["threat"], work["denoiser"])
+        if kind == "certify":  # the adaptive mode stops early: its rate per budgeted sample is its own
+            return (kind, bool(work.get("adaptive")))
         return (kind,)
 
     rates: dict[tuple, list[float]] = {}
-    for step in measured:
-        if step.get("exit") == 0 and step["seconds"] > 0 and units(step["work"]) > 0:
-            rates.setdefault(key(step["work"]), []).append(step["seconds"] / units(step["work"]))
+    for steps in measured:
+        found: dict[tuple, list[float]] = {}
+        for step in steps:
+            if step.get("exit") == 0 and step["seconds"] > 0 and units(step["work"]) > 0:
+                found.setdefault(key(step["work"]), []).append(step["seconds"] / units(step["work"]))
+        for kind, per_unit in found.items():
+            rates.setdefault(kind, per_unit)
     total, missing, by_kind = 0.0, [], {}
     for step in plan:
         if step["done"]:
             continue
         per_unit = rates.get(key(step["work"]))
+        if not per_unit and step["work"].get("kind") == "certify":  # the other sampling's rate: better than none
+            per_unit = next((v for k, v in rates.items() if k[0] == "certify"), None)
         if not per_unit:
             missing.append(step["name"])
             continue
         seconds = sorted(per_unit)[len(per_unit) // 2] * units(step["work"])
         total += seconds
         by_kind[step["work"]["kind"]] = by_kind.get(step["work"]["kind"], 0.0) + seconds
-    return {"seconds": total, "by_kind": by_kind, "steps": len(plan), "not_estimated": missing}
+    return {"seconds": total, "by_kind": by_kind, "steps": len(plan),
+            "to_do": sum(not step["done"] for step in plan), "not_estimated": missing}
 
 
 # ---------------------------------------------------------------------------------------------------- command line
@@ -881,8 +892,10 @@ def parse_args(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
     p.add_argument("--subprocess", action="store_true", help="run each step as its own transdenoiser process")
     p.add_argument("--plan", action="store_true", help="print the steps and whether each is done; run nothing")
     p.add_argument("--figures-only", action="store_true", help="only (re)write figures and tables from finished runs")
-    p.add_argument("--estimate-from", type=Path, default=None, metavar="STEPS_JSONL",
-                   help="estimate this mode's wall time from the step rates measured in a steps.jsonl; run nothing")
+    p.add_argument("--estimate-from", type=Path, action="append", default=None, metavar="STEPS_JSONL",
+                   help="estimate the wall time of this mode's steps not yet done from the step rates measured in "
+                        "a steps.jsonl; repeat to fall back on other files' rates (the first that has a kind of "
+                        "step is used); run nothing")
     args = p.parse_args(argv)
     quick = args.quick
     mode = "quick" if quick else ("full" if all(getattr(args, k) is None for k in
@@ -913,6 +926,9 @@ def parse_args(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
     bad_runs = [r for r in settings.runs if r not in LABELS]
     if unknown or bad_attacks or bad_runs:
         p.error(f"unknown: {', '.join(unknown + bad_attacks + bad_runs)}")
+    missing = [str(path) for path in args.estimate_from or () if not path.is_file()]
+    if missing:
+        p.error(f"--estimate-from: no such file: {', '.join(missing)}")
     return settings, args
 
 
@@ -939,11 +955,12 @@ def main(argv: list[str] | None = None) -> int:
             for dataset in settings.datasets:
                 reproduce_dataset(runner, dataset, arms, commands, [seed])
     if args.estimate_from is not None:
-        measured = [json.loads(line) for line in args.estimate_from.read_text().splitlines() if line.strip()]
-        found = estimate(runner.planned, measured)
+        measured = [[json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+                    for path in args.estimate_from]
+        found = estimate(runner.planned, *measured)
         print(json.dumps({"mode": settings.mode, **found}, indent=1))
-        print(f"estimated wall time: {found['seconds'] / 3600:.1f} h for {found['steps']} steps "
-              f"({len(found['not_estimated'])} without a measured rate)")
+        print(f"estimated wall time: {found['seconds'] / 3600:.1f} h for the {found['to_do']} steps not done "
+              f"(of {found['steps']}; {len(found['not_estimated'])} without a measured rate)")
         return 0
     if args.plan:
         for step in runner.planned:

@@ -216,9 +216,8 @@ def test_paper_configs_hold_the_papers_settings(name, sigma, channels, size):
     assert model(torch.rand(2, channels, size, size)).shape == (2, channels, size, size)
 
 
-def test_an_interrupted_baseline_training_is_set_aside_not_lost(tmp_path):
-    """The baselines cannot resume: reproduce.py moves an interrupted one to RUN.interrupted (then -2, ...) so the
-    step trains again, and leaves a complete checkpoint (or none) where it is."""
+def reproduce_module():
+    """scripts/reproduce.py as a module (it is a script, not a package member)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("reproduce_script", REPO / "scripts" / "reproduce.py")
@@ -228,6 +227,36 @@ def test_an_interrupted_baseline_training_is_set_aside_not_lost(tmp_path):
         spec.loader.exec_module(module)
     finally:
         del sys.modules[spec.name]
+    return module
+
+
+def test_estimate_counts_steps_not_done_at_the_first_files_rates():
+    """The wall-time estimate skips finished steps, takes each kind's median rate from the first steps file that
+    measured it (a run's own rates before another run's), keeps the adaptive and fixed-n certification rates
+    apart, and names the steps no file has a rate for."""
+    estimate = reproduce_module().estimate
+
+    def certify(seconds, adaptive, done=False):
+        work = {"kind": "certify", "images": 10, "samples_per_image": 1000, "adaptive": adaptive}
+        return {"name": "c", "exit": 0, "seconds": seconds, "work": work, "done": done}
+
+    train = {"kind": "train", "arm": "sepdp", "examples": 100, "epochs": 2}
+    plan = [certify(0, True, done=True), certify(0, True), certify(0, False),
+            {"name": "t", "done": False, "work": train}, {"name": "b", "done": False, "work": {"kind": "bcert"}}]
+    own = [certify(20.0, True), certify(40.0, True), certify(30.0, True)]  # median 30 s per 10,000 samples
+    other = [certify(1.0, True), certify(5.0, False), {"exit": 0, "seconds": 8.0, "work": train},
+             {"exit": 1, "seconds": 50.0, "work": {"kind": "bcert"}}]  # a failed step measures nothing
+    found = estimate(plan, own, other)
+    assert found["by_kind"] == pytest.approx({"certify": 30.0 + 5.0, "train": 8.0})
+    assert found["seconds"] == pytest.approx(43.0)
+    assert (found["steps"], found["to_do"], found["not_estimated"]) == (5, 4, ["b"])
+    assert estimate(plan, other, own)["by_kind"]["certify"] == pytest.approx(1.0 + 5.0)  # order decides
+
+
+def test_an_interrupted_baseline_training_is_set_aside_not_lost(tmp_path):
+    """The baselines cannot resume: reproduce.py moves an interrupted one to RUN.interrupted (then -2, ...) so the
+    step trains again, and leaves a complete checkpoint (or none) where it is."""
+    module = reproduce_module()
     run = tmp_path / "securesgd-prt_s0"
     assert module.set_aside_interrupted(run) is None  # nothing there
     for number, suffix in ((1, ".interrupted"), (2, ".interrupted-2")):
