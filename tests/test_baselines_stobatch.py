@@ -299,6 +299,40 @@ def test_baseline_certify_runs_stobatchs_certificate_beside_smoothing(stobatch_d
     assert summary["phan"]["abstain_rate"] == pytest.approx(np.mean([c.prediction == -1 for c in certificates]))
 
 
+def test_baseline_certify_resumes_an_interrupted_run_with_the_same_rows(stobatch_dir, tmp_path, capsys):
+    """An interrupted `baseline-certify` (two rows recorded, the third cut short) certifies only what is missing and
+    writes the table of an uninterrupted run; run again, it redoes nothing; other settings in the same folder are
+    refused with one line naming them, and the recorded rows are kept."""
+    from training.baselines.cli import ROWS_FILE, SETTINGS_FILE
+
+    args = ["baseline-certify", "--model", str(stobatch_dir), "--sigma", "0.25", "--n0", "5", "--n", "20",
+            "--skip", "500", "--max-images", "4", "--seed", "1", "--device", "cpu"]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert main([*args, "--out", str(whole)]) == 0
+    expected = (whole / "baseline_certify.tsv").read_text()
+    lines = (whole / ROWS_FILE).read_text().splitlines(keepends=True)
+    assert len(lines) == 4 and json.loads((whole / "summary.json").read_text())["images_resumed"] == 0
+    cut.mkdir()
+    (cut / SETTINGS_FILE).write_text((whole / SETTINGS_FILE).read_text())
+    (cut / ROWS_FILE).write_text("".join(lines[:2]) + lines[2][:15])
+    capsys.readouterr()
+    assert main([*args, "--out", str(cut)]) == 0
+    assert "2 of 4 images done" in capsys.readouterr().err
+    assert (cut / "baseline_certify.tsv").read_text() == expected
+    recorded = (cut / ROWS_FILE).read_text().splitlines()
+    assert [json.loads(line)["idx"] for line in recorded] == [0, 500, 1000, 1500]
+    summary = json.loads((cut / "summary.json").read_text())
+    assert summary["images_resumed"] == 2 and summary["num_images"] == 4 and summary["seconds"] > 0
+    assert main([*args, "--out", str(cut)]) == 0  # complete: nothing certified again
+    assert summary["images_resumed"] == 2 and (cut / "baseline_certify.tsv").read_text() == expected
+    assert json.loads((cut / "summary.json").read_text())["images_resumed"] == 4
+    capsys.readouterr()
+    assert main([*args[:-4], "--seed", "2", "--device", "cpu", "--out", str(cut)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "other settings (seed)" in err
+    assert (cut / ROWS_FILE).read_text().splitlines() == recorded
+
+
 def test_baseline_certify_refuses_other_checkpoints(stobatch_dir, tmp_path, capsys):
     """A checkpoint of no baseline arm, or a stobatch one without --sigma: exit 2, one line naming the problem."""
     plain = save_checkpoint(tmp_path / "plain", _model(9), {

@@ -22,6 +22,9 @@ COLUMNS = ("idx", "label", "phan_predict", "phan_radius", "phan_correct", "phan_
 # kappa + phi bound (NOT a certificate; docs/BASELINES.md)
 STOBATCH_COLUMNS = ("stobatch_count", "stobatch_radius_l1", "stobatch_radius_linf", "stobatch_paper_bound_l1")
 RADII = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
+# A run's own record, so that an interrupted run resumes: its settings, and one JSON row per image, flushed as done.
+SETTINGS_FILE = "baseline_certify.settings.json"
+ROWS_FILE = "baseline_certify.rows.jsonl"
 
 
 def register(subparsers, common) -> None:
@@ -40,7 +43,10 @@ def register(subparsers, common) -> None:
                     "(Cohen et al.) of the SAME randomised model (input noise --sigma plus the noise layer). Writes "
                     "OUT/baseline_certify.tsv (columns: " + " ".join(COLUMNS) + "; stobatch adds "
                     + " ".join(STOBATCH_COLUMNS) + ") and OUT/summary.json. Radii are L2 in [0,1]-pixel units. "
-                    "See docs/BASELINES.md.",
+                    "Each image draws its noise from its own seed and is recorded as it is done "
+                    f"(OUT/{ROWS_FILE}), so an interrupted run resumes where it stopped, with the same rows, when "
+                    f"run again with the same --out and settings (OUT/{SETTINGS_FILE}; other settings are "
+                    "refused). See docs/BASELINES.md.",
         epilog="examples: transdenoiser baseline-certify --model runs/ssgd_sct --out runs/bcert_sct --max-images 100\n"
                "          transdenoiser baseline-certify --model runs/stobatch --sigma 0.25 --out runs/bcert_stobatch")
     p.add_argument("--model", type=Path, required=True,
@@ -60,7 +66,8 @@ def register(subparsers, common) -> None:
                    help="randomized smoothing sigma (default: the model's training sigma; required for stobatch, "
                         "whose training noise is Laplace)")
     p.add_argument("--batch-size", type=positive_int, default=500, help="draws per forward pass (default: 500)")
-    p.add_argument("--out", type=Path, required=True, help="output folder")
+    p.add_argument("--out", type=Path, required=True,
+                   help="output folder; an interrupted run there with the same settings is resumed")
     p.set_defaults(handler=cmd_baseline_certify)
 
 
@@ -186,6 +193,42 @@ def _stobatch(args, device, seed: int) -> _Baseline:
     return _Baseline(baseline.metadata, own, smooth, COLUMNS + STOBATCH_COLUMNS, note, summary)
 
 
+def resume_rows(out: Path, settings: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """The rows an earlier, interrupted run with the same ``settings`` recorded in ``out``, by image index (a last
+    line cut short by the interruption is dropped, to be certified again). A run with other settings is refused;
+    rows without a settings file are of unknown origin and are discarded."""
+    import json
+
+    from training.checkpoint import write_json, write_text
+
+    settings_path, rows_path = out / SETTINGS_FILE, out / ROWS_FILE
+    if not settings_path.exists():
+        rows_path.unlink(missing_ok=True)
+        write_json(settings_path, settings)
+        return {}
+    try:
+        recorded = json.loads(settings_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{settings_path} is unreadable ({exc}); give another --out") from exc
+    if recorded != settings:
+        changed = sorted(k for k in settings.keys() | recorded.keys() if recorded.get(k) != settings.get(k))
+        raise UserError(f"{out} holds a baseline-certify run with other settings ({', '.join(changed)}); give "
+                        "another --out, or the same settings to resume it")
+    rows: dict[int, dict[str, Any]] = {}
+    lines = rows_path.read_text().splitlines(keepends=True) if rows_path.exists() else []
+    for line in lines:
+        try:
+            row = json.loads(line) if line.endswith("\n") else None
+        except ValueError:
+            row = None
+        if not isinstance(row, dict) or row.get("idx") not in settings["indices"]:
+            break  # cut short (or not ours): this image and any after it are certified again
+        rows[row["idx"]] = row
+    if len(rows) != len(lines):  # keep only the whole rows, so that new ones start on a line of their own
+        write_text(rows_path, "".join(json.dumps(row) + "\n" for row in rows.values()))
+    return rows
+
+
 def _format(value: Any) -> str:
     if value is None:
         return ""
@@ -202,6 +245,7 @@ def certified_accuracy(rows: list[dict[str, Any]], prefix: str) -> dict[str, flo
 
 
 def _run(args, arm: str) -> int:
+    import json
     import time
 
     import numpy as np
@@ -230,17 +274,35 @@ def _run(args, arm: str) -> int:
     images, labels = split.subset(np.asarray(indices, dtype=np.int64)).tensors(device)
     args.out.mkdir(parents=True, exist_ok=True)
     smooth = baseline.smooth
-    rows = []
-    started = time.perf_counter()
-    for i in bar(range(len(indices)), desc="baseline-certify", total=len(indices)):
-        idx, x, y = indices[i], images[i], int(labels[i])
-        row = {"idx": idx, "label": y, **baseline.own(idx, x, y)}
-        cohen = smooth.certify(x, args.n0, args.n, args.alpha, smooth.image_generator(args.seed, idx))
-        row.update({"smooth_predict": cohen.prediction, "smooth_radius": cohen.radius,
-                    "smooth_correct": int(cohen.prediction == y), "smooth_p_lower": cohen.p_lower,
-                    "smooth_count": cohen.count})
-        rows.append(row)
+    # everything a row depends on: image idx's noise comes from (seed, idx) alone, so a resumed run's rows are those
+    # of an uninterrupted one (the batch size is kept too: it orders the noise layer's draws)
+    recorded = meta.get("classifier")
+    classifier = args.classifier or (recorded.get("path") if isinstance(recorded, dict) else None)
+    settings = json.loads(json.dumps({
+        "arm": arm, "model_files": meta.get("files"),
+        "classifier": None if classifier is None else str(Path(classifier).resolve()), "dataset": dataset.name,
+        "data_root": None if args.data_root is None else str(Path(args.data_root).resolve()),
+        "split_seed": args.split_seed,
+        "split": args.split, "indices": indices, "n0": args.n0, "n": args.n, "alpha": args.alpha,
+        "seed": args.seed, "sigma": smooth.sigma, "batch_size": args.batch_size}))
+    done = resume_rows(args.out, settings)
+    todo = [i for i, idx in enumerate(indices) if idx not in done]
+    if done:
+        print(f"resuming {args.out}: {len(done)} of {len(indices)} images done", file=sys.stderr)
+    with (args.out / ROWS_FILE).open("a") as record:
+        for i in bar(todo, desc="baseline-certify", total=len(todo)):
+            idx, x, y = indices[i], images[i], int(labels[i])
+            started = time.perf_counter()
+            row = {"idx": idx, "label": y, **baseline.own(idx, x, y)}
+            cohen = smooth.certify(x, args.n0, args.n, args.alpha, smooth.image_generator(args.seed, idx))
+            row.update({"smooth_predict": cohen.prediction, "smooth_radius": cohen.radius,
+                        "smooth_correct": int(cohen.prediction == y), "smooth_p_lower": cohen.p_lower,
+                        "smooth_count": cohen.count, "seconds": time.perf_counter() - started})
+            record.write(json.dumps(row) + "\n")
+            record.flush()
+            done[idx] = row
     smooth.close()
+    rows = [done[idx] for idx in indices]
     lines = ["\t".join(baseline.columns)] + ["\t".join(_format(r[c]) for c in baseline.columns) for r in rows]
     write_text(args.out / "baseline_certify.tsv", "\n".join(lines) + "\n")
 
@@ -262,7 +324,9 @@ def _run(args, arm: str) -> int:
                       "note": f"randomized smoothing (Cohen et al.) at sigma {smooth.sigma:g} of the same randomised "
                               "model (its noise layer included); abstentions count as wrong"},
         **baseline.summary, "privacy": meta.get("privacy"),
-        "seconds": time.perf_counter() - started, "hardware": hardware_description(device),
+        "seconds": sum(r.get("seconds", 0.0) for r in rows), "images_resumed": len(indices) - len(todo),
+        "seconds_note": "wall seconds of the images' certificates, summed over this run and the runs it resumed",
+        "hardware": hardware_description(device),
     }
     write_json(args.out / "summary.json", summary)
     print(f"{len(rows)} images of {dataset.name}'s {args.split} split ({arm}); certified accuracy by L2 radius:")
