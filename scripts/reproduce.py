@@ -819,7 +819,7 @@ def estimate(plan: list[dict], *measured: list[dict]) -> dict:
             return work["images"] * work["epochs"]
         if kind == "train":
             return work["examples"] * work["epochs"]
-        if kind == "certify":
+        if kind in ("certify", "baseline-certify"):
             return work["images"] * work["samples_per_image"]
         if kind == "attack":
             return work["images"] * work["eps"]
