@@ -29,7 +29,6 @@ LABELS = {
     "recipe_full": "new recipe: public initialisation + tuned recipe (items 1, 4)",
 }
 ORDER = list(LABELS)
-BOOTSTRAP_RESAMPLES = 10_000
 TARGET_SHARE = 0.8  # issue 14: close >= 80% of the sepdp-to-nodp gap at radius 0.5
 
 
@@ -76,7 +75,14 @@ def paired_lines(by_arm: dict[str, dict]) -> list[str]:
     """Differences to sepdp at every radius and the gap closed at 0.5, with paired-bootstrap 95% intervals."""
     import numpy as np
 
-    from certify.compare import bootstrap_picks, certified_matrix, points_cell
+    from certify.compare import (
+        BOOTSTRAP_RESAMPLES,
+        bootstrap_picks,
+        certified_matrix,
+        paired_outcomes,
+        points_cell,
+        points_cells,
+    )
 
     base = by_arm.get("sepdp")
     if base is None or base["rows"] is None:
@@ -98,20 +104,17 @@ def paired_lines(by_arm: dict[str, dict]) -> list[str]:
             lines.append(f"| {LABELS[arm]} | not on sepdp's images |" + " |" * len(RADII))
             continue
         ours = certified_matrix(list(r["rows"].values()), RADII, indices)
-        diffs = (ours[picks] - theirs[picks]).mean(axis=1)  # (resamples, radii)
-        cells = []
-        for k in range(len(RADII)):
-            low, high = np.quantile(diffs[:, k], [0.025, 0.975])
-            cells.append(points_cell((ours[:, k] - theirs[:, k]).mean(), low, high))
+        cells = points_cells(paired_outcomes(ours, theirs, RADII, BOOTSTRAP_RESAMPLES, seed=0))  # the same picks
         closed = ""
         if arm != "nodp" and upper is not None:
             gap = upper[:, half].mean() - theirs[:, half].mean()
             # the target as one linear statistic: (arm - sepdp) - 0.8 (nodp - sepdp) >= 0 at radius 0.5
-            margins = diffs[:, half] - TARGET_SHARE * (upper[picks, half] - theirs[picks, half]).mean(axis=1)
+            margins = ((ours[picks, half] - theirs[picks, half]).mean(axis=1)
+                       - TARGET_SHARE * (upper[picks, half] - theirs[picks, half]).mean(axis=1))
             low, high = np.quantile(margins, [0.025, 0.975])
             share = f"{(ours[:, half] - theirs[:, half]).mean() / gap:.0%}" if gap > 0 else "n/a (no gap)"
             margin = (ours[:, half] - theirs[:, half]).mean() - TARGET_SHARE * gap
-            closed = f"{share}; margin {100 * margin:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]"
+            closed = f"{share}; margin {points_cell(margin, low, high)}"
         lines.append(f"| {LABELS[arm]} | " + " | ".join(cells) + f" | {closed} |")
     return lines
 
