@@ -56,6 +56,11 @@ PAPER_EPSILON = 1.0  # the (1.0, 1e-5)-DP of Figures 2, 3 and 7; configs/*_sigma
 # With S_min = 0 (every step of the paper's denoiser) the input multiplier is 0, below either value: no effect.
 XI_LOW_ABOVE_PAPER_EPSILON = 0.25
 FIGURE4_BOUND = 2.0  # Figure 4's attack bound (L2)
+# What a run can be limited to (--stages); trainings run wherever a chosen stage needs their checkpoint.
+STAGES = {"figure2": "certify every arm (and the classifier alone) by randomized smoothing",
+          "baseline-certify": "the baselines' own certificate (Phan et al.)",
+          "attacks": "every arm under the four attacks at every bound (Figures 3 and 7)",
+          "figure4": "the DP arms trained at each epsilon and attacked at bound 2 (Figure 4)"}
 CONFIGS = {  # data set -> (config at sigma 0.25, config at sigma 0.1)
     "mnist10k": ("configs/mnist_sigma025.toml", "configs/mnist_sigma010.toml"),
     "mnist": ("configs/mnist_sigma025.toml", "configs/mnist_sigma010.toml"),
@@ -90,6 +95,7 @@ class Settings:
     train_extra: list[str] = field(default_factory=list)  # e.g. --epochs 1 in --quick
     subprocess: bool = False
     mode: str = "full"
+    stages: tuple[str, ...] = tuple(STAGES)
 
 
 class Runner:
@@ -100,9 +106,11 @@ class Runner:
         self.dry_run = dry_run
         self.failures: list[str] = []
         self.skipped: list[str] = []
+        self.busy: list[str] = []
         self.planned: list[dict] = []
         self.answers: dict[str, bool] = {}
         self.log = settings.out / "steps.jsonl"
+        self.commit: str | None = None  # the checkout's commit, looked up at the first step run
 
     def step(self, name: str, argv: list[str], done: bool, work: dict) -> bool:
         """Run one command unless ``done``; True if its output is there afterwards. A step already planned or run
@@ -119,15 +127,21 @@ class Runner:
         if done:
             print(f"done: {name}", flush=True)
             return True
+        holder = busy(flag_value(argv, "--out"))
+        if holder is not None:  # another worker on the same --out runs this step now: not a failure, not redone
+            print(f"busy: {name}: {holder}; skipped here", flush=True)
+            self.busy.append(name)
+            return False
         print("+ transdenoiser " + shlex.join(argv), flush=True)
         started = time.perf_counter()
+        self.commit = self.commit or checkout_commit()
         code = self._call(argv)
         seconds = time.perf_counter() - started
         self.s.out.mkdir(parents=True, exist_ok=True)
         with self.log.open("a") as f:
             f.write(json.dumps({"name": name, "argv": argv, "exit": code, "seconds": round(seconds, 2),
-                                "work": work, "mode": self.s.mode, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
-                    + "\n")
+                                "work": work, "mode": self.s.mode, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                "commit": self.commit}) + "\n")
         if code != 0:
             print(f"FAILED (exit {code}): {name}", flush=True)
             self.failures.append(name)
@@ -155,6 +169,39 @@ class Runner:
             self.skipped.append(message)
             if not self.dry_run:
                 print(message, flush=True)
+
+
+def checkout_commit() -> str:
+    """The commit of the code that runs the steps (``+modified`` if the checkout has uncommitted changes to
+    tracked files), or ``unknown`` outside a git checkout: steps.jsonl names it beside every step."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              timeout=30)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    if head.returncode != 0:
+        return "unknown"
+    return head.stdout.strip() + ("+modified" if dirty.returncode == 0 and dirty.stdout.strip() else "")
+
+
+def busy(out: str | None) -> str | None:
+    """None if no other process holds the run lock of the output folder ``out`` (transdenoiser.lock), else what
+    the lock says of its holder. Two workers that share one --out (each with its own --runs) so never write into
+    one run: the second skips the step the first is running, and either finds it done on its next pass."""
+    if out is None:
+        return None
+    from transdenoiser.errors import UserError
+    from transdenoiser.lock import RunLock
+
+    probe = RunLock(out, purpose="scripts/reproduce.sh (probe)")
+    try:
+        probe.acquire()
+    except UserError as exc:
+        return str(exc).split(";")[0]
+    probe.release()
+    return None
 
 
 def available_arms() -> set[str]:
@@ -301,16 +348,19 @@ def reproduce_dataset(runner: Runner, dataset: str, arms: set[str], commands: se
                      "samples_per_image": s.n0 + (s.n or s.n_max), "adaptive": not s.n})
 
     # Figures 2, 3 and 7: every arm at the paper's setting, certified and attacked.
-    certify(["--classifier", str(clf)], root / "certify" / "none_s0", 0.25, 0)
+    stages = set(s.stages)
+    if "figure2" in stages:
+        certify(["--classifier", str(clf)], root / "certify" / "none_s0", 0.25, 0)
     for run, arm, sigma in ARM_RUNS:
-        if run not in s.runs:
+        if run not in s.runs or not stages & {"figure2", "baseline-certify", "attacks"}:
             continue
         for seed in seeds:
             run_dir = root / "train" / f"{run}_s{seed}"
             if not train(run_dir, arm, sigma, seed, None, f"{run} seed {seed}"):
                 continue
-            certify(models(run_dir, arm), root / "certify" / f"{run}_s{seed}", sigma, seed)
-            if "baseline-certify" in commands and arm in BASELINE_ARMS:
+            if "figure2" in stages:
+                certify(models(run_dir, arm), root / "certify" / f"{run}_s{seed}", sigma, seed)
+            if "baseline-certify" in commands and arm in BASELINE_ARMS and "baseline-certify" in stages:
                 out = root / "baseline_certify" / f"{run}_s{seed}"
                 skip = max(1, sizes["test"] // n_images)
                 runner.step(f"{dataset}: baseline-certify {run} seed {seed}",
@@ -323,7 +373,7 @@ def reproduce_dataset(runner: Runner, dataset: str, arms: set[str], commands: se
                             {"kind": "baseline-certify", "dataset": dataset, "images": n_images,
                              "samples_per_image": s.n0 + (s.n or s.n_max)})
     for run, arm, sigma in ARM_RUNS:  # attacks after every arm's certification: Figure 2 comes first
-        if run not in s.runs or arm not in arms:
+        if run not in s.runs or arm not in arms or "attacks" not in stages:
             continue
         for seed in seeds:
             run_dir = root / "train" / f"{run}_s{seed}"
@@ -332,6 +382,8 @@ def reproduce_dataset(runner: Runner, dataset: str, arms: set[str], commands: se
                     attack(run_dir, arm, root / "attack" / f"{run}_s{seed}" / name, sigma, name, s.attack_eps, seed)
 
     # Figure 4: the DP arms trained at each epsilon, attacked at L2 bound 2.0 (epsilon 1.0: the runs above).
+    if "figure4" not in stages:
+        return
     for arm in DP_ARMS:
         if arm not in s.runs or arm not in s.figure4_arms:
             continue
@@ -886,6 +938,9 @@ def parse_args(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
     p.add_argument("--epsilons", type=float_list, default=None, help="Figure 4 (default: 0.1,0.25,0.5,1,2,4,8)")
     p.add_argument("--seeds", type=int, default=None, help="training seeds per arm (default: 3; --quick: 1)")
     p.add_argument("--runs", default=None, help="subset of " + ",".join(name for name, _, _ in ARM_RUNS))
+    p.add_argument("--stages", default=None, metavar="LIST",
+                   help="run only these stages, comma-separated (default: all): " + "; ".join(
+                       f"{name}: {what}" for name, what in STAGES.items()))
     p.add_argument("--threat", default="classifier", choices=("classifier", "pipeline", "smoothed"),
                    help="attack threat model (default: classifier, the paper's white-box attack on the classifier)")
     p.add_argument("--device", default="cpu")
@@ -917,6 +972,7 @@ def parse_args(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
         epsilons=args.epsilons or ((1.0, 8.0) if quick else (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)),
         attack_steps=2 if quick else 10, attack_n=10 if quick else 100,
         runs=tuple(args.runs.split(",")) if args.runs else tuple(name for name, _, _ in ARM_RUNS),
+        stages=tuple(args.stages.split(",")) if args.stages else tuple(STAGES),
         pretrain_epochs=1 if quick else None,
         figure4_arms=("sepdp", "transdenoiser") if quick else DP_ARMS,
         train_extra=["--epochs", "1", "--train-examples", "128", "--eval-examples", "50"] if quick else [],
@@ -924,8 +980,9 @@ def parse_args(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
     unknown = [d for d in settings.datasets if d not in CONFIGS]
     bad_attacks = [a for a in (*settings.attacks, *settings.figure4_attacks) if a not in ATTACKS]
     bad_runs = [r for r in settings.runs if r not in LABELS]
-    if unknown or bad_attacks or bad_runs:
-        p.error(f"unknown: {', '.join(unknown + bad_attacks + bad_runs)}")
+    bad_stages = [f"stage {stage!r} (one of {', '.join(STAGES)})" for stage in settings.stages if stage not in STAGES]
+    if unknown or bad_attacks or bad_runs or bad_stages:
+        p.error(f"unknown: {', '.join(unknown + bad_attacks + bad_runs + bad_stages)}")
     missing = [str(path) for path in args.estimate_from or () if not path.is_file()]
     if missing:
         p.error(f"--estimate-from: no such file: {', '.join(missing)}")
@@ -975,6 +1032,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"wrote {path}")
     for message in runner.skipped:
         print(message)
+    if runner.busy:
+        print(f"{len(runner.busy)} step(s) left to the worker that was running them: " + "; ".join(runner.busy))
     if runner.failures:
         print(f"{len(runner.failures)} step(s) failed: " + "; ".join(runner.failures))
         return 1

@@ -268,3 +268,59 @@ def test_an_interrupted_baseline_training_is_set_aside_not_lost(tmp_path):
     run.mkdir()
     (run / "metadata.json").write_text(json.dumps({"kind": "denoiser", "complete": True}))
     assert module.set_aside_interrupted(run) is None and (run / "metadata.json").exists()
+
+
+def test_stages_choose_which_steps_are_planned(tmp_path):
+    """--stages limits a run to some of the figures (the trainings they need come along); an unknown stage is a
+    one-line error naming it and the choices."""
+    def planned(*stages: str) -> list[str]:
+        args = ["--plan", "--datasets", "mnist10k", "--seeds", "1", "--runs", "sepdp,securesgd-prt",
+                "--out", str(tmp_path / "out")]
+        result = run_script(*args, *(("--stages", ",".join(stages)) if stages else ()), timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+        return [line.split("transdenoiser ", 1)[1].split()[0] for line in result.stdout.splitlines()
+                if line.startswith(("to do ", "done  "))]
+
+    everything = planned()
+    assert {"pretrain", "train", "certify", "baseline-certify", "attack"} <= set(everything)
+    figure2 = planned("figure2")
+    assert set(figure2) == {"pretrain", "train", "certify"} and figure2.count("certify") == 3  # none, sepdp, prt
+    assert set(planned("attacks")) == {"pretrain", "train", "attack"}
+    assert set(planned("baseline-certify")) == {"pretrain", "train", "baseline-certify"}
+    figure4 = planned("figure4")
+    assert "certify" not in figure4 and "baseline-certify" not in figure4
+    assert len(everything) == len(figure2) + len(planned("attacks", "baseline-certify", "figure4")) - 3  # shared
+    assert not (tmp_path / "out").exists()
+    bad = run_script("--plan", "--stages", "figure2,figure9", "--out", str(tmp_path / "out"), timeout=300)
+    assert bad.returncode == 2 and "unknown: stage 'figure9' (one of figure2, baseline-certify" in bad.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_step_another_worker_is_running_is_left_to_it(tmp_path, capsys):
+    """Two workers on one --out: a step whose output folder another process holds the run lock of is skipped
+    (not failed, not run, not logged), and runs once the lock is free."""
+    from transdenoiser.lock import RunLock
+
+    module = reproduce_module()
+    settings = module.Settings(datasets=["mnist10k"], out=tmp_path)
+    runner = module.Runner(settings)
+    calls = []
+    runner._call = lambda argv: calls.append(argv) or 0
+    out = tmp_path / "mnist10k" / "certify" / "sepdp_s0"
+    argv = ["certify", "--sigma", "0.25", "--out", str(out)]
+    holder = RunLock(out, purpose="transdenoiser certify (the other worker)").acquire()
+    try:
+        assert runner.step("certify sepdp", argv, done=False, work={}) is False
+    finally:
+        holder.release()
+    said = capsys.readouterr().out
+    assert "busy: certify sepdp:" in said and "(the other worker)" in said
+    assert calls == [] and runner.failures == [] and runner.busy == ["certify sepdp"]
+    assert not (tmp_path / "steps.jsonl").exists()
+    again = module.Runner(settings)
+    again._call = lambda argv: calls.append(argv) or 0
+    assert again.step("certify sepdp", argv, done=False, work={}) is True
+    assert calls == [argv] and again.busy == []
+    logged = json.loads((tmp_path / "steps.jsonl").read_text())
+    assert logged["name"] == "certify sepdp" and logged["exit"] == 0
+    assert re.fullmatch(r"[0-9a-f]{7,40}(\+modified)?|unknown", logged["commit"])  # the code that ran the step
