@@ -835,6 +835,25 @@ def plot_figures(result: dict, folder: Path, settings: Settings) -> list[Path]:
     return written
 
 
+def step_commits(steps: Path, dataset: str) -> list[str]:
+    """The commits (in first-run order) that the successful steps of ``dataset`` recorded in ``steps``."""
+    try:
+        lines = steps.read_text().splitlines()
+    except OSError:
+        return []
+    commits: list[str] = []
+    for line in lines:
+        try:
+            step = json.loads(line)
+        except ValueError:
+            continue
+        commit = step.get("commit")
+        if commit and step.get("exit") == 0 and str(step.get("name", "")).startswith(f"{dataset}:") \
+                and commit not in commits:
+            commits.append(commit)
+    return commits
+
+
 def write_results(root: Path, settings: Settings, command: str) -> list[Path]:
     import torch
 
@@ -843,8 +862,10 @@ def write_results(root: Path, settings: Settings, command: str) -> list[Path]:
     result = collect(root, settings)
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip() or "unknown"
+    ran_at = step_commits(root.parent / "steps.jsonl", root.name)
     header = (f"Command: `{command}` ({settings.mode} mode). Hardware: {hardware_description(torch.device('cpu'))}. "
-              f"Commit: {commit}. Certification: {settings.images} images requested, n0 {settings.n0}, "
+              f"Commit: {commit}" + (f" (steps run at {', '.join(ran_at)})" if ran_at else "")
+              + f". Certification: {settings.images} images requested, n0 {settings.n0}, "
               + (f"n {settings.n}" if settings.n else f"adaptive, n_max {settings.n_max}")
               + f", alpha {settings.alpha:g}. Attacks: {settings.attack_images} images requested, "
               f"{settings.attack_steps}"
@@ -856,6 +877,45 @@ def write_results(root: Path, settings: Settings, command: str) -> list[Path]:
         entry.pop("rows", None)
     (root / "results.json").write_text(json.dumps({"header": header, "commit": commit, **slim}, indent=1) + "\n")
     return [*figures, root / "tables.md", root / "results.json"]
+
+
+# ---------------------------------------------------------------------------------------------------- export
+
+# The files a run's figures and tables are drawn from, and the record of how they were made: released metadata and
+# privacy reports, certification rows, attack outcomes, settings, the steps' log. Never weights (the nodp arm's
+# would reveal its private data) and never a checkpoint's private/ record.
+EXPORTED_NAMES = frozenset({
+    "metadata.json", "privacy_report.txt", "certify.tsv", "summary.json", "settings.json", "models.json",
+    "report.md", "baseline_certify.tsv", "baseline_certify.settings.json", "attack.json", "attack.tsv",
+    "tables.md", "results.json", "steps.jsonl", "commands.txt"})
+EXPORTED_SUFFIXES = (".png",)
+NEVER_EXPORTED_FOLDERS = frozenset({"private"})
+
+
+def export_results(out: Path, dest: Path) -> list[Path]:
+    """Copy what the figures and tables of the run under ``out`` rest on into ``dest``, in the same layout, so
+    that ``--figures-only --out DEST`` redraws them and an auditor can recount every number; return the files
+    copied. ``dest`` must not be inside ``out`` nor hold a run of its own."""
+    import shutil
+
+    out, dest = out.resolve(), dest.resolve()
+    if dest == out or out in dest.parents:
+        raise ValueError(f"--export {dest}: must not be the run's folder {out} or inside it")
+    if (dest / "steps.jsonl").exists() and not (dest / ".exported").exists():
+        raise ValueError(f"--export {dest}: holds a run of its own (steps.jsonl); choose another folder")
+    copied = []
+    for path in sorted(out.rglob("*")):
+        relative = path.relative_to(out)
+        if not path.is_file() or path.is_symlink() or NEVER_EXPORTED_FOLDERS & set(relative.parts[:-1]):
+            continue
+        if path.name not in EXPORTED_NAMES and not path.name.endswith(EXPORTED_SUFFIXES):
+            continue
+        target = dest / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+        copied.append(target)
+    (dest / ".exported").write_text(f"exported from {out} by scripts/reproduce.sh --export\n")
+    return copied
 
 
 # ---------------------------------------------------------------------------------------------------- estimate
@@ -947,6 +1007,9 @@ def parse_args(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
     p.add_argument("--subprocess", action="store_true", help="run each step as its own transdenoiser process")
     p.add_argument("--plan", action="store_true", help="print the steps and whether each is done; run nothing")
     p.add_argument("--figures-only", action="store_true", help="only (re)write figures and tables from finished runs")
+    p.add_argument("--export", type=Path, default=None, metavar="DIR",
+                   help="copy the files the figures and tables rest on (no weights, no private records) to DIR in "
+                        "the same layout, for --figures-only --out DIR; run nothing")
     p.add_argument("--estimate-from", type=Path, action="append", default=None, metavar="STEPS_JSONL",
                    help="estimate the wall time of this mode's steps not yet done from the step rates measured in "
                         "a steps.jsonl; repeat to fall back on other files' rates (the first that has a kind of "
@@ -992,6 +1055,18 @@ def parse_args(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     settings, args = parse_args(argv)
+    if args.export is not None:
+        if not (settings.out / "steps.jsonl").is_file():
+            print(f"scripts/reproduce.sh: error: --export: {settings.out} holds no run (no steps.jsonl)",
+                  file=sys.stderr)
+            return 2
+        try:
+            copied = export_results(settings.out, args.export)
+        except ValueError as exc:
+            print(f"scripts/reproduce.sh: error: {exc}", file=sys.stderr)
+            return 2
+        print(f"exported {len(copied)} files to {args.export}")
+        return 0
     command = "scripts/reproduce.sh " + shlex.join(argv)
     if not args.figures_only:
         from transdenoiser.runtime import keep_freed_memory

@@ -124,6 +124,35 @@ def test_second_run_redoes_nothing(quick_run):
     assert (out / "steps.jsonl").read_text() == before
 
 
+@pytest.mark.slow
+def test_export_keeps_what_the_tables_rest_on_and_nothing_private(quick_run, tmp_path):
+    """--export copies certification rows, attack outcomes, released metadata and the steps' log (never weights,
+    never a checkpoint's private/ record); --figures-only on the copy draws the same tables."""
+    out, _ = quick_run
+    dest = tmp_path / "exported"
+    exported = run_script("--quick", "--runs", ",".join(OUR_RUNS), "--out", str(out), "--export", str(dest))
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    files = {path.relative_to(dest).as_posix() for path in dest.rglob("*") if path.is_file()}
+    assert not any(name.endswith(".safetensors") or "/private/" in name for name in files)
+    assert any((out / "mnist10k" / "train" / "sepdp_s0" / "private").iterdir())  # there was a private record
+    for name in ("steps.jsonl", "mnist10k/certify/sepdp_s0/certify.tsv", "mnist10k/train/sepdp_s0/metadata.json",
+                 "mnist10k/train/sepdp_s0/privacy_report.txt", "mnist10k/attack/transdenoiser_s0/pgd/attack.json",
+                 "mnist10k/eps/transdenoiser_eps8_s0/attack_pgd/attack.json", "mnist10k/tables.md"):
+        assert name in files, name
+        assert (dest / name).read_bytes() == (out / name).read_bytes(), name
+    redrawn = run_script("--quick", "--runs", ",".join(OUR_RUNS), "--out", str(dest), "--figures-only")
+    assert redrawn.returncode == 0, redrawn.stderr[-2000:]
+
+    def body(path: Path) -> list[str]:
+        return [line for line in path.read_text().splitlines() if not line.startswith("Command: ")]
+
+    assert body(dest / "mnist10k" / "tables.md") == body(out / "mnist10k" / "tables.md")
+    assert re.search(r"\(steps run at [0-9a-f]{7,40}", (out / "mnist10k" / "tables.md").read_text())
+    inside = run_script("--quick", "--out", str(out), "--export", str(out / "copy"))
+    assert inside.returncode == 2 and "must not be the run's folder" in inside.stderr
+    assert not (out / "copy").exists()
+
+
 def planned_trainings(stdout: str) -> list[list[str]]:
     """The argv (after `transdenoiser`) of every `transdenoiser train` step a --plan lists."""
     return [shlex.split(line.split("transdenoiser ", 1)[1]) for line in stdout.splitlines()
