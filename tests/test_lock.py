@@ -63,3 +63,15 @@ def test_parts_of_one_directory_lock_separately(tmp_path):
     with RunLock(tmp_path / "run", part="shard-0-of-2"), RunLock(tmp_path / "run", part="shard-1-of-2"):
         with pytest.raises(UserError, match=r"run \(shard-0-of-2\) is being written"):
             RunLock(tmp_path / "run", part="shard-0-of-2").acquire()
+
+
+def test_attack_refuses_an_out_another_process_writes(tmp_path, holder, capsys):
+    """`transdenoiser attack` takes the run lock of its --out, as certify and train do: a second writer gets one
+    line naming the holder, exit status 2, and nothing is written."""
+    from transdenoiser.cli import main
+
+    code = main(["attack", "--classifier", str(tmp_path / "no-such-classifier"), "--attack", "pgd", "--eps", "0.5",
+                 "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and f"process {holder.pid} (certify --out run)" in err and "\n" not in err
+    assert not (tmp_path / "run").exists()

@@ -113,11 +113,7 @@ def _checkpoint_path(path: Path | None, flag: str) -> Path | None:
 
 
 def cmd_attack(args) -> int:
-    from certify.attacks.evaluate import FORMAT_VERSION, RESULT_FORMAT, AttackConfig, evenly_spaced, run_attack_eval
-    from certify.attacks.report import write_attack_outputs
-    from certify.job import check_models_and_data
-    from certify.pipeline import check_dataset_fits, load_pipeline
-    from training.cli import load_dataset_from_args
+    from certify.attacks.evaluate import AttackConfig
 
     started = time.perf_counter()
     device = resolve_device(args.device)
@@ -126,6 +122,19 @@ def cmd_attack(args) -> int:
                           sigma=args.sigma, steps=args.steps, step_size=args.step_size, eot=args.eot, n=args.n,
                           alpha=args.alpha, decay=args.decay, batch_size=args.batch_size)
     config.validate()
+    from transdenoiser.lock import RunLock
+
+    with RunLock(args.out, purpose="attack"):  # one writer per run directory: two attacks never share an --out
+        return _attack(args, config, device, started)
+
+
+def _attack(args, config, device, started: float) -> int:
+    from certify.attacks.evaluate import FORMAT_VERSION, RESULT_FORMAT, evenly_spaced, run_attack_eval
+    from certify.attacks.report import write_attack_outputs
+    from certify.job import check_models_and_data
+    from certify.pipeline import check_dataset_fits, load_pipeline
+    from training.cli import load_dataset_from_args
+
     pipeline = load_pipeline(_checkpoint_path(args.classifier, "--classifier"),
                              _checkpoint_path(args.denoiser, "--denoiser"), device)
     dataset = load_dataset_from_args(args)
