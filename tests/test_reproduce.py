@@ -353,3 +353,34 @@ def test_a_step_another_worker_is_running_is_left_to_it(tmp_path, capsys):
     logged = json.loads((tmp_path / "steps.jsonl").read_text())
     assert logged["name"] == "certify sepdp" and logged["exit"] == 0
     assert re.fullmatch(r"[0-9a-f]{7,40}(\+modified)?|unknown", logged["commit"])  # the code that ran the step
+
+
+def documented_reproduce_commands() -> list[tuple[str, list[str]]]:
+    """Every `scripts/reproduce.sh ...` the docs and README show, in code blocks (continuation lines joined) and in
+    inline code (which may wrap a line): (where, its arguments), cut at a comment, a pipe or a redirection."""
+    found = []
+    command = re.compile(r"scripts/reproduce\.sh((?: +[^\s`#|>&()]+)*)")
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        text = path.read_text()
+        blocks = re.findall(r"^```[^\n]*\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
+        prose = re.sub(r"^```[^\n]*\n.*?^```", "", text, flags=re.MULTILINE | re.DOTALL)
+        pieces = [line for block in blocks for line in block.replace("\\\n", " ").splitlines()]
+        pieces += [" ".join(span.split()) for span in re.findall(r"`([^`]+)`", prose)]
+        for piece in pieces:
+            for match in command.finditer(piece):
+                words = match.group(1).split()
+                if "..." not in words:
+                    found.append((path.name, words))
+    return found
+
+
+@pytest.mark.parametrize("where, words", documented_reproduce_commands(), ids=lambda value: str(value)[:60])
+def test_every_documented_reproduce_command_parses(where, words, tmp_path, monkeypatch):
+    """The flags the docs tell a user to pass are the script's flags, with valid values."""
+    monkeypatch.chdir(tmp_path)
+    for flag, value in zip(words, words[1:], strict=False):
+        if flag == "--estimate-from":  # a steps file the script checks exists; an earlier run's, here made up
+            (tmp_path / value).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / value).write_text("")
+    settings, _ = reproduce_module().parse_args(words)
+    assert settings.datasets and settings.stages, where
