@@ -111,6 +111,7 @@ class Runner:
         self.answers: dict[str, bool] = {}
         self.log = settings.out / "steps.jsonl"
         self.commit: str | None = None  # the checkout's commit, looked up at the first step run
+        self.hardware: str | None = None  # where the steps run (CPU model, cores, torch threads), likewise
 
     def step(self, name: str, argv: list[str], done: bool, work: dict) -> bool:
         """Run one command unless ``done``; True if its output is there afterwards. A step already planned or run
@@ -135,13 +136,14 @@ class Runner:
         print("+ transdenoiser " + shlex.join(argv), flush=True)
         started = time.perf_counter()
         self.commit = self.commit or checkout_commit()
+        self.hardware = self.hardware or step_hardware(flag_value(argv, "--device"))
         code = self._call(argv)
         seconds = time.perf_counter() - started
         self.s.out.mkdir(parents=True, exist_ok=True)
         with self.log.open("a") as f:
             f.write(json.dumps({"name": name, "argv": argv, "exit": code, "seconds": round(seconds, 2),
                                 "work": work, "mode": self.s.mode, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                                "commit": self.commit}) + "\n")
+                                "commit": self.commit, "hardware": self.hardware}) + "\n")
         if code != 0:
             print(f"FAILED (exit {code}): {name}", flush=True)
             self.failures.append(name)
@@ -184,6 +186,19 @@ def checkout_commit() -> str:
     if head.returncode != 0:
         return "unknown"
     return head.stdout.strip() + ("+modified" if dirty.returncode == 0 and dirty.stdout.strip() else "")
+
+
+def step_hardware(device: str | None) -> str:
+    """What the steps run on (``transdenoiser.runtime.hardware_description``: CPU model, cores and torch threads, or
+    the GPU): steps.jsonl names it beside every step, and the tables name the hardware of their steps."""
+    import torch
+
+    from transdenoiser.runtime import hardware_description
+
+    try:
+        return hardware_description(torch.device(device or "cpu"))
+    except (RuntimeError, AssertionError):
+        return hardware_description(torch.device("cpu"))
 
 
 def busy(out: str | None) -> str | None:
@@ -835,8 +850,9 @@ def plot_figures(result: dict, folder: Path, settings: Settings) -> list[Path]:
     return written
 
 
-def step_commits(steps: Path, dataset: str) -> list[str]:
-    """The commits (in first-run order) that the successful steps of ``dataset`` recorded in ``steps``."""
+def step_commits(steps: Path, dataset: str, field: str = "commit") -> list[str]:
+    """The commits (in first-run order) that the successful steps of ``dataset`` recorded in ``steps``; with
+    ``field="hardware"``, the hardware they ran on."""
     try:
         lines = steps.read_text().splitlines()
     except OSError:
@@ -847,7 +863,7 @@ def step_commits(steps: Path, dataset: str) -> list[str]:
             step = json.loads(line)
         except ValueError:
             continue
-        commit = step.get("commit")
+        commit = step.get(field)
         if commit and step.get("exit") == 0 and str(step.get("name", "")).startswith(f"{dataset}:") \
                 and commit not in commits:
             commits.append(commit)
@@ -863,7 +879,10 @@ def write_results(root: Path, settings: Settings, command: str) -> list[Path]:
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip() or "unknown"
     ran_at = step_commits(root.parent / "steps.jsonl", root.name)
-    header = (f"Command: `{command}` ({settings.mode} mode). Hardware: {hardware_description(torch.device('cpu'))}. "
+    ran_on = step_commits(root.parent / "steps.jsonl", root.name, "hardware")
+    hardware = ("; ".join(ran_on) if ran_on  # else the steps predate the record: say whose hardware this is
+                else f"{hardware_description(torch.device('cpu'))} (of this drawing; the steps did not record theirs)")
+    header = (f"Command: `{command}` ({settings.mode} mode). Hardware: {hardware}. "
               f"Commit: {commit}" + (f" (steps run at {', '.join(ran_at)})" if ran_at else "")
               + f". Certification: {settings.images} images requested, n0 {settings.n0}, "
               + (f"n {settings.n}" if settings.n else f"adaptive, n_max {settings.n_max}")

@@ -353,6 +353,21 @@ def test_a_step_another_worker_is_running_is_left_to_it(tmp_path, capsys):
     logged = json.loads((tmp_path / "steps.jsonl").read_text())
     assert logged["name"] == "certify sepdp" and logged["exit"] == 0
     assert re.fullmatch(r"[0-9a-f]{7,40}(\+modified)?|unknown", logged["commit"])  # the code that ran the step
+    assert re.fullmatch(r"CPU .*, \d+ cores, \d+ torch threads, torch .*", logged["hardware"])  # and where
+
+
+def test_the_tables_name_the_commits_and_hardware_of_their_steps(tmp_path):
+    module = reproduce_module()
+    steps = tmp_path / "steps.jsonl"
+    lines = [{"name": "mnist10k: certify a", "exit": 0, "commit": "abc1234", "hardware": "CPU X, 2 cores"},
+             {"name": "mnist10k: certify b", "exit": 1, "commit": "fff0000", "hardware": "CPU Y, 8 cores"},
+             {"name": "fashion-mnist: certify a", "exit": 0, "commit": "0123456", "hardware": "CPU Z, 4 cores"},
+             {"name": "mnist10k: train c", "exit": 0, "commit": "abc1234+modified", "hardware": "CPU X, 2 cores"},
+             {"name": "mnist10k: pretrain", "exit": 0}]  # a step logged before commits and hardware were
+    steps.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert module.step_commits(steps, "mnist10k") == ["abc1234", "abc1234+modified"]  # failed steps left out
+    assert module.step_commits(steps, "mnist10k", "hardware") == ["CPU X, 2 cores"]
+    assert module.step_commits(tmp_path / "absent.jsonl", "mnist10k") == []
 
 
 def documented_reproduce_commands() -> list[tuple[str, list[str]]]:
