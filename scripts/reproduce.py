@@ -850,9 +850,10 @@ def plot_figures(result: dict, folder: Path, settings: Settings) -> list[Path]:
     return written
 
 
-def step_commits(steps: Path, dataset: str, field: str = "commit") -> list[str]:
+def step_commits(steps: Path, dataset: str, field: str = "commit", having: str | None = None) -> list[str]:
     """The commits (in first-run order) that the successful steps of ``dataset`` recorded in ``steps``; with
-    ``field="hardware"``, the hardware they ran on."""
+    ``field="hardware"``, the hardware they ran on (``field="name"``: the steps; ``having``: only steps that
+    recorded that field)."""
     try:
         lines = steps.read_text().splitlines()
     except OSError:
@@ -864,6 +865,8 @@ def step_commits(steps: Path, dataset: str, field: str = "commit") -> list[str]:
         except ValueError:
             continue
         commit = step.get(field)
+        if having and not step.get(having):
+            continue
         if commit and step.get("exit") == 0 and str(step.get("name", "")).startswith(f"{dataset}:") \
                 and commit not in commits:
             commits.append(commit)
@@ -880,9 +883,14 @@ def write_results(root: Path, settings: Settings, command: str) -> list[Path]:
                             text=True).stdout.strip() or "unknown"
     ran_at = step_commits(root.parent / "steps.jsonl", root.name)
     ran_on = step_commits(root.parent / "steps.jsonl", root.name, "hardware")
+    unrecorded = (len(step_commits(root.parent / "steps.jsonl", root.name, "name"))
+                  - len(step_commits(root.parent / "steps.jsonl", root.name, "name", having="hardware")))
     hardware = ("; ".join(ran_on) if ran_on  # else the steps predate the record: say whose hardware this is
                 else f"{hardware_description(torch.device('cpu'))} (of this drawing; the steps did not record theirs)")
-    header = (f"Command: `{command}` ({settings.mode} mode). Hardware: {hardware}. "
+    if ran_on and unrecorded:
+        hardware += f" ({unrecorded} earlier steps did not record theirs)"
+    shown = command if command.startswith("`") else f"`{command}`"  # --figures-only: the commands that ran
+    header = (f"{'Commands' if '`; `' in shown else 'Command'}: {shown} ({settings.mode} mode). Hardware: {hardware}. "
               f"Commit: {commit}" + (f" (steps run at {', '.join(ran_at)})" if ran_at else "")
               + f". Certification: {settings.images} images requested, n0 {settings.n0}, "
               + (f"n {settings.n}" if settings.n else f"adaptive, n_max {settings.n_max}")
@@ -1098,9 +1106,9 @@ def main(argv: list[str] | None = None) -> int:
         settings.out.mkdir(parents=True, exist_ok=True)
         with (settings.out / "commands.txt").open("a") as f:
             f.write(command + "\n")
-    elif args.figures_only and (settings.out / "commands.txt").exists():
-        ran = (settings.out / "commands.txt").read_text().splitlines()
-        command = f"{ran[-1]}` (figures redrawn by `{command}"
+    elif args.figures_only and (settings.out / "commands.txt").exists():  # every command that ran the steps
+        ran = list(dict.fromkeys((settings.out / "commands.txt").read_text().splitlines()))
+        command = "; ".join(f"`{line}`" for line in ran) + f" (figures redrawn by `{command}`)" if ran else command
     if not args.figures_only:  # seed by seed: a partial run has every arm and data set at the first seeds
         for seed in range(settings.seeds):
             for dataset in settings.datasets:

@@ -62,7 +62,9 @@ def hardware_description(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda}), torch {torch.__version__}"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"CPU {_cpu_model()}, {cores} cores, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
+    threads = torch.get_num_threads()
+    return (f"CPU {_cpu_model()}, {cores} cores, {threads} torch thread{'s' if threads != 1 else ''}, "
+            f"torch {torch.__version__}")
 
 
 def keep_freed_memory() -> bool:
