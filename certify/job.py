@@ -241,6 +241,7 @@ def _work(job, run, split, smooth, pipeline, indices, pack, mode, n, extra, devi
     before = now = 0
     complete = False
     hardware = hardware_description(device)
+    run.start_session(device, hardware)
     try:
         before, now = run_work(run, units, engine, track=track)
         complete = True

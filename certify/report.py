@@ -20,6 +20,7 @@ import numpy as np
 
 from certify.core import ABSTAIN, max_certifiable_radius
 from certify.runner import (
+    HEARTBEAT_SECONDS,
     MODELS_FILE,
     SETTINGS_FILE,
     CertifyRecord,
@@ -477,8 +478,12 @@ def finalize_run(run_dirs: Sequence[Path], out_dir: Path | None = None) -> dict[
         summary = summarize_predictions(rows, settings["sigma"], settings["n"], settings["alpha"])
     sessions = [s for status in statuses for s in status.get("sessions", [])]
     summary["hardware"] = sorted({s["hardware"] for s in sessions})
-    summary["timing"] = {"wall_seconds": round(sum(s["wall_seconds"] for s in sessions), 3),
-                         "processes": len(statuses), "note": "wall seconds summed over processes and resumed sessions"}
+    cut = sum(s.get("state") in ("running", "interrupted") for s in sessions)
+    summary["timing"] = {"wall_seconds": round(sum(s.get("wall_seconds", 0.0) for s in sessions), 3),
+                         "processes": len(statuses), "sessions": len(sessions),
+                         "note": "wall seconds summed over processes and resumed sessions"
+                         + (f"; {cut} session(s) killed before closing count up to their last record (every "
+                            f"{HEARTBEAT_SECONDS:g} s), so the sum may fall short" if cut else "")}
     summary["settings"] = settings
     summary["classifier_metadata"] = models.get("classifier_metadata")
     summary["denoiser_metadata"] = models.get("denoiser_metadata")

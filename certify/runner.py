@@ -416,6 +416,9 @@ def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return [f"{k} {old.get(k)!r} there, {new.get(k)!r} now" for k in keys if old.get(k) != new.get(k)]
 
 
+HEARTBEAT_SECONDS = 30.0  # how often a running session's wall time is written to its status file
+
+
 class RunDirectory:
     """One run's folder: settings check, rows done so far, this process's rows file and status."""
 
@@ -459,13 +462,49 @@ class RunDirectory:
     def done_indices(self) -> set[int]:
         return {r.idx for r in read_rows(self.rows_path(self.shard), self.task, repair=True)}
 
-    def update_status(self, device: torch.device, hardware: str, wall_seconds: float, rows: int,
-                      complete: bool) -> None:
+    def start_session(self, device: torch.device, hardware: str) -> None:
+        """Record this process's session in the status file now and keep its wall time current while it runs
+        (``heartbeat``): a process killed outright (SIGKILL, a lost machine) never reaches ``update_status``, yet
+        its session keeps its time up to the last heartbeat, and the next session marks it ``interrupted``."""
         path = self.status_path(self.shard)
         old = read_json(path, "status") if path.exists() else {}
         sessions = old.get("sessions", [])
-        sessions.append({"device": str(device), "hardware": hardware, "wall_seconds": round(wall_seconds, 3),
-                         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        for session in sessions:
+            if session.get("state") == "running":  # its process did not come back to close it
+                session["state"] = "interrupted"
+        self._session = {"device": str(device), "hardware": hardware, "wall_seconds": 0.0, "state": "running",
+                         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        sessions.append(self._session)
+        self._status = {"shard": None if self.shard is None else str(self.shard), "rows": old.get("rows", 0),
+                        "complete": False, "sessions": sessions}
+        self._started = self._last_beat = time.perf_counter()
+        write_json(path, self._status)
+
+    def heartbeat(self, rows: int) -> None:
+        """Bring the running session's wall time and row count up to date, at most every HEARTBEAT_SECONDS."""
+        now = time.perf_counter()
+        if getattr(self, "_session", None) is None or now - self._last_beat < HEARTBEAT_SECONDS:
+            return
+        self._last_beat = now
+        self._session["wall_seconds"] = round(now - self._started, 3)
+        self._status["rows"] = rows
+        write_json(self.status_path(self.shard), self._status)
+
+    def update_status(self, device: torch.device, hardware: str, wall_seconds: float, rows: int,
+                      complete: bool) -> None:
+        """Close this process's session (opened by ``start_session``, else added now) with its wall time."""
+        path = self.status_path(self.shard)
+        session = getattr(self, "_session", None)
+        if session is None:
+            old = read_json(path, "status") if path.exists() else {}
+            sessions = old.get("sessions", [])
+            session = {"device": str(device), "hardware": hardware}
+            sessions.append(session)
+        else:
+            sessions = self._status["sessions"]
+        session.update({"wall_seconds": round(wall_seconds, 3), "state": "finished",
+                        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        self._session = None
         write_json(path, {"shard": None if self.shard is None else str(self.shard), "rows": rows,
                           "complete": complete, "sessions": sessions})
 
@@ -484,6 +523,7 @@ def run_work(directory: RunDirectory, units: list[list[int]], engine: Callable[[
         for record in track(_flatten(engine(pending)), desc=directory.task, total=todo):
             writer.write(record)
             written += 1
+            directory.heartbeat(len(done) + written)
     finally:
         writer.close()
     return len(done), written

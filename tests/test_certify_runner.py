@@ -189,8 +189,14 @@ def test_resume_skips_done_rows_and_tolerates_a_cut_line(tiny_classifier_dir, tm
     lines = (out / "certify.tsv").read_text().splitlines(keepends=True)
     (out / "certify.tsv").write_text("".join(lines[:3]) + lines[3][:5])  # header, 2 rows, a row cut mid-line
     (out / "summary.json").unlink()
+    status = json.loads((out / "certify.status.json").read_text())  # as if the first process had been killed
+    status["sessions"][0].update(state="running", wall_seconds=7.0)
+    (out / "certify.status.json").write_text(json.dumps(status))
     code, stdout, _ = run_cli([*args, "--out", out], capsys)
     assert code == 0 and "3 images done now, 2 done before" in stdout
+    timing = json.loads((out / "summary.json").read_text())["timing"]
+    assert timing["sessions"] == 2 and timing["wall_seconds"] >= 7.0
+    assert "1 session(s) killed before closing" in timing["note"] and "may fall short" in timing["note"]
     assert (out / "certify.tsv").read_text().splitlines(keepends=True)[:3] == lines[:3]  # kept as they were
     assert rows_without_time(out / "certify.tsv") == rows_without_time(full / "certify.tsv")
     assert len(read_rows(out / "certify.tsv", "certify")) == 5
@@ -365,3 +371,32 @@ def test_radius_and_adaptive_are_exclusive(tiny_classifier_dir, tmp_path, capsys
         main(["certify", "--classifier", str(tiny_classifier_dir), *FAST, "--radius", "0.5", "--adaptive",
               "--out", str(tmp_path / "bad")])
     assert stop.value.code == 2 and "not allowed with" in capsys.readouterr().err
+
+
+def test_a_killed_session_keeps_its_time_and_is_marked_interrupted(tmp_path, monkeypatch):
+    """A process killed outright never closes its session: its wall time up to the last heartbeat stays in the
+    status file, the next session marks it interrupted, and the summary says the sum may fall short."""
+    from certify import runner
+    from certify.runner import RunDirectory, RunSettings
+
+    settings = RunSettings(task="certify", classifier="c", classifier_sha256="0", denoiser=None, denoiser_sha256=None,
+                           dataset="mnist10k", data_root=None, split_seed=0, split="test", split_fingerprint="f",
+                           split_size=10, sigma=0.25, n0=8, n=40, alpha=0.01, batch=64, skip=1, max=None,
+                           indices=None, seed=0, shards=1, pack=1, noise_device="cpu", memory_format="contiguous")
+    cpu = torch.device("cpu")
+    killed = RunDirectory(tmp_path, settings, None)
+    killed.open()
+    killed.start_session(cpu, "CPU A")
+    monkeypatch.setattr(runner, "HEARTBEAT_SECONDS", 0.0)
+    killed.heartbeat(rows=3)  # ... and then the process is killed: update_status never runs
+    status = json.loads((tmp_path / "certify.status.json").read_text())
+    assert status["rows"] == 3 and status["complete"] is False
+    [first] = status["sessions"]
+    assert first["state"] == "running" and first["hardware"] == "CPU A" and first["wall_seconds"] >= 0.0
+    resumed = RunDirectory(tmp_path, settings, None)
+    resumed.start_session(cpu, "CPU B")
+    resumed.update_status(cpu, "CPU B", 12.5, rows=10, complete=True)
+    status = json.loads((tmp_path / "certify.status.json").read_text())
+    assert [s["state"] for s in status["sessions"]] == ["interrupted", "finished"]
+    assert [s["wall_seconds"] for s in status["sessions"]] == [first["wall_seconds"], 12.5]
+    assert status["rows"] == 10 and status["complete"] is True
