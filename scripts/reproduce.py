@@ -134,6 +134,8 @@ class Runner:
             self.busy.append(name)
             return False
         print("+ transdenoiser " + shlex.join(argv), flush=True)
+        out = flag_value(argv, "--out")
+        resumed = out is not None and Path(out).is_dir() and any(Path(out).iterdir())  # it goes on from there
         started = time.perf_counter()
         self.commit = self.commit or checkout_commit()
         self.hardware = self.hardware or step_hardware(flag_value(argv, "--device"))
@@ -143,7 +145,7 @@ class Runner:
         with self.log.open("a") as f:
             f.write(json.dumps({"name": name, "argv": argv, "exit": code, "seconds": round(seconds, 2),
                                 "work": work, "mode": self.s.mode, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                                "commit": self.commit, "hardware": self.hardware}) + "\n")
+                                "commit": self.commit, "hardware": self.hardware, "resumed": resumed}) + "\n")
         if code != 0:
             print(f"FAILED (exit {code}): {name}", flush=True)
             self.failures.append(name)
@@ -951,7 +953,8 @@ def export_results(out: Path, dest: Path) -> list[Path]:
 def estimate(plan: list[dict], *measured: list[dict]) -> dict:
     """Wall time of the steps of ``plan`` (dry-run steps) not yet done, from the per-unit rates of ``measured`` steps
     (the lines of one or more steps.jsonl files). A kind of step takes its median rate from the first file that
-    measured it, so a run's own rates come before those of another scale or machine load."""
+    measured it, so a run's own rates come before those of another scale or machine load. A step that resumed an
+    interrupted one logs only its own part of the time, not of the work: it gives no rate."""
     def units(work: dict) -> float:
         kind = work.get("kind")
         if kind == "pretrain":
@@ -978,7 +981,7 @@ def estimate(plan: list[dict], *measured: list[dict]) -> dict:
     for steps in measured:
         found: dict[tuple, list[float]] = {}
         for step in steps:
-            if step.get("exit") == 0 and step["seconds"] > 0 and units(step["work"]) > 0:
+            if step.get("exit") == 0 and not step.get("resumed") and step["seconds"] > 0 and units(step["work"]) > 0:
                 found.setdefault(key(step["work"]), []).append(step["seconds"] / units(step["work"]))
         for kind, per_unit in found.items():
             rates.setdefault(kind, per_unit)

@@ -272,7 +272,8 @@ def test_estimate_counts_steps_not_done_at_the_first_files_rates():
     train = {"kind": "train", "arm": "sepdp", "examples": 100, "epochs": 2}
     plan = [certify(0, True, done=True), certify(0, True), certify(0, False),
             {"name": "t", "done": False, "work": train}, {"name": "b", "done": False, "work": {"kind": "bcert"}}]
-    own = [certify(20.0, True), certify(40.0, True), certify(30.0, True)]  # median 30 s per 10,000 samples
+    own = [certify(20.0, True), certify(40.0, True), certify(30.0, True),  # median 30 s per 10,000 samples
+           {**certify(2.0, True), "resumed": True}]  # the last part of an interrupted step: not a rate
     other = [certify(1.0, True), certify(5.0, False), {"exit": 0, "seconds": 8.0, "work": train},
              {"exit": 1, "seconds": 50.0, "work": {"kind": "bcert"}}]  # a failed step measures nothing
     found = estimate(plan, own, other)
@@ -351,9 +352,13 @@ def test_a_step_another_worker_is_running_is_left_to_it(tmp_path, capsys):
     assert again.step("certify sepdp", argv, done=False, work={}) is True
     assert calls == [argv] and again.busy == []
     logged = json.loads((tmp_path / "steps.jsonl").read_text())
-    assert logged["name"] == "certify sepdp" and logged["exit"] == 0
+    assert logged["name"] == "certify sepdp" and logged["exit"] == 0 and logged["resumed"] is False  # out was empty
     assert re.fullmatch(r"[0-9a-f]{7,40}(\+modified)?|unknown", logged["commit"])  # the code that ran the step
     assert re.fullmatch(r"CPU .*, \d+ cores, \d+ torch threads?, torch .*", logged["hardware"])  # and where
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "certify.tsv").write_text("idx\tlabel\n")  # an interrupted run's rows: the next step goes on from them
+    assert again.step("certify sepdp again", argv, done=False, work={}) is True
+    assert json.loads((tmp_path / "steps.jsonl").read_text().splitlines()[1])["resumed"] is True
 
 
 def test_the_tables_name_the_commits_and_hardware_of_their_steps(tmp_path):
