@@ -98,6 +98,16 @@ class Settings:
     stages: tuple[str, ...] = tuple(STAGES)
 
 
+def images_done(out: Path) -> int | None:
+    """How many images an interrupted certification under ``out`` had finished (its rows file), or None when
+    ``out`` holds no certification rows (a training, an attack)."""
+    for name, header in (("certify.tsv", 1), ("baseline_certify.tsv", 1), ("baseline_certify.rows.jsonl", 0)):
+        path = out / name
+        if path.is_file():
+            return max(0, sum(1 for line in path.read_text().splitlines() if line.strip()) - header)
+    return None
+
+
 class Runner:
     """Runs steps (``transdenoiser`` commands), skips finished ones and records each step's time and work."""
 
@@ -136,6 +146,7 @@ class Runner:
         print("+ transdenoiser " + shlex.join(argv), flush=True)
         out = flag_value(argv, "--out")
         resumed = out is not None and Path(out).is_dir() and any(Path(out).iterdir())  # it goes on from there
+        before = images_done(Path(out)) if resumed else None  # a resumed certification's share of its work
         started = time.perf_counter()
         self.commit = self.commit or checkout_commit()
         self.hardware = self.hardware or step_hardware(flag_value(argv, "--device"))
@@ -145,7 +156,8 @@ class Runner:
         with self.log.open("a") as f:
             f.write(json.dumps({"name": name, "argv": argv, "exit": code, "seconds": round(seconds, 2),
                                 "work": work, "mode": self.s.mode, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                                "commit": self.commit, "hardware": self.hardware, "resumed": resumed}) + "\n")
+                                "commit": self.commit, "hardware": self.hardware, "resumed": resumed,
+                                **({"images_before": before} if before is not None else {})}) + "\n")
         if code != 0:
             print(f"FAILED (exit {code}): {name}", flush=True)
             self.failures.append(name)
@@ -954,7 +966,8 @@ def estimate(plan: list[dict], *measured: list[dict]) -> dict:
     """Wall time of the steps of ``plan`` (dry-run steps) not yet done, from the per-unit rates of ``measured`` steps
     (the lines of one or more steps.jsonl files). A kind of step takes its median rate from the first file that
     measured it, so a run's own rates come before those of another scale or machine load. A step that resumed an
-    interrupted one logs only its own part of the time, not of the work: it gives no rate."""
+    interrupted one logs only its own part of the time: a certification that recorded how many images it found
+    done (``images_before``) gives the rate of the images it did, any other resumed step gives none."""
     def units(work: dict) -> float:
         kind = work.get("kind")
         if kind == "pretrain":
@@ -981,8 +994,12 @@ def estimate(plan: list[dict], *measured: list[dict]) -> dict:
     for steps in measured:
         found: dict[tuple, list[float]] = {}
         for step in steps:
-            if step.get("exit") == 0 and not step.get("resumed") and step["seconds"] > 0 and units(step["work"]) > 0:
-                found.setdefault(key(step["work"]), []).append(step["seconds"] / units(step["work"]))
+            done_here = units(step["work"]) if step.get("exit") == 0 else 0.0
+            if step.get("resumed"):
+                images, before = step["work"].get("images"), step.get("images_before")
+                done_here = done_here * (images - before) / images if images and before is not None else 0.0
+            if step["seconds"] > 0 and done_here > 0:
+                found.setdefault(key(step["work"]), []).append(step["seconds"] / done_here)
         for kind, per_unit in found.items():
             rates.setdefault(kind, per_unit)
     total, missing, by_kind = 0.0, [], {}

@@ -273,7 +273,8 @@ def test_estimate_counts_steps_not_done_at_the_first_files_rates():
     plan = [certify(0, True, done=True), certify(0, True), certify(0, False),
             {"name": "t", "done": False, "work": train}, {"name": "b", "done": False, "work": {"kind": "bcert"}}]
     own = [certify(20.0, True), certify(40.0, True), certify(30.0, True),  # median 30 s per 10,000 samples
-           {**certify(2.0, True), "resumed": True}]  # the last part of an interrupted step: not a rate
+           {**certify(2.0, True), "resumed": True},  # the last part of an interrupted step, its share unknown
+           {**certify(3.0, True), "resumed": True, "images_before": 9}]  # 1 of 10 images in 3 s: a rate, 30 s
     other = [certify(1.0, True), certify(5.0, False), {"exit": 0, "seconds": 8.0, "work": train},
              {"exit": 1, "seconds": 50.0, "work": {"kind": "bcert"}}]  # a failed step measures nothing
     found = estimate(plan, own, other)
@@ -281,6 +282,9 @@ def test_estimate_counts_steps_not_done_at_the_first_files_rates():
     assert found["seconds"] == pytest.approx(43.0)
     assert (found["steps"], found["to_do"], found["not_estimated"]) == (5, 4, ["b"])
     assert estimate(plan, other, own)["by_kind"]["certify"] == pytest.approx(1.0 + 5.0)  # order decides
+    resumed_only = [{**certify(4.0, True), "resumed": True, "images_before": 8}]  # 2 images in 4 s: 20 s for 10
+    assert estimate(plan, resumed_only)["by_kind"]["certify"] == pytest.approx(20.0 + 20.0)
+    assert estimate(plan, [{**certify(4.0, True), "resumed": True}])["by_kind"] == {}
 
 
 def test_an_interrupted_baseline_training_is_set_aside_not_lost(tmp_path):
@@ -356,9 +360,14 @@ def test_a_step_another_worker_is_running_is_left_to_it(tmp_path, capsys):
     assert re.fullmatch(r"[0-9a-f]{7,40}(\+modified)?|unknown", logged["commit"])  # the code that ran the step
     assert re.fullmatch(r"CPU .*, \d+ cores, \d+ torch threads?, torch .*", logged["hardware"])  # and where
     out.mkdir(parents=True, exist_ok=True)
-    (out / "certify.tsv").write_text("idx\tlabel\n")  # an interrupted run's rows: the next step goes on from them
+    (out / "certify.tsv").write_text("idx\tlabel\n3\t1\n5\t2\n")  # an interrupted run's 2 rows: resumed
     assert again.step("certify sepdp again", argv, done=False, work={}) is True
-    assert json.loads((tmp_path / "steps.jsonl").read_text().splitlines()[1])["resumed"] is True
+    logged = json.loads((tmp_path / "steps.jsonl").read_text().splitlines()[1])
+    assert logged["resumed"] is True and logged["images_before"] == 2
+    bcert = tmp_path / "bcert"
+    bcert.mkdir()
+    (bcert / "baseline_certify.rows.jsonl").write_text('{"idx": 0}\n{"idx": 20}\n{"idx": 40}\n')
+    assert module.images_done(bcert) == 3 and module.images_done(tmp_path / "nothing") is None
 
 
 def test_the_tables_name_the_commits_and_hardware_of_their_steps(tmp_path):
