@@ -627,25 +627,67 @@ def collect(root: Path, settings: Settings) -> dict:
         for name in settings.figure4_attacks:
             points = {}
             for epsilon in settings.epsilons if arm != "nodp" else (None,):
-                values = []
-                for seed in range(settings.seeds):
-                    if epsilon is None or epsilon == PAPER_EPSILON:
-                        candidates = [root / "attack" / f"{arm}_s{seed}" / name,
-                                      root / "eps" / f"{arm}_eps1_s{seed}_attack_{name}",
-                                      root / "eps" / f"{arm}_s{seed}_attack_{name}"]
-                    else:
-                        candidates = [root / "eps" / f"{arm}_eps{epsilon:g}_s{seed}" / f"attack_{name}"]
-                    for candidate in candidates:
-                        record = read_json(candidate / "attack.json")
-                        value = attack_accuracy(record, FIGURE4_BOUND) if record else None
-                        if value is not None:
-                            values.append(value)
-                            break
+                records = [figure4_record(root, arm, epsilon, seed, name) for seed in range(settings.seeds)]
+                values = [attack_accuracy(record, FIGURE4_BOUND) for record in records if record]
                 if values:
                     points["none" if epsilon is None else f"{epsilon:g}"] = mean_and_range(values)
             if points:
                 result["figure4"].setdefault(arm, {})[name] = points
+    if result["figure4"]:
+        result["figure4_paired"] = figure4_paired_to_sepdp(root, settings)
     return result
+
+
+def figure4_record(root: Path, arm: str, epsilon: float | None, seed: int, name: str) -> dict | None:
+    """The attack.json behind one point of Figure 4 (``arm`` at ``epsilon``, training seed ``seed``, attack
+    ``name``), or None: at the paper's epsilon (and for nodp, ``epsilon`` None) the paper-setting run's attack,
+    else the run trained with ``--target-epsilon epsilon``; only a record that has the bound FIGURE4_BOUND."""
+    if epsilon is None or epsilon == PAPER_EPSILON:
+        candidates = [root / "attack" / f"{arm}_s{seed}" / name, root / "eps" / f"{arm}_eps1_s{seed}_attack_{name}",
+                      root / "eps" / f"{arm}_s{seed}_attack_{name}"]
+    else:
+        candidates = [root / "eps" / f"{arm}_eps{epsilon:g}_s{seed}" / f"attack_{name}"]
+    for candidate in candidates:
+        record = read_json(candidate / "attack.json")
+        if record and attack_accuracy(record, FIGURE4_BOUND) is not None:
+            return record
+    return None
+
+
+def figure4_paired_to_sepdp(root: Path, settings: Settings) -> dict:
+    """Figure 4's error bars: each DP arm's accuracy at bound FIGURE4_BOUND minus sepdp's at the same epsilon,
+    paired over the same images at one training seed (the first at which both have a point), with a 95%
+    paired-bootstrap interval over images; one column per epsilon both have. Only points whose attack.json records
+    each image's outcome (``smoothed_correct``) take part."""
+    from certify.compare import paired_outcomes
+
+    def outcome(arm: str, epsilon: float, seed: int, name: str) -> tuple[list, list] | None:
+        record = figure4_record(root, arm, epsilon, seed, name)
+        row = next((r for r in record["results"] if abs(r["eps"] - FIGURE4_BOUND) < 1e-9), None) if record else None
+        if row is None or "smoothed_correct" not in row:
+            return None
+        return list(record["image_indices"]), list(row["smoothed_correct"])
+
+    paired: dict = {}
+    for arm in DP_ARMS:
+        if arm == "sepdp" or arm not in settings.runs or arm not in settings.figure4_arms:
+            continue
+        for name in settings.figure4_attacks:
+            for seed in range(settings.seeds):
+                columns, ours, theirs = [], [], []
+                for epsilon in settings.epsilons:
+                    mine, base = outcome(arm, epsilon, seed, name), outcome("sepdp", epsilon, seed, name)
+                    if mine and base and mine[0] == base[0]:
+                        columns.append(epsilon)
+                        ours.append(mine[1])
+                        theirs.append(base[1])
+                if columns:
+                    entry = paired_outcomes(list(zip(*ours, strict=True)), list(zip(*theirs, strict=True)),
+                                            columns).as_dict()
+                    entry["epsilons"] = entry.pop("radii")
+                    paired.setdefault(arm, {})[name] = {"seed": seed, **entry}
+                    break
+    return paired
 
 
 def percent(entry: dict | None) -> str:
@@ -749,6 +791,18 @@ def write_tables(result: dict, path: Path, settings: Settings, header: str) -> N
                         [percent(points.get(k)) for k in keys]
                     lines.append(f"| {LABELS.get(arm, arm)} | " + " | ".join(cells) + " |")
             lines.append("")
+            paired = {arm: entry[name] for arm, entry in (result.get("figure4_paired") or {}).items()
+                      if name in entry}
+            if paired:
+                lines += [f"{ATTACK_NAMES[name]} at bound {FIGURE4_BOUND:g}, each arm minus sepdp at the same epsilon "
+                          "(points; paired over the same images at one training seed, 95% paired-bootstrap interval "
+                          "over images):", "", "| arm - sepdp | seed | images | "
+                          + " | ".join(f"eps {k}" for k in keys) + " |", "|---|---|---|" + "---|" * len(keys)]
+                for arm, entry in paired.items():
+                    by_epsilon = dict(zip((f"{e:g}" for e in entry["epsilons"]), points_cells(entry), strict=True))
+                    lines.append(f"| {LABELS.get(arm, arm)} | {entry['seed']} | {entry['images']} | "
+                                 + " | ".join(by_epsilon.get(k, "-") for k in keys) + " |")
+                lines.append("")
     path.write_text("\n".join(lines) + "\n")
 
 

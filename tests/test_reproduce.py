@@ -111,6 +111,22 @@ def test_tables_agree_with_the_runs_files(quick_run):
     assert results["figure4"]["transdenoiser"]["pgd"]["8"]["mean"] == eps8["results"][0]["smoothed_accuracy"]
     meta = json.loads((root / "eps" / "transdenoiser_eps8_s0" / "metadata.json").read_text())
     assert meta["config"]["target_epsilon"] == 8.0
+    # Figure 4's error bars: transdenoiser minus sepdp at each epsilon, image by image at bound 2 (epsilon 1: the
+    # paper-setting runs' attacks), exactly the difference of the two files' accuracies
+    sepdp8 = json.loads((root / "eps" / "sepdp_eps8_s0" / "attack_pgd" / "attack.json").read_text())
+    paired4 = results["figure4_paired"]["transdenoiser"]["pgd"]
+    assert paired4["epsilons"] == [1.0, 8.0] and paired4["images"] == len(eps8["image_indices"])
+
+    def at_bound_2(attack: dict) -> float:
+        return next(row["smoothed_accuracy"] for row in attack["results"] if row["eps"] == 2.0)
+
+    assert paired4["difference"] == pytest.approx([at_bound_2(record) - at_bound_2(base),
+                                                   at_bound_2(eps8) - at_bound_2(sepdp8)])
+    assert all(low <= d <= high for d, low, high in zip(paired4["difference"], paired4["low"], paired4["high"],
+                                                        strict=True))
+    row4 = re.search(rf"^\| {re.escape(LABELS['transdenoiser'])} \| 0 \| \d+ \| ([^|]+) \| ([^|]+) \|$",
+                     tables.split("each arm minus sepdp at the same epsilon")[1], re.MULTILINE)
+    assert row4 and row4.group(2).strip().startswith(f"{100 * paired4['difference'][1]:+.1f} [")
 
 
 @pytest.mark.slow
@@ -416,3 +432,39 @@ def test_every_documented_reproduce_command_parses(where, words, tmp_path, monke
             (tmp_path / value).write_text("")
     settings, _ = reproduce_module().parse_args(words)
     assert settings.datasets and settings.stages, where
+
+
+def test_figure4_error_bars_pair_each_arm_with_sepdp_image_by_image(tmp_path):
+    """Figure 4's paired differences on hand-made attack files: arm minus sepdp at each epsilon both have, the mean
+    of the per-image differences at bound 2, the paper-setting run's attack as the epsilon-1 point; an epsilon whose
+    images differ from sepdp's is left out rather than mispaired."""
+    module = reproduce_module()
+    root = tmp_path / "mnist10k"
+
+    def write(folder: Path, correct: list[int], indices: list[int]) -> None:
+        folder.mkdir(parents=True)
+        results = [{"eps": 0.5, "smoothed_accuracy": 0.0, "smoothed_correct": [0] * len(correct)},
+                   {"eps": 2.0, "smoothed_accuracy": sum(correct) / len(correct), "smoothed_correct": correct}]
+        (folder / "attack.json").write_text(json.dumps({"image_indices": indices, "num_images": len(indices),
+                                                        "clean": {"smoothed_accuracy": 1.0}, "results": results}))
+
+    indices = [0, 5, 10, 15]
+    write(root / "attack" / "sepdp_s0" / "pgd", [1, 0, 0, 0], indices)             # epsilon 1
+    write(root / "attack" / "transdenoiser_s0" / "pgd", [1, 1, 1, 0], indices)     # +50 points
+    write(root / "eps" / "sepdp_eps8_s0" / "attack_pgd", [1, 1, 1, 1], indices)
+    write(root / "eps" / "transdenoiser_eps8_s0" / "attack_pgd", [1, 0, 1, 1], indices)  # -25 points
+    write(root / "eps" / "sepdp_eps0.1_s0" / "attack_pgd", [0, 0, 0, 0], indices)
+    write(root / "eps" / "transdenoiser_eps0.1_s0" / "attack_pgd", [1, 1, 1, 1], [1, 2, 3, 4])  # other images
+    settings = module.Settings(datasets=["mnist10k"], out=tmp_path, epsilons=(0.1, 1.0, 8.0), figure4_attacks=("pgd",),
+                               runs=("sepdp", "transdenoiser"))
+    paired = module.figure4_paired_to_sepdp(root, settings)
+    entry = paired["transdenoiser"]["pgd"]
+    assert entry["seed"] == 0 and entry["images"] == 4 and entry["epsilons"] == [1.0, 8.0]
+    assert entry["difference"] == pytest.approx([0.5, -0.25])
+    assert entry["low"][0] <= 0.5 <= entry["high"][0] and entry["low"][1] <= -0.25 <= entry["high"][1]
+    assert list(paired) == ["transdenoiser"]  # sepdp is the reference, not a row
+    result = module.collect(root, settings)
+    assert result["figure4_paired"] == paired
+    module.write_tables(result, tmp_path / "tables.md", settings, "header")
+    tables = (tmp_path / "tables.md").read_text()
+    assert "| TransDenoiser | 0 | 4 | - | +50.0 [" in tables and "| -25.0 [" in tables
