@@ -1030,8 +1030,8 @@ def estimate(plan: list[dict], *measured: list[dict]) -> dict:
             return work["examples"] * work["epochs"]
         if kind in ("certify", "baseline-certify"):
             return work["images"] * work["samples_per_image"]
-        if kind == "attack":
-            return work["images"] * work["eps"]
+        if kind == "attack":  # each bound, and the clean smoothed prediction every attack run makes first
+            return work["images"] * (work["eps"] + 1)
         return 1.0
 
     def key(work: dict) -> tuple:

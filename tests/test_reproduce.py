@@ -303,6 +303,21 @@ def test_estimate_counts_steps_not_done_at_the_first_files_rates():
     assert estimate(plan, [{**certify(4.0, True), "resumed": True}])["by_kind"] == {}
 
 
+def test_estimate_rates_an_attack_by_its_bounds_and_its_clean_pass():
+    """An attack run pays its clean smoothed prediction once, then each bound: its work is images x (bounds + 1), so
+    a run at six bounds and one at a single bound (Figure 4) rate each other."""
+    estimate = reproduce_module().estimate
+
+    def attack(bounds, seconds=None, done=False):
+        work = {"kind": "attack", "attack": "pgd", "threat": "classifier", "denoiser": True, "images": 500,
+                "eps": bounds}
+        return {"name": "a", "exit": 0, "seconds": seconds, "work": work, "done": done}
+
+    six_bounds = [attack(6, 210.0)]  # 7 units of 500 images: 30 s each
+    assert estimate([attack(1)], six_bounds)["by_kind"]["attack"] == pytest.approx(60.0)
+    assert estimate([attack(6)], [attack(1, 60.0)])["by_kind"]["attack"] == pytest.approx(210.0)
+
+
 def test_an_interrupted_baseline_training_is_set_aside_not_lost(tmp_path):
     """The baselines cannot resume: reproduce.py moves an interrupted one to RUN.interrupted (then -2, ...) so the
     step trains again, and leaves a complete checkpoint (or none) where it is."""
