@@ -674,10 +674,11 @@ def figure4_paired_to_sepdp(root: Path, settings: Settings) -> dict:
             continue
         for name in settings.figure4_attacks:
             for seed in range(settings.seeds):
-                columns, ours, theirs = [], [], []
+                columns, ours, theirs, images = [], [], [], None
                 for epsilon in settings.epsilons:
                     mine, base = outcome(arm, epsilon, seed, name), outcome("sepdp", epsilon, seed, name)
-                    if mine and base and mine[0] == base[0]:
+                    if mine and base and mine[0] == base[0] and (not columns or mine[0] == images):
+                        images = mine[0]  # every column pairs the same images, so the bootstrap resamples them
                         columns.append(epsilon)
                         ours.append(mine[1])
                         theirs.append(base[1])

@@ -452,7 +452,7 @@ def test_every_documented_reproduce_command_parses(where, words, tmp_path, monke
 def test_figure4_error_bars_pair_each_arm_with_sepdp_image_by_image(tmp_path):
     """Figure 4's paired differences on hand-made attack files: arm minus sepdp at each epsilon both have, the mean
     of the per-image differences at bound 2, the paper-setting run's attack as the epsilon-1 point; an epsilon whose
-    images differ from sepdp's is left out rather than mispaired."""
+    images differ from sepdp's, or from the other epsilons', is left out rather than mispaired."""
     module = reproduce_module()
     root = tmp_path / "mnist10k"
 
@@ -470,8 +470,10 @@ def test_figure4_error_bars_pair_each_arm_with_sepdp_image_by_image(tmp_path):
     write(root / "eps" / "transdenoiser_eps8_s0" / "attack_pgd", [1, 0, 1, 1], indices)  # -25 points
     write(root / "eps" / "sepdp_eps0.1_s0" / "attack_pgd", [0, 0, 0, 0], indices)
     write(root / "eps" / "transdenoiser_eps0.1_s0" / "attack_pgd", [1, 1, 1, 1], [1, 2, 3, 4])  # other images
-    settings = module.Settings(datasets=["mnist10k"], out=tmp_path, epsilons=(0.1, 1.0, 8.0), figure4_attacks=("pgd",),
-                               runs=("sepdp", "transdenoiser"))
+    write(root / "eps" / "sepdp_eps4_s0" / "attack_pgd", [0, 1], [0, 5])  # both on 2 images, not the other columns'
+    write(root / "eps" / "transdenoiser_eps4_s0" / "attack_pgd", [1, 1], [0, 5])
+    settings = module.Settings(datasets=["mnist10k"], out=tmp_path, epsilons=(0.1, 1.0, 4.0, 8.0),
+                               figure4_attacks=("pgd",), runs=("sepdp", "transdenoiser"))
     paired = module.figure4_paired_to_sepdp(root, settings)
     entry = paired["transdenoiser"]["pgd"]
     assert entry["seed"] == 0 and entry["images"] == 4 and entry["epsilons"] == [1.0, 8.0]
