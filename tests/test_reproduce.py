@@ -210,12 +210,19 @@ def test_plan_and_estimate_name_the_full_mode_without_running(quick_run):
     # to its epsilon, xi_low <= xi_up for Algorithm 1) on the full-size private split
     from dataclasses import asdict
 
+    from tests.test_datasets import make_mnist_layout
     from training.datasets import load_dataset
     from training.private_train import TrainConfig
     from training.private_train import plan as plan_training
     from training.train_cli import config_from_args
 
-    fashion = run_script("--plan", "--datasets", "fashion-mnist", "--out", str(out / "full"), timeout=300)
+    # full Fashion-MNIST's shape (60,000 training and 10,000 test images) in the torchvision layout, so the plan does
+    # not need the data installed; the split sizes, all the planner reads, are those of the real data
+    fashion_root = out / "fashion-fixture"
+    if not fashion_root.exists():
+        make_mnist_layout(fashion_root, "FashionMNIST", 60_000, 10_000, compress=False)
+    fashion = run_script("--plan", "--datasets", "fashion-mnist", "--data-root", str(fashion_root),
+                         "--out", str(out / "full"), timeout=300)
     assert fashion.returncode == 0, fashion.stderr[-2000:]
     sizes, checked_configs = {}, set()
     for words in planned_trainings(plan.stdout) + planned_trainings(fashion.stdout):
@@ -223,7 +230,8 @@ def test_plan_and_estimate_name_the_full_mode_without_running(quick_run):
             continue
         dataset = words[words.index("--dataset") + 1]
         if dataset not in sizes:
-            sizes[dataset] = len(load_dataset(dataset).split("private"))
+            data_root = words[words.index("--data-root") + 1] if "--data-root" in words else None
+            sizes[dataset] = len(load_dataset(dataset, data_root).split("private"))
         config, _ = config_from_args(build_parser(words).parse_args(words))
         assert isinstance(config, TrainConfig)
         key = (dataset, json.dumps({k: v for k, v in asdict(config).items() if k != "seed"}, sort_keys=True,
