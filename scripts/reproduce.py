@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import math
@@ -468,13 +469,16 @@ def mean_and_range(values: list[float]) -> dict:
     return {"mean": sum(values) / len(values), "low": min(values), "high": max(values), "seeds": len(values)}
 
 
-def attack_accuracy(record: dict, eps: float) -> float | None:
+def attack_row(record: dict, eps: float) -> dict | None:
+    """The row of an attack.json at L2 bound ``eps`` (0: the clean prediction), or None when it has no such bound."""
     if eps == 0:
-        return record["clean"]["smoothed_accuracy"]
-    for row in record["results"]:
-        if abs(row["eps"] - eps) < 1e-9:
-            return row["smoothed_accuracy"]
-    return None
+        return record["clean"]
+    return next((row for row in record["results"] if abs(row["eps"] - eps) < 1e-9), None)
+
+
+def attack_accuracy(record: dict, eps: float) -> float | None:
+    row = attack_row(record, eps)
+    return None if row is None else row["smoothed_accuracy"]
 
 
 def epsilons_of(meta: dict) -> dict:
@@ -621,20 +625,21 @@ def collect(root: Path, settings: Settings) -> dict:
             result["attack"][run][name]["images"] = records[0]["num_images"]
     if (root / "attack").exists():
         result["attack_paired"] = attack_paired_to_sepdp(root, ["none", *settings.runs], settings.attacks)
+    figure4_point = functools.lru_cache(maxsize=None)(functools.partial(figure4_record, root))  # read once each
     for arm in (*DP_ARMS, "nodp"):
         if arm not in settings.runs or (arm != "nodp" and arm not in settings.figure4_arms):
             continue
         for name in settings.figure4_attacks:
             points = {}
             for epsilon in settings.epsilons if arm != "nodp" else (None,):
-                records = [figure4_record(root, arm, epsilon, seed, name) for seed in range(settings.seeds)]
+                records = [figure4_point(arm, epsilon, seed, name) for seed in range(settings.seeds)]
                 values = [attack_accuracy(record, FIGURE4_BOUND) for record in records if record]
                 if values:
                     points["none" if epsilon is None else f"{epsilon:g}"] = mean_and_range(values)
             if points:
                 result["figure4"].setdefault(arm, {})[name] = points
     if result["figure4"]:
-        result["figure4_paired"] = figure4_paired_to_sepdp(root, settings)
+        result["figure4_paired"] = figure4_paired_to_sepdp(root, settings, figure4_point)
     return result
 
 
@@ -654,40 +659,47 @@ def figure4_record(root: Path, arm: str, epsilon: float | None, seed: int, name:
     return None
 
 
-def figure4_paired_to_sepdp(root: Path, settings: Settings) -> dict:
+def figure4_paired_to_sepdp(root: Path, settings: Settings, point=None) -> dict:
     """Figure 4's error bars: each DP arm's accuracy at bound FIGURE4_BOUND minus sepdp's at the same epsilon,
     paired over the same images at one training seed (the first at which both have a point), with a 95%
     paired-bootstrap interval over images; one column per epsilon both have. Only points whose attack.json records
-    each image's outcome (``smoothed_correct``) take part."""
+    each image's outcome (``smoothed_correct``) take part. ``point(arm, epsilon, seed, attack)`` finds a point's
+    attack.json (default: ``figure4_record`` under ``root``; ``collect`` passes the lookup it has read them with)."""
     from certify.compare import paired_outcomes
 
+    point = point or functools.partial(figure4_record, root)
+
     def outcome(arm: str, epsilon: float, seed: int, name: str) -> tuple[list, list] | None:
-        record = figure4_record(root, arm, epsilon, seed, name)
-        row = next((r for r in record["results"] if abs(r["eps"] - FIGURE4_BOUND) < 1e-9), None) if record else None
+        record = point(arm, epsilon, seed, name)
+        row = attack_row(record, FIGURE4_BOUND) if record else None
         if row is None or "smoothed_correct" not in row:
             return None
         return list(record["image_indices"]), list(row["smoothed_correct"])
+
+    def pair(arm: str, name: str, seed: int) -> dict | None:
+        """``arm`` minus sepdp at every epsilon where both ran on the same images as the first epsilon taken."""
+        columns, ours, theirs, images = [], [], [], None
+        for epsilon in settings.epsilons:
+            mine, base = outcome(arm, epsilon, seed, name), outcome("sepdp", epsilon, seed, name)
+            if mine and base and mine[0] == base[0] and (not columns or mine[0] == images):
+                images = mine[0]  # every column pairs the same images, so the bootstrap resamples them
+                columns.append(epsilon)
+                ours.append(mine[1])
+                theirs.append(base[1])
+        if not columns:
+            return None
+        entry = paired_outcomes(list(zip(*ours, strict=True)), list(zip(*theirs, strict=True)), columns).as_dict()
+        entry["epsilons"] = entry.pop("radii")
+        return {"seed": seed, **entry}
 
     paired: dict = {}
     for arm in DP_ARMS:
         if arm == "sepdp" or arm not in settings.runs or arm not in settings.figure4_arms:
             continue
         for name in settings.figure4_attacks:
-            for seed in range(settings.seeds):
-                columns, ours, theirs, images = [], [], [], None
-                for epsilon in settings.epsilons:
-                    mine, base = outcome(arm, epsilon, seed, name), outcome("sepdp", epsilon, seed, name)
-                    if mine and base and mine[0] == base[0] and (not columns or mine[0] == images):
-                        images = mine[0]  # every column pairs the same images, so the bootstrap resamples them
-                        columns.append(epsilon)
-                        ours.append(mine[1])
-                        theirs.append(base[1])
-                if columns:
-                    entry = paired_outcomes(list(zip(*ours, strict=True)), list(zip(*theirs, strict=True)),
-                                            columns).as_dict()
-                    entry["epsilons"] = entry.pop("radii")
-                    paired.setdefault(arm, {})[name] = {"seed": seed, **entry}
-                    break
+            entry = next(filter(None, (pair(arm, name, seed) for seed in range(settings.seeds))), None)
+            if entry:
+                paired.setdefault(arm, {})[name] = entry
     return paired
 
 

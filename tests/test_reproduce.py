@@ -219,8 +219,7 @@ def test_plan_and_estimate_name_the_full_mode_without_running(quick_run):
     # full Fashion-MNIST's shape (60,000 training and 10,000 test images) in the torchvision layout, so the plan does
     # not need the data installed; the split sizes, all the planner reads, are those of the real data
     fashion_root = out / "fashion-fixture"
-    if not fashion_root.exists():
-        make_mnist_layout(fashion_root, "FashionMNIST", 60_000, 10_000, compress=False)
+    make_mnist_layout(fashion_root, "FashionMNIST", 60_000, 10_000, compress=False)
     fashion = run_script("--plan", "--datasets", "fashion-mnist", "--data-root", str(fashion_root),
                          "--out", str(out / "full"), timeout=300)
     assert fashion.returncode == 0, fashion.stderr[-2000:]
