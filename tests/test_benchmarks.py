@@ -66,3 +66,23 @@ def test_bench_sequential_quick_reports_cost_and_boundary_errors(tmp_path):
         assert costs["0.9"]["certified"] == 0.0
     for row in result["boundary"].values():
         assert row["streams"] == 2000 and row["rate"] == row["wrong_certified"] / 2000
+
+
+def test_bench_stobatch_quick_times_both_samplers_on_the_same_bits(tmp_path):
+    from benchmarks import bench_stobatch
+
+    out = tmp_path / "stobatch.json"
+    assert bench_stobatch.main(["--quick", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["batch"] == 8 and result["hidden_shape"] == [32, 28, 28]
+    assert set(result["seconds"]) == {"noise_plain", "noise_in_place", "batch_plain", "batch_in_place"}
+    assert all(len(v) == 1 and v[0] > 0 for v in result["seconds"].values())
+    assert result["speedup"]["noise"] > 0 and result["speedup"]["batch"] > 0
+
+
+def test_bench_stobatch_refuses_a_batch_below_one(capsys):
+    from benchmarks import bench_stobatch
+
+    with pytest.raises(SystemExit):
+        bench_stobatch.main(["--batch", "0"])
+    assert "--batch must be >= 1, got 0" in capsys.readouterr().err
