@@ -183,7 +183,7 @@ def laplace_noise(shape: Sequence[int], scale: float, generator: torch.Generator
         raise UserError(f"Laplace scale must be finite and >= 0, got {scale}")
     u = torch.rand(tuple(shape), generator=generator, dtype=torch.float64).sub_(0.5)
     # u in [-1/2, 1/2): -b sgn(u) ln(1 - 2|u|) is Laplace(b); 1 - 2|u| > 0 except at u = -1/2 exactly. Computed in
-    # place (one float64 buffer, not six): the certificate draws 25,088 of these per forward pass, and this is 2.7x
+    # place (one float64 buffer, not six): the certificate draws 25,088 of these per forward pass, and this is 2.6x
     # faster than the out-of-place form at the same bits (tests/test_baselines_stobatch.py holds them equal).
     sign = torch.sign(u)
     return u.abs_().clamp_(max=0.5 - 1e-17).mul_(-2).log1p_().neg_().mul_(scale).mul_(sign).to(torch.float32)
