@@ -954,6 +954,22 @@ def step_commits(steps: Path, dataset: str, field: str = "commit", having: str |
     return commits
 
 
+def command_datasets(line: str) -> list[str]:
+    """The data sets a ``scripts/reproduce.sh`` command line of commands.txt ran: its ``--datasets``, else the
+    default of its mode (mnist10k for --quick, else mnist10k and Fashion-MNIST). A figure's header names only the
+    commands that ran its data set's steps."""
+    try:
+        words = shlex.split(line)
+    except ValueError:
+        return []
+    for i, word in enumerate(words):
+        if word == "--datasets" and i + 1 < len(words):
+            return words[i + 1].split(",")
+        if word.startswith("--datasets="):
+            return word.split("=", 1)[1].split(",")
+    return ["mnist10k"] if "--quick" in words else ["mnist10k", "fashion-mnist"]
+
+
 def write_results(root: Path, settings: Settings, command: str) -> list[Path]:
     import torch
 
@@ -1193,9 +1209,9 @@ def main(argv: list[str] | None = None) -> int:
         settings.out.mkdir(parents=True, exist_ok=True)
         with (settings.out / "commands.txt").open("a") as f:
             f.write(command + "\n")
-    elif args.figures_only and (settings.out / "commands.txt").exists():  # every command that ran the steps
+    ran: list[str] = []
+    if args.figures_only and (settings.out / "commands.txt").exists():  # every command that ran the steps
         ran = list(dict.fromkeys((settings.out / "commands.txt").read_text().splitlines()))
-        command = "; ".join(f"`{line}`" for line in ran) + f" (figures redrawn by `{command}`)" if ran else command
     if not args.figures_only:  # seed by seed: a partial run has every arm and data set at the first seeds
         for seed in range(settings.seeds):
             for dataset in settings.datasets:
@@ -1217,7 +1233,9 @@ def main(argv: list[str] | None = None) -> int:
     for dataset in settings.datasets:
         root = settings.out / dataset
         if root.exists():
-            for path in write_results(root, settings, command):
+            mine = [line for line in ran if dataset in command_datasets(line)]
+            shown = "; ".join(f"`{line}`" for line in mine) + f" (figures redrawn by `{command}`)" if mine else command
+            for path in write_results(root, settings, shown):
                 print(f"wrote {path}")
     for message in runner.skipped:
         print(message)

@@ -425,6 +425,17 @@ def test_the_tables_name_the_commits_and_hardware_of_their_steps(tmp_path):
     assert module.step_commits(tmp_path / "absent.jsonl", "mnist10k") == []
 
 
+def test_a_data_sets_header_names_only_the_commands_that_ran_it():
+    """commands.txt is shared by the data sets of one --out: a figure's header keeps the lines that ran its data
+    set, read from --datasets (either spelling) or the mode's default."""
+    datasets = reproduce_module().command_datasets
+    assert datasets("scripts/reproduce.sh --seeds 1 --datasets mnist10k --stages figure4") == ["mnist10k"]
+    assert datasets("scripts/reproduce.sh --datasets=fashion-mnist,cifar10") == ["fashion-mnist", "cifar10"]
+    assert datasets("scripts/reproduce.sh --seeds 1") == ["mnist10k", "fashion-mnist"]
+    assert datasets("scripts/reproduce.sh --quick --runs sepdp") == ["mnist10k"]
+    assert datasets("scripts/reproduce.sh --runs 'unclosed") == []
+
+
 def documented_reproduce_commands() -> list[tuple[str, list[str]]]:
     """Every `scripts/reproduce.sh ...` the docs and README show, in code blocks (continuation lines joined) and in
     inline code (which may wrap a line): (where, its arguments), cut at a comment, a pipe or a redirection."""
