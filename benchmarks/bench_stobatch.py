@@ -37,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     import torch
 
+    from benchmarks import write_result
     from training.baselines.stobatch import first_layer, laplace_noise, noisy_logits
     from training.models import build_model
     from transdenoiser.runtime import hardware_description
@@ -79,8 +80,7 @@ def main(argv: list[str] | None = None) -> int:
               "hardware": hardware_description(torch.device("cpu"))}
     print(json.dumps(result, indent=2))
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(result, handle, indent=2)
+        write_result(args.json, result)
     return 0
 
 

@@ -954,20 +954,22 @@ def step_commits(steps: Path, dataset: str, field: str = "commit", having: str |
     return commits
 
 
+def default_datasets(quick: bool) -> str:
+    """The data sets a mode runs when --datasets is not given."""
+    return "mnist10k" if quick else "mnist10k,fashion-mnist"
+
+
 def command_datasets(line: str) -> list[str]:
-    """The data sets a ``scripts/reproduce.sh`` command line of commands.txt ran: its ``--datasets``, else the
-    default of its mode (mnist10k for --quick, else mnist10k and Fashion-MNIST). A figure's header names only the
-    commands that ran its data set's steps."""
+    """The data sets a ``scripts/reproduce.sh`` command line of commands.txt ran (lines argparse accepted): its
+    ``--datasets``, else its mode's default. A figure's header names only the commands that ran its data set's
+    steps."""
     try:
         words = shlex.split(line)
     except ValueError:
         return []
-    for i, word in enumerate(words):
-        if word == "--datasets" and i + 1 < len(words):
-            return words[i + 1].split(",")
-        if word.startswith("--datasets="):
-            return word.split("=", 1)[1].split(",")
-    return ["mnist10k"] if "--quick" in words else ["mnist10k", "fashion-mnist"]
+    given = next((word.split("=", 1)[1] for word in words if word.startswith("--datasets=")),
+                 flag_value(words, "--datasets"))
+    return (given or default_datasets("--quick" in words)).split(",")
 
 
 def write_results(root: Path, settings: Settings, command: str) -> list[Path]:
@@ -1150,7 +1152,7 @@ def parse_args(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
                                                 ("images", "n", "n_max", "attack_images", "seeds", "epsilons",
                                                  "attack_eps")) else "custom")
     settings = Settings(
-        datasets=(args.datasets or ("mnist10k" if quick else "mnist10k,fashion-mnist")).split(","),
+        datasets=(args.datasets or default_datasets(quick)).split(","),
         out=args.out or REPO / "runs" / "reproduce" / ("quick" if quick else "full"),
         data_root=args.data_root, device=args.device, mode=mode, subprocess=args.subprocess, threat=args.threat,
         seeds=args.seeds or (1 if quick else 3),
