@@ -400,7 +400,7 @@ def reproduce_dataset(runner: Runner, dataset: str, arms: set[str], commands: se
                              "--n0", str(s.n0), "--n", str(s.n or s.n_max), "--alpha", f"{s.alpha:g}",
                              "--seed", str(seed), "--out", str(out)],
                             (out / "summary.json").exists(),
-                            {"kind": "baseline-certify", "dataset": dataset, "images": n_images,
+                            {"kind": "baseline-certify", "arm": run, "dataset": dataset, "images": n_images,
                              "samples_per_image": s.n0 + (s.n or s.n_max)})
     for run, arm, sigma in ARM_RUNS:  # attacks after every arm's certification: Figure 2 comes first
         if run not in s.runs or arm not in arms or "attacks" not in stages:
@@ -1073,6 +1073,8 @@ def estimate(plan: list[dict], *measured: list[dict]) -> dict:
             return (kind, work["attack"], work["threat"], work["denoiser"])
         if kind == "certify":  # the adaptive mode stops early: its rate per budgeted sample is its own
             return (kind, bool(work.get("adaptive")))
+        if kind == "baseline-certify":  # each baseline's own certificate runs its own model (StoBatch's is slower)
+            return (kind, work.get("arm"))
         return (kind,)
 
     rates: dict[tuple, list[float]] = {}
@@ -1102,6 +1104,57 @@ def estimate(plan: list[dict], *measured: list[dict]) -> dict:
         by_kind[step["work"]["kind"]] = by_kind.get(step["work"]["kind"], 0.0) + seconds
     return {"seconds": total, "by_kind": by_kind, "steps": len(plan),
             "to_do": sum(not step["done"] for step in plan), "not_estimated": missing}
+
+
+def recorded_seconds(step: dict, steps_file: Path) -> float | None:
+    """The wall seconds a finished certification step's own files record for all its images, summed over the runs
+    it resumed (``certify.tsv``'s ``time`` column; ``baseline-certify``'s ``summary.json``), or None if they are not
+    found or do not cover every image. Its folder is looked for beside ``steps_file`` (an export, or the run's own
+    folder: the part of the step's ``--out`` from its data set's folder on), then at the ``--out`` it ran with.
+    Unlike the step's logged seconds, this counts the images an interrupted run had done before it resumed (and
+    leaves out the seconds of loading the models)."""
+    work, out = step.get("work", {}), flag_value(step.get("argv", []), "--out")
+    kind, dataset, images = work.get("kind"), work.get("dataset"), work.get("images")
+    if kind not in ("certify", "baseline-certify") or out is None or not images:
+        return None
+    parts = Path(out).parts
+    candidates = [Path(out)]
+    if dataset in parts:
+        at = len(parts) - 1 - parts[::-1].index(dataset)
+        candidates.insert(0, steps_file.parent.joinpath(*parts[at:]))
+    for folder in candidates:
+        if kind == "baseline-certify":
+            summary = read_json(folder / "summary.json")
+            if summary and summary.get("num_images") == images and isinstance(summary.get("seconds"), (int, float)):
+                return float(summary["seconds"])
+            continue
+        try:
+            lines = (folder / "certify.tsv").read_text().splitlines()
+        except OSError:
+            continue
+        header, rows = lines[0].split("\t") if lines else [], [line.split("\t") for line in lines[1:] if line.strip()]
+        if "time" in header and len(rows) == images:
+            column = header.index("time")
+            return sum(float(row[column]) for row in rows)
+    return None
+
+
+def with_recorded_seconds(steps: list[dict], steps_file: Path) -> list[dict]:
+    """``steps`` (one steps.jsonl's lines) with every finished certification that :func:`recorded_seconds` finds
+    timed by its own files, as one whole run: a resumed certification (whose log has only its last part) then
+    gives a rate too. A baseline-certify step logged before its work named the arm takes it from the step's name."""
+    timed = []
+    for step in steps:
+        work = step.get("work", {})
+        named = re.search(r": baseline-certify (\S+) seed \d+$", step.get("name", ""))
+        if work.get("kind") == "baseline-certify" and "arm" not in work and named:  # logged before work named it
+            step = {**step, "work": {**work, "arm": named.group(1)}}
+        seconds = recorded_seconds(step, steps_file) if step.get("exit") == 0 else None
+        if seconds is not None and seconds > 0:
+            step = {**step, "seconds": seconds, "resumed": False}
+            step.pop("images_before", None)
+        timed.append(step)
+    return timed
 
 
 # ---------------------------------------------------------------------------------------------------- command line
@@ -1145,7 +1198,8 @@ def parse_args(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
     p.add_argument("--estimate-from", type=Path, action="append", default=None, metavar="STEPS_JSONL",
                    help="estimate the wall time of this mode's steps not yet done from the step rates measured in "
                         "a steps.jsonl; repeat to fall back on other files' rates (the first that has a kind of "
-                        "step is used); run nothing")
+                        "step is used); a certification is timed by its own files when they are beside the "
+                        "steps.jsonl (an export) or at its --out; run nothing")
     args = p.parse_args(argv)
     quick = args.quick
     mode = "quick" if quick else ("full" if all(getattr(args, k) is None for k in
@@ -1219,8 +1273,8 @@ def main(argv: list[str] | None = None) -> int:
             for dataset in settings.datasets:
                 reproduce_dataset(runner, dataset, arms, commands, [seed])
     if args.estimate_from is not None:
-        measured = [[json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-                    for path in args.estimate_from]
+        measured = [with_recorded_seconds([json.loads(line) for line in path.read_text().splitlines() if line.strip()],
+                                          path) for path in args.estimate_from]
         found = estimate(runner.planned, *measured)
         print(json.dumps({"mode": settings.mode, **found}, indent=1))
         print(f"estimated wall time: {found['seconds'] / 3600:.1f} h for the {found['to_do']} steps not done "

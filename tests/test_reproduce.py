@@ -310,6 +310,44 @@ def test_estimate_counts_steps_not_done_at_the_first_files_rates():
     assert estimate(plan, [{**certify(4.0, True), "resumed": True}])["by_kind"] == {}
 
 
+def test_a_certification_is_timed_by_its_own_files_even_when_it_resumed(tmp_path):
+    """A resumed certification logs only its last part; the estimate times it by its own files instead (every
+    image's time in certify.tsv, baseline-certify's summary.json), found beside the steps file as an export lays
+    them out, and rates each baseline's own certificate apart from the others'."""
+    module = reproduce_module()
+    steps_file = tmp_path / "export" / "steps.jsonl"
+    folder = tmp_path / "export" / "mnist10k" / "certify" / "sepdp_s0"
+    folder.mkdir(parents=True)
+    (folder / "certify.tsv").write_text("idx\tlabel\tpredict\tradius\tcorrect\ttime\n"
+                                        "0\t7\t7\t0.5\t1\t10.0\n4\t2\t2\t0.4\t1\t20.0\n")
+    bcert = tmp_path / "export" / "mnist10k" / "baseline_certify" / "stobatch_s0"
+    bcert.mkdir(parents=True)
+    (bcert / "summary.json").write_text(json.dumps({"num_images": 2, "seconds": 90.0}))
+
+    def step(kind, out, seconds, images=2, **extra):
+        work = {"kind": kind, "dataset": "mnist10k", "images": images, "samples_per_image": 100, **extra}
+        return {"name": f"mnist10k: {kind} {extra.get('arm', 'stobatch')} seed 0", "argv": [kind, "--out", str(out)],
+                "exit": 0, "seconds": seconds, "work": work, "resumed": True}
+
+    ran_at = Path("/elsewhere/runs/full/mnist10k")  # where the run was, on another machine: not there now
+    certify = step("certify", ran_at / "certify" / "sepdp_s0", 3.0, adaptive=True)
+    baseline = step("baseline-certify", ran_at / "baseline_certify" / "stobatch_s0", 5.0)
+    partial = step("certify", ran_at / "certify" / "sepdp_s0", 3.0, images=3, adaptive=True)  # 2 rows of 3
+    assert module.recorded_seconds(certify, steps_file) == pytest.approx(30.0)
+    assert module.recorded_seconds(baseline, steps_file) == pytest.approx(90.0)
+    assert module.recorded_seconds(partial, steps_file) is None
+    timed = module.with_recorded_seconds([certify, baseline, partial], steps_file)
+    assert [(t["seconds"], t["resumed"]) for t in timed] == [(30.0, False), (90.0, False), (3.0, True)]
+    assert timed[1]["work"]["arm"] == "stobatch"  # from the step's name: logged before work named the arm
+    assert module.recorded_seconds(certify, tmp_path / "elsewhere" / "steps.jsonl") is None  # nothing there
+
+    plan = [{**step("baseline-certify", "x", 0, arm="stobatch"), "done": False},
+            {**step("baseline-certify", "y", 0, arm="securesgd-prt"), "done": False}]
+    found = module.estimate(plan, timed)
+    assert found["by_kind"] == {"baseline-certify": pytest.approx(90.0)}
+    assert found["not_estimated"] == ["mnist10k: baseline-certify securesgd-prt seed 0"]  # StoBatch's is not prt's
+
+
 def test_estimate_rates_an_attack_by_its_bounds_and_its_clean_pass():
     """An attack run pays its clean smoothed prediction once, then each bound: its work is images x (bounds + 1), so
     a run at six bounds and one at a single bound (Figure 4) rate each other."""
