@@ -1135,7 +1135,10 @@ def recorded_seconds(step: dict, steps_file: Path) -> float | None:
         header, rows = lines[0].split("\t") if lines else [], [line.split("\t") for line in lines[1:] if line.strip()]
         if "time" in header and len(rows) == images:
             column = header.index("time")
-            return sum(float(row[column]) for row in rows)
+            try:
+                return sum(float(row[column]) for row in rows)
+            except (ValueError, IndexError):  # a damaged rows file gives no rate; the step's own log still does
+                continue
     return None
 
 

@@ -340,6 +340,10 @@ def test_a_certification_is_timed_by_its_own_files_even_when_it_resumed(tmp_path
     assert [(t["seconds"], t["resumed"]) for t in timed] == [(30.0, False), (90.0, False), (3.0, True)]
     assert timed[1]["work"]["arm"] == "stobatch"  # from the step's name: logged before work named the arm
     assert module.recorded_seconds(certify, tmp_path / "elsewhere" / "steps.jsonl") is None  # nothing there
+    damaged = tmp_path / "damaged" / "mnist10k" / "certify" / "sepdp_s0"
+    damaged.mkdir(parents=True)
+    (damaged / "certify.tsv").write_text("idx\ttime\n0\t10.0\n4\n")  # a cut-off row: no rate, no crash
+    assert module.recorded_seconds(certify, tmp_path / "damaged" / "steps.jsonl") is None
 
     plan = [{**step("baseline-certify", "x", 0, arm="stobatch"), "done": False},
             {**step("baseline-certify", "y", 0, arm="securesgd-prt"), "done": False}]
