@@ -1117,6 +1117,9 @@ def recorded_seconds(step: dict, steps_file: Path) -> float | None:
     kind, dataset, images = work.get("kind"), work.get("dataset"), work.get("images")
     if kind not in ("certify", "baseline-certify") or out is None or not images:
         return None
+    from certify.runner import read_rows
+    from transdenoiser.errors import UserError
+
     parts = Path(out).parts
     candidates = [Path(out)]
     if dataset in parts:
@@ -1129,16 +1132,11 @@ def recorded_seconds(step: dict, steps_file: Path) -> float | None:
                 return float(summary["seconds"])
             continue
         try:
-            lines = (folder / "certify.tsv").read_text().splitlines()
-        except OSError:
+            records = read_rows(folder / "certify.tsv", "certify")  # [] where there is no such file
+        except UserError:  # a damaged rows file gives no rate; the step's own log still does
             continue
-        header, rows = lines[0].split("\t") if lines else [], [line.split("\t") for line in lines[1:] if line.strip()]
-        if "time" in header and len(rows) == images:
-            column = header.index("time")
-            try:
-                return sum(float(row[column]) for row in rows)
-            except (ValueError, IndexError):  # a damaged rows file gives no rate; the step's own log still does
-                continue
+        if len(records) == images:
+            return sum(record.seconds for record in records)
     return None
 
 
