@@ -77,6 +77,7 @@ class Settings:
     data_root: str | None = None
     device: str = "cpu"
     seeds: int = 1
+    only_seeds: tuple[int, ...] | None = None  # run only these training seeds (None: every seed below ``seeds``)
     images: int = 500               # certified test images, evenly spread
     n0: int = 100
     n: int | None = None            # fixed n; None: adaptive (estimate) mode with n_max
@@ -97,6 +98,11 @@ class Settings:
     subprocess: bool = False
     mode: str = "full"
     stages: tuple[str, ...] = tuple(STAGES)
+
+    @property
+    def run_seeds(self) -> tuple[int, ...]:
+        """The training seeds whose steps this run plans, in order."""
+        return self.only_seeds if self.only_seeds is not None else tuple(range(self.seeds))
 
 
 def images_done(out: Path) -> int | None:
@@ -379,7 +385,7 @@ def reproduce_dataset(runner: Runner, dataset: str, arms: set[str], commands: se
 
     # Figures 2, 3 and 7: every arm at the paper's setting, certified and attacked.
     stages = set(s.stages)
-    if "figure2" in stages:
+    if "figure2" in stages and 0 in seeds:  # the classifier alone: seed 0's row of Figure 2, shared by every seed
         certify(["--classifier", str(clf)], root / "certify" / "none_s0", 0.25, 0)
     for run, arm, sigma in ARM_RUNS:
         if run not in s.runs or not stages & {"figure2", "baseline-certify", "attacks"}:
@@ -1183,6 +1189,9 @@ def parse_args(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
     p.add_argument("--figure4-attacks", default=None, help="attacks of Figure 4 (default: fgsm,ifgsm,mim,pgd)")
     p.add_argument("--epsilons", type=float_list, default=None, help="Figure 4 (default: 0.1,0.25,0.5,1,2,4,8)")
     p.add_argument("--seeds", type=int, default=None, help="training seeds per arm (default: 3; --quick: 1)")
+    p.add_argument("--only-seeds", default=None, metavar="LIST",
+                   help="run only these training seeds, each below --seeds (e.g. 1,2 to add seeds to a run whose "
+                        "first seed ran elsewhere); the figures use every seed present")
     p.add_argument("--runs", default=None, help="subset of " + ",".join(name for name, _, _ in ARM_RUNS))
     p.add_argument("--stages", default=None, metavar="LIST",
                    help="run only these stages, comma-separated (default: all): " + "; ".join(
@@ -1206,11 +1215,21 @@ def parse_args(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
     mode = "quick" if quick else ("full" if all(getattr(args, k) is None for k in
                                                 ("images", "n", "n_max", "attack_images", "seeds", "epsilons",
                                                  "attack_eps")) else "custom")
+    seeds = args.seeds or (1 if quick else 3)
+    only_seeds = None
+    if args.only_seeds is not None:
+        try:
+            only_seeds = tuple(dict.fromkeys(int(part) for part in args.only_seeds.split(",")))
+        except ValueError:
+            p.error(f"--only-seeds: expected comma-separated seeds such as 1,2, got {args.only_seeds!r}")
+        outside = [seed for seed in only_seeds if not 0 <= seed < seeds]
+        if outside:
+            p.error(f"--only-seeds: seed(s) {', '.join(map(str, outside))} not in 0..{seeds - 1} (--seeds {seeds})")
     settings = Settings(
         datasets=(args.datasets or default_datasets(quick)).split(","),
         out=args.out or REPO / "runs" / "reproduce" / ("quick" if quick else "full"),
         data_root=args.data_root, device=args.device, mode=mode, subprocess=args.subprocess, threat=args.threat,
-        seeds=args.seeds or (1 if quick else 3),
+        seeds=seeds, only_seeds=only_seeds,
         images=args.images or (4 if quick else 500),
         n0=20 if quick else 100,
         n=args.n or (50 if quick else None),
@@ -1270,7 +1289,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.figures_only and (settings.out / "commands.txt").exists():  # every command that ran the steps
         ran = list(dict.fromkeys((settings.out / "commands.txt").read_text().splitlines()))
     if not args.figures_only:  # seed by seed: a partial run has every arm and data set at the first seeds
-        for seed in range(settings.seeds):
+        for seed in settings.run_seeds:
             for dataset in settings.datasets:
                 reproduce_dataset(runner, dataset, arms, commands, [seed])
     if args.estimate_from is not None:

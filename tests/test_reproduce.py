@@ -410,6 +410,33 @@ def test_stages_choose_which_steps_are_planned(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_only_seeds_plans_those_training_seeds_and_nothing_of_the_others(tmp_path):
+    """--only-seeds 1,2 adds seeds to a run whose first seed ran elsewhere: every planned training, certification
+    and attack is of seed 1 or 2, the classifier alone (seed 0's row) is not planned again; a seed outside
+    --seeds or a word is a one-line error naming it."""
+    def planned(*extra: str) -> list[str]:
+        result = run_script("--plan", "--datasets", "mnist10k", "--seeds", "3", "--runs", "sepdp",
+                            "--stages", "figure2,attacks", "--out", str(tmp_path / "out"), *extra, timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+        return [line for line in result.stdout.splitlines() if line.startswith(("to do ", "done  "))]
+
+    everything, some = planned(), planned("--only-seeds", "2,1")
+    def seeds_of(lines: list[str]) -> list[str]:
+        return [m.group(1) for m in (re.search(r"_s(\d+)\b", line) for line in lines) if m]
+
+    def seeded(lines: list[str]) -> list[str]:
+        return sorted(line for line in lines if re.search(r"_s[12]\b", line))
+
+    assert set(seeds_of(everything)) == {"0", "1", "2"} and set(seeds_of(some)) == {"1", "2"}
+    assert seeded(everything) == seeded(some) and len(seeded(some)) == len(seeds_of(some))  # the full plan's steps
+    assert seeds_of(some)[0] == "2"  # seed by seed, in the order given
+    assert any("certify/none_s0" in line for line in everything) and not any("none_s0" in line for line in some)
+    for value, message in (("3", "seed(s) 3 not in 0..2 (--seeds 3)"), ("one", "expected comma-separated seeds")):
+        bad = run_script("--plan", "--seeds", "3", "--only-seeds", value, "--out", str(tmp_path / "out"), timeout=300)
+        assert bad.returncode == 2 and f"--only-seeds: {message}" in bad.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_step_another_worker_is_running_is_left_to_it(tmp_path, capsys):
     """Two workers on one --out: a step whose output folder another process holds the run lock of is skipped
     (not failed, not run, not logged), and runs once the lock is free."""
