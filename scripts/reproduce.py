@@ -509,9 +509,11 @@ def seed_folders(parent: Path, run: str) -> dict[int, Path]:
 
 
 def paired_to_sepdp(root: Path, runs: list[str], radii: list[float]) -> dict:
-    """Each run's certified accuracy minus sepdp's, paired over the same images at the first training seed both
-    have certified (the certify seed is the training seed, so each image's noise draws are shared too), with a 95%
-    paired-bootstrap interval over images (certify.compare). A run on other images gets a note instead."""
+    """Each run's certified accuracy minus sepdp's, paired over the same images at each training seed both have
+    certified (the certify seed is the training seed, so each image's noise draws are shared too), with a 95%
+    paired-bootstrap interval over images (certify.compare). A run's entry is its first common seed's, with
+    ``per_seed`` (every common seed's) and, from two seeds on, ``between_seeds``: the mean of the seeds'
+    differences and their min and max. A run on other images gets a note instead."""
     from certify.compare import paired_difference
     from certify.runner import read_rows
     from transdenoiser.errors import UserError
@@ -524,17 +526,25 @@ def paired_to_sepdp(root: Path, runs: list[str], radii: list[float]) -> dict:
     paired: dict = {}
     for run in runs:
         mine = seeds(run) if run != "sepdp" else {}
-        common = sorted(set(mine) & set(base))
-        if not common:
+        per_seed = []
+        for seed in sorted(set(mine) & set(base)):
+            try:
+                difference = paired_difference(read_rows(mine[seed] / "certify.tsv", "certify"),
+                                               read_rows(base[seed] / "certify.tsv", "certify"), radii)
+            except UserError as exc:
+                per_seed.append({"seed": seed, "note": str(exc)})
+                continue
+            per_seed.append({"seed": seed, **difference.as_dict()})
+        if not per_seed:
             continue
-        seed = common[0]
-        try:
-            difference = paired_difference(read_rows(mine[seed] / "certify.tsv", "certify"),
-                                           read_rows(base[seed] / "certify.tsv", "certify"), radii)
-        except UserError as exc:
-            paired[run] = {"seed": seed, "note": str(exc)}
-            continue
-        paired[run] = {"seed": seed, **difference.as_dict()}
+        paired[run] = {**per_seed[0], "per_seed": per_seed}
+        measured = [entry["difference"] for entry in per_seed if "note" not in entry]
+        if len(measured) > 1:
+            columns = list(zip(*measured, strict=True))
+            paired[run]["between_seeds"] = {
+                "seeds": [entry["seed"] for entry in per_seed if "note" not in entry], "radii": list(radii),
+                "mean": [sum(c) / len(c) for c in columns], "low": [min(c) for c in columns],
+                "high": [max(c) for c in columns]}
     return paired
 
 
@@ -726,12 +736,13 @@ def number(value) -> str:
 
 
 def write_tables(result: dict, path: Path, settings: Settings, header: str) -> None:
-    from certify.compare import points_cells
+    from certify.compare import points_cell, points_cells
 
     lines = [f"# Reproduction of the TransDenoiser paper's Section 3.2 on {result['dataset']}", "", header, ""]
-    seeds_note = (f"Each cell is the mean over the training seeds that have run, up to {settings.seeds} (min-max in "
+    most = max([len(entry["images"]) for entry in result["certify"].values()] + [settings.seeds])
+    seeds_note = (f"Each cell is the mean over the training seeds that have run, up to {most} (min-max in "
                   "brackets when more than one)."
-                  if settings.seeds > 1 else "One training seed per arm.")
+                  if most > 1 else "One training seed per arm.")
     lines += ["## Figure 2: certified accuracy (%) against L2 radius", "", seeds_note, "",
               "| run | images | r = 0 | 0.25 | 0.5 | 0.75 | 1.0 | ACR | abstained |",
               "|---|---|---|---|---|---|---|---|---|"]
@@ -742,18 +753,29 @@ def write_tables(result: dict, path: Path, settings: Settings, header: str) -> N
                      + " | ".join(percent(acc[k]) for k in ("0", "0.25", "0.5", "0.75", "1"))
                      + f" | {acr:.3f} | {percent(entry['abstention'])} |")
     if result.get("paired"):
-        lines += ["", "Each run minus sepdp in certified accuracy (points), paired over the same images at one "
-                  "training seed (each image's noise draws shared), with a 95% paired-bootstrap interval over images "
-                  "(10,000 resamples): an interval that includes 0 means these images do not tell the two apart. It "
-                  "says nothing of the variation between training seeds.", "",
+        lines += ["", "Each run minus sepdp in certified accuracy (points), paired over the same images at each "
+                  "training seed both have certified (each image's noise draws shared), with a 95% paired-bootstrap "
+                  "interval over images (10,000 resamples): an interval that includes 0 means these images do not "
+                  "tell the two apart. It says nothing of the variation between training seeds.", "",
                   "| run - sepdp | seed | images | r = 0 | 0.25 | 0.5 | 0.75 | 1.0 |",
                   "|---|---|---|---|---|---|---|---|"]
-        for run, entry in result["paired"].items():
-            if "note" in entry:
-                lines.append(f"| {LABELS.get(run, run)} | {entry['seed']} | - | {entry['note']} | | | | |")
-                continue
-            lines.append(f"| {LABELS.get(run, run)} | {entry['seed']} | {entry['images']} | "
-                         + " | ".join(points_cells(entry)) + " |")
+        for run, first in result["paired"].items():
+            for entry in first.get("per_seed", [first]):
+                if "note" in entry:
+                    lines.append(f"| {LABELS.get(run, run)} | {entry['seed']} | - | {entry['note']} | | | | |")
+                    continue
+                lines.append(f"| {LABELS.get(run, run)} | {entry['seed']} | {entry['images']} | "
+                             + " | ".join(points_cells(entry)) + " |")
+        between = {run: entry["between_seeds"] for run, entry in result["paired"].items() if "between_seeds" in entry}
+        if between:
+            lines += ["", "Between training seeds: the mean of the paired differences above over the seeds, [min, "
+                      "max] over the seeds (points). The spread is that of the training seeds together with each "
+                      "seed's certification noise; with a few seeds it is a range, not a confidence interval.", "",
+                      "| run - sepdp | seeds | r = 0 | 0.25 | 0.5 | 0.75 | 1.0 |", "|---|---|---|---|---|---|---|"]
+            for run, entry in between.items():
+                cells = [points_cell(*cell) for cell in zip(entry["mean"], entry["low"], entry["high"], strict=True)]
+                lines.append(f"| {LABELS.get(run, run)} | {', '.join(map(str, entry['seeds']))} | "
+                             + " | ".join(cells) + " |")
     if result.get("baseline_certify"):
         lines += ["", "Phan et al.'s own certificate of the baselines (`transdenoiser baseline-certify`, same images):",
                   "", "| run | images | r = 0 | 0.25 | 0.5 | 0.75 | 1.0 |", "|---|---|---|---|---|---|---|"]

@@ -572,3 +572,42 @@ def test_figure4_error_bars_pair_each_arm_with_sepdp_image_by_image(tmp_path):
     module.write_tables(result, tmp_path / "tables.md", settings, "header")
     tables = (tmp_path / "tables.md").read_text()
     assert "| TransDenoiser | 0 | 4 | - | +50.0 [" in tables and "| -25.0 [" in tables
+
+
+def test_paired_differences_are_given_at_every_seed_and_between_seeds(tmp_path):
+    """With two training seeds certified for both, the paired table has a row per seed (each the exact difference
+    of that seed's two files) and the between-seeds table their mean, min and max; one seed gives no such table."""
+    module = reproduce_module()
+    root = tmp_path / "mnist10k"
+
+    def write(run: str, radii: list[float]) -> None:  # four images, label 1; radius -1: abstained
+        folder = root / "certify" / run
+        folder.mkdir(parents=True)
+        rows = "".join(f"{idx}\t1\t{1 if r >= 0 else -1}\t{max(r, 0.0)}\t{int(r >= 0)}\t1.0\t100\n"
+                       for idx, r in zip((0, 5, 10, 15), radii, strict=True))
+        (folder / "certify.tsv").write_text("idx\tlabel\tpredict\tradius\tcorrect\ttime\tsamples\n" + rows)
+        (folder / "summary.json").write_text(json.dumps({"sigma": 0.25, "average_certified_radius": 0.1,
+                                                         "abstention_rate": 0.0}))
+
+    write("sepdp_s0", [0.3, 0.3, 0.1, -1])
+    write("transdenoiser_s0", [0.3, 0.3, 0.3, 0.3])  # +25 points at r = 0, +50 at 0.25
+    settings = module.Settings(datasets=["mnist10k"], out=tmp_path, runs=("sepdp", "transdenoiser"))
+    result = module.collect(root, settings)
+    assert "between_seeds" not in result["paired"]["transdenoiser"]
+    module.write_tables(result, tmp_path / "one.md", settings, "header")
+    assert "Between training seeds" not in (tmp_path / "one.md").read_text()
+    write("sepdp_s1", [0.3, -1, -1, -1])
+    write("transdenoiser_s1", [0.3, 0.3, -1, -1])  # +25 at r = 0, +25 at 0.25
+    result = module.collect(root, settings)
+    entry = result["paired"]["transdenoiser"]
+    assert [e["seed"] for e in entry["per_seed"]] == [0, 1] and entry["seed"] == 0
+    assert entry["per_seed"][1]["difference"][:2] == pytest.approx([0.25, 0.25])
+    between = entry["between_seeds"]
+    assert between["seeds"] == [0, 1]
+    assert between["mean"][:2] == pytest.approx([0.25, 0.375]) and between["low"][1] == pytest.approx(0.25)
+    assert between["high"][1] == pytest.approx(0.5)
+    module.write_tables(result, tmp_path / "two.md", settings, "header")
+    tables = (tmp_path / "two.md").read_text()
+    assert "| TransDenoiser | 0 | 4 | +25.0 [" in tables and "| TransDenoiser | 1 | 4 | +25.0 [" in tables
+    assert "| TransDenoiser | 0, 1 | +25.0 [+25.0, +25.0] | +37.5 [+25.0, +50.0] |" in tables
+    assert "mean over the training seeds that have run, up to 2" in tables
