@@ -522,6 +522,10 @@ def paired_to_sepdp(root: Path, runs: list[str], radii: list[float]) -> dict:
         return {seed: folder for seed, folder in seed_folders(root / "certify", run).items()
                 if (folder / "summary.json").exists()}
 
+    @functools.cache
+    def rows(folder: Path) -> list:  # sepdp's rows are read once per seed, not once per run
+        return read_rows(folder / "certify.tsv", "certify")
+
     base = seeds("sepdp")
     paired: dict = {}
     for run in runs:
@@ -529,8 +533,7 @@ def paired_to_sepdp(root: Path, runs: list[str], radii: list[float]) -> dict:
         per_seed = []
         for seed in sorted(set(mine) & set(base)):
             try:
-                difference = paired_difference(read_rows(mine[seed] / "certify.tsv", "certify"),
-                                               read_rows(base[seed] / "certify.tsv", "certify"), radii)
+                difference = paired_difference(rows(mine[seed]), rows(base[seed]), radii)
             except UserError as exc:
                 per_seed.append({"seed": seed, "note": str(exc)})
                 continue
@@ -538,13 +541,13 @@ def paired_to_sepdp(root: Path, runs: list[str], radii: list[float]) -> dict:
         if not per_seed:
             continue
         paired[run] = {**per_seed[0], "per_seed": per_seed}
-        measured = [entry["difference"] for entry in per_seed if "note" not in entry]
+        measured = [entry for entry in per_seed if "note" not in entry]
         if len(measured) > 1:
-            columns = list(zip(*measured, strict=True))
+            columns = [mean_and_range(list(column))
+                       for column in zip(*(entry["difference"] for entry in measured), strict=True)]
             paired[run]["between_seeds"] = {
-                "seeds": [entry["seed"] for entry in per_seed if "note" not in entry], "radii": list(radii),
-                "mean": [sum(c) / len(c) for c in columns], "low": [min(c) for c in columns],
-                "high": [max(c) for c in columns]}
+                "seeds": [entry["seed"] for entry in measured], "radii": list(radii),
+                **{key: [column[key] for column in columns] for key in ("mean", "low", "high")}}
     return paired
 
 
@@ -760,7 +763,7 @@ def write_tables(result: dict, path: Path, settings: Settings, header: str) -> N
                   "| run - sepdp | seed | images | r = 0 | 0.25 | 0.5 | 0.75 | 1.0 |",
                   "|---|---|---|---|---|---|---|---|"]
         for run, first in result["paired"].items():
-            for entry in first.get("per_seed", [first]):
+            for entry in first["per_seed"]:
                 if "note" in entry:
                     lines.append(f"| {LABELS.get(run, run)} | {entry['seed']} | - | {entry['note']} | | | | |")
                     continue
