@@ -385,8 +385,9 @@ def reproduce_dataset(runner: Runner, dataset: str, arms: set[str], commands: se
 
     # Figures 2, 3 and 7: every arm at the paper's setting, certified and attacked.
     stages = set(s.stages)
-    if "figure2" in stages and 0 in seeds:  # the classifier alone: seed 0's row of Figure 2, shared by every seed
-        certify(["--classifier", str(clf)], root / "certify" / "none_s0", 0.25, 0)
+    if "figure2" in stages:  # the classifier alone, at each seed's certify seed: every seed's rows pair with it
+        for seed in seeds:
+            certify(["--classifier", str(clf)], root / "certify" / f"none_s{seed}", 0.25, seed)
     for run, arm, sigma in ARM_RUNS:
         if run not in s.runs or not stages & {"figure2", "baseline-certify", "attacks"}:
             continue

@@ -412,7 +412,7 @@ def test_stages_choose_which_steps_are_planned(tmp_path):
 
 def test_only_seeds_plans_those_training_seeds_and_nothing_of_the_others(tmp_path):
     """--only-seeds 1,2 adds seeds to a run whose first seed ran elsewhere: every planned training, certification
-    and attack is of seed 1 or 2, the classifier alone (seed 0's row) is not planned again; a seed outside
+    and attack is of seed 1 or 2, the classifier alone is certified at seeds 1 and 2 only; a seed outside
     --seeds or a word is a one-line error naming it."""
     def planned(*extra: str) -> list[str]:
         result = run_script("--plan", "--datasets", "mnist10k", "--seeds", "3", "--runs", "sepdp",
@@ -431,6 +431,7 @@ def test_only_seeds_plans_those_training_seeds_and_nothing_of_the_others(tmp_pat
     assert seeded(everything) == seeded(some) and len(seeded(some)) == len(seeds_of(some))  # the full plan's steps
     assert seeds_of(some)[0] == "2"  # seed by seed, in the order given
     assert any("certify/none_s0" in line for line in everything) and not any("none_s0" in line for line in some)
+    assert all(any(re.search(rf"certify/none_s{seed}$", line) for line in some) for seed in (1, 2))  # each seed
     for value, message in (("3", "seed(s) 3 not in 0..2 (--seeds 3)"), ("one", "expected comma-separated seeds")):
         bad = run_script("--plan", "--seeds", "3", "--only-seeds", value, "--out", str(tmp_path / "out"), timeout=300)
         assert bad.returncode == 2 and f"--only-seeds: {message}" in bad.stderr
