@@ -1218,7 +1218,9 @@ def parse_args(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
     p.add_argument("--only-seeds", default=None, metavar="LIST",
                    help="run only these training seeds, each below --seeds (e.g. 1,2 to add seeds to a run whose "
                         "first seed ran elsewhere); the figures use every seed present")
-    p.add_argument("--runs", default=None, help="subset of " + ",".join(name for name, _, _ in ARM_RUNS))
+    p.add_argument("--runs", default=None,
+                   help="subset of " + ",".join(name for name, _, _ in ARM_RUNS) + " (default: all); 'none' alone "
+                        "plans only the classifier alone's certifications (figure2)")
     p.add_argument("--stages", default=None, metavar="LIST",
                    help="run only these stages, comma-separated (default: all): " + "; ".join(
                        f"{name}: {what}" for name, what in STAGES.items()))

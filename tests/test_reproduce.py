@@ -432,6 +432,10 @@ def test_only_seeds_plans_those_training_seeds_and_nothing_of_the_others(tmp_pat
     assert seeds_of(some)[0] == "2"  # seed by seed, in the order given
     assert any("certify/none_s0" in line for line in everything) and not any("none_s0" in line for line in some)
     assert all(any(re.search(rf"certify/none_s{seed}$", line) for line in some) for seed in (1, 2))  # each seed
+    alone = planned("--only-seeds", "1,2", "--runs", "none")  # the classifier alone, nothing else
+    steps = [line for line in alone if " pretrain " not in line]  # the classifier is pre-trained first
+    assert len(alone) == 3 and sorted(line.rsplit("/", 1)[1] for line in steps) == ["none_s1", "none_s2"]
+    assert all(" certify " in line for line in steps)
     for value, message in (("3", "seed(s) 3 not in 0..2 (--seeds 3)"), ("one", "expected comma-separated seeds")):
         bad = run_script("--plan", "--seeds", "3", "--only-seeds", value, "--out", str(tmp_path / "out"), timeout=300)
         assert bad.returncode == 2 and f"--only-seeds: {message}" in bad.stderr
