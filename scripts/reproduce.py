@@ -44,6 +44,8 @@ ARM_RUNS = (
 LABELS = {"nodp": "TransDenoiser_nodp", "sepdp": "TransDenoiser_sepdp", "transdenoiser": "TransDenoiser",
           "transdenoiser_sigma010": "TransDenoiser_inp_0.1", "securesgd-prt": "SecureSGD_prt",
           "securesgd-sct": "SecureSGD_sct", "stobatch": "StoBatch", "none": "no denoiser"}
+OWN_CERTIFICATE = {"securesgd-prt": "Phan et al.'s bound", "securesgd-sct": "Phan et al.'s bound",
+                   "stobatch": "StoBatch's own certificate"}  # transdenoiser baseline-certify's phan_* columns
 BASELINE_RUNS = ("transdenoiser", "securesgd-prt", "securesgd-sct", "stobatch")
 ABLATION_RUNS = ("transdenoiser", "nodp", "sepdp", "transdenoiser_sigma010")
 DP_ARMS = ("sepdp", "transdenoiser", "securesgd-prt", "securesgd-sct", "stobatch")  # Figure 4's epsilon sweep
@@ -615,7 +617,7 @@ def collect(root: Path, settings: Settings) -> dict:
                                        radii)
     for run in settings.runs:
         per_seed = sorted((root / "baseline_certify").glob(f"{run}_s*")) if (root / "baseline_certify").exists() else []
-        rows = []
+        rows, smoothed = [], []  # the baseline's own certificate; randomized smoothing of the same randomised model
         for folder in per_seed:
             tsv = folder / "baseline_certify.tsv"
             if not tsv.exists():
@@ -624,11 +626,15 @@ def collect(root: Path, settings: Settings) -> dict:
             header = lines[0].split("\t")
             values = [dict(zip(header, line.split("\t"), strict=True)) for line in lines[1:]]
             rows.append([{"radius": float(v["phan_radius"]), "correct": int(v["phan_correct"])} for v in values])
+            smoothed.append([{"radius": float(v["smooth_radius"]), "correct": int(v["smooth_correct"])}
+                             for v in values])
         if rows:
             result.setdefault("baseline_certify", {})[run] = {
-                "images": [len(r) for r in rows], "rows": rows,
+                "images": [len(r) for r in rows], "rows": rows, "certificate": OWN_CERTIFICATE.get(run, ""),
                 "certified_accuracy": {f"{r:g}": mean_and_range([certified_accuracy(x, r) for x in rows])
-                                       for r in radii}}
+                                       for r in radii},
+                "smoothing_certified_accuracy": {f"{r:g}": mean_and_range([certified_accuracy(x, r)
+                                                                           for x in smoothed]) for r in radii}}
     for run in ("none", *settings.runs):
         base = root / "attack"
         if not base.exists():
@@ -781,12 +787,16 @@ def write_tables(result: dict, path: Path, settings: Settings, header: str) -> N
                 lines.append(f"| {LABELS.get(run, run)} | {', '.join(map(str, entry['seeds']))} | "
                              + " | ".join(cells) + " |")
     if result.get("baseline_certify"):
-        lines += ["", "Phan et al.'s own certificate of the baselines (`transdenoiser baseline-certify`, same images):",
+        lines += ["", "The baselines' own certificates (`transdenoiser baseline-certify`, same images: Phan et al. "
+                  "2019's bound for SecureSGD, StoBatch's own for StoBatch), each beside randomized smoothing of the "
+                  "same randomised model (abstentions count as wrong):",
                   "", "| run | images | r = 0 | 0.25 | 0.5 | 0.75 | 1.0 |", "|---|---|---|---|---|---|---|"]
         for run, entry in result["baseline_certify"].items():
-            acc = entry["certified_accuracy"]
-            lines.append(f"| {LABELS.get(run, run)}, Phan et al.'s bound | {entry['images'][0]} | "
-                         + " | ".join(percent(acc[k]) for k in ("0", "0.25", "0.5", "0.75", "1")) + " |")
+            for name, acc in ((entry["certificate"], entry["certified_accuracy"]),
+                              ("randomized smoothing of the randomised model",
+                               entry["smoothing_certified_accuracy"])):
+                lines.append(f"| {LABELS.get(run, run)}, {name} | {entry['images'][0]} | "
+                             + " | ".join(percent(acc[k]) for k in ("0", "0.25", "0.5", "0.75", "1")) + " |")
     if result["training"]:
         lines += ["", "## The trained arms", "",
                   "| run | classifier accuracy on g(x + noise) (%) | epsilon at delta 1e-5 (RDP), per analysis "
@@ -878,7 +888,7 @@ def plot_figures(result: dict, folder: Path, settings: Settings) -> list[Path]:
                 if own and group is BASELINE_RUNS:
                     own_curves = [[certified_accuracy(rows, r) for r in grid] for rows in own["rows"]]
                     ax.plot(grid, [sum(c[i] for c in own_curves) / len(own_curves) for i in range(len(grid))],
-                            color=line.get_color(), linestyle=":", label=f"{LABELS.get(run, run)}: Phan et al.'s bound")
+                            color=line.get_color(), linestyle=":", label=f"{LABELS.get(run, run)}: {own['certificate']}")
                 if len(curves) > 1:
                     ax.fill_between(grid, [min(c[i] for c in curves) for i in range(len(grid))],
                                     [max(c[i] for c in curves) for i in range(len(grid))],

@@ -616,3 +616,24 @@ def test_paired_differences_are_given_at_every_seed_and_between_seeds(tmp_path):
     assert "| TransDenoiser | 0 | 4 | +25.0 [" in tables and "| TransDenoiser | 1 | 4 | +25.0 [" in tables
     assert "| TransDenoiser | 0, 1 | +25.0 [+25.0, +25.0] | +37.5 [+25.0, +50.0] |" in tables
     assert "mean over the training seeds that have run, up to 2" in tables
+
+
+def test_the_baselines_own_certificates_are_named_and_shown_beside_smoothing(tmp_path):
+    """tables.md names each baseline's own certificate (Phan et al.'s bound for SecureSGD, StoBatch's own for
+    StoBatch: not Phan et al.'s 2019 bound) and gives randomized smoothing of the same randomised model beside it,
+    each computed from baseline_certify.tsv's columns."""
+    module = reproduce_module()
+    root = tmp_path / "mnist10k"
+    header = "idx\tlabel\tphan_predict\tphan_radius\tphan_correct\tsmooth_predict\tsmooth_radius\tsmooth_correct\n"
+    for run in ("securesgd-prt_s0", "stobatch_s0"):  # four images: own certificate 1.0, 1.0, 0.1, wrong
+        folder = root / "baseline_certify" / run  # smoothing: 0.3, abstained, abstained, abstained
+        folder.mkdir(parents=True)
+        (folder / "baseline_certify.tsv").write_text(header + "0\t1\t1\t1.0\t1\t1\t0.3\t1\n5\t1\t1\t1.0\t1\t-1\t0\t0\n"
+                                                     "10\t1\t1\t0.1\t1\t-1\t0\t0\n15\t1\t2\t0.5\t0\t-1\t0\t0\n")
+    settings = module.Settings(datasets=["mnist10k"], out=tmp_path, runs=("securesgd-prt", "stobatch"))
+    module.write_tables(module.collect(root, settings), tmp_path / "tables.md", settings, "header")
+    tables = (tmp_path / "tables.md").read_text()
+    assert "| SecureSGD_prt, Phan et al.'s bound | 4 | 75.0 | 50.0 | 50.0 | 50.0 | 50.0 |" in tables
+    assert "| StoBatch, StoBatch's own certificate | 4 | 75.0 | 50.0 | 50.0 | 50.0 | 50.0 |" in tables
+    assert "| StoBatch, randomized smoothing of the randomised model | 4 | 25.0 | 25.0 | 0.0 | 0.0 | 0.0 |" in tables
+    assert "StoBatch, Phan et al." not in tables
