@@ -888,7 +888,8 @@ def plot_figures(result: dict, folder: Path, settings: Settings) -> list[Path]:
                 if own and group is BASELINE_RUNS:
                     own_curves = [[certified_accuracy(rows, r) for r in grid] for rows in own["rows"]]
                     ax.plot(grid, [sum(c[i] for c in own_curves) / len(own_curves) for i in range(len(grid))],
-                            color=line.get_color(), linestyle=":", label=f"{LABELS.get(run, run)}: {own['certificate']}")
+                            color=line.get_color(), linestyle=":",
+                            label=f"{LABELS.get(run, run)}: {own['certificate']}")
                 if len(curves) > 1:
                     ax.fill_between(grid, [min(c[i] for c in curves) for i in range(len(grid))],
                                     [max(c[i] for c in curves) for i in range(len(grid))],
