@@ -456,19 +456,24 @@ def reproduce_dataset(runner: Runner, dataset: str, arms: set[str], commands: se
 # ---------------------------------------------------------------------------------------------------- results
 
 
-def read_certify_rows(run: Path) -> list[dict]:
-    lines = (run / "certify.tsv").read_text().splitlines()
+def read_certify_rows(tsv: Path, *prefixes: str) -> list[list[dict]]:
+    """Each image's radius and correctness from a certificate TSV, once per column prefix: ``""`` for certify.tsv's
+    ``radius``/``correct``, ``"phan_"`` and ``"smooth_"`` for baseline_certify.tsv's two certificates."""
+    lines = tsv.read_text().splitlines()
     header = lines[0].split("\t")
-    rows = []
-    for line in lines[1:]:
-        values = dict(zip(header, line.split("\t"), strict=True))
-        rows.append({"radius": float(values["radius"]), "correct": int(values["correct"])})
-    return rows
+    values = [dict(zip(header, line.split("\t"), strict=True)) for line in lines[1:]]
+    return [[{"radius": float(v[f"{prefix}radius"]), "correct": int(v[f"{prefix}correct"])} for v in values]
+            for prefix in prefixes or ("",)]
 
 
 def certified_accuracy(rows: list[dict], radius: float) -> float:
     """Fraction of images classified correctly with a certified radius >= ``radius`` (abstentions count wrong)."""
     return sum(1 for r in rows if r["correct"] and r["radius"] >= radius) / len(rows) if rows else math.nan
+
+
+def accuracy_by_radius(rows_per_seed: list[list[dict]], radii: list[float]) -> dict:
+    """Certified accuracy at each radius: mean and range over the seeds' rows."""
+    return {f"{r:g}": mean_and_range([certified_accuracy(rows, r) for rows in rows_per_seed]) for r in radii}
 
 
 def mean_and_range(values: list[float]) -> dict:
@@ -597,12 +602,12 @@ def collect(root: Path, settings: Settings) -> dict:
                     and (p / "summary.json").exists()]
         if not per_seed:
             continue
-        rows = [read_certify_rows(p) for p in per_seed]
+        rows = [read_certify_rows(p / "certify.tsv")[0] for p in per_seed]
         summaries = [read_json(p / "summary.json") or {} for p in per_seed]
         result["certify"][run] = {
             "images": [len(r) for r in rows],
             "sigma": summaries[0].get("sigma"),
-            "certified_accuracy": {f"{r:g}": mean_and_range([certified_accuracy(x, r) for x in rows]) for r in radii},
+            "certified_accuracy": accuracy_by_radius(rows, radii),
             "acr": mean_and_range([s.get("average_certified_radius") for s in summaries]),
             "abstention": mean_and_range([s.get("abstention_rate") for s in summaries]),
             "runs": [str(p) for p in per_seed], "rows": rows,
@@ -617,24 +622,15 @@ def collect(root: Path, settings: Settings) -> dict:
                                        radii)
     for run in settings.runs:
         per_seed = sorted((root / "baseline_certify").glob(f"{run}_s*")) if (root / "baseline_certify").exists() else []
-        rows, smoothed = [], []  # the baseline's own certificate; randomized smoothing of the same randomised model
-        for folder in per_seed:
-            tsv = folder / "baseline_certify.tsv"
-            if not tsv.exists():
-                continue
-            lines = tsv.read_text().splitlines()
-            header = lines[0].split("\t")
-            values = [dict(zip(header, line.split("\t"), strict=True)) for line in lines[1:]]
-            rows.append([{"radius": float(v["phan_radius"]), "correct": int(v["phan_correct"])} for v in values])
-            smoothed.append([{"radius": float(v["smooth_radius"]), "correct": int(v["smooth_correct"])}
-                             for v in values])
-        if rows:
+        # per seed: the baseline's own certificate, randomized smoothing of the same randomised model
+        both = [read_certify_rows(folder / "baseline_certify.tsv", "phan_", "smooth_") for folder in per_seed
+                if (folder / "baseline_certify.tsv").exists()]
+        if both:
+            rows, smoothed = [own for own, _ in both], [smooth for _, smooth in both]
             result.setdefault("baseline_certify", {})[run] = {
                 "images": [len(r) for r in rows], "rows": rows, "certificate": OWN_CERTIFICATE.get(run, ""),
-                "certified_accuracy": {f"{r:g}": mean_and_range([certified_accuracy(x, r) for x in rows])
-                                       for r in radii},
-                "smoothing_certified_accuracy": {f"{r:g}": mean_and_range([certified_accuracy(x, r)
-                                                                           for x in smoothed]) for r in radii}}
+                "certified_accuracy": accuracy_by_radius(rows, radii),
+                "smoothing_certified_accuracy": accuracy_by_radius(smoothed, radii)}
     for run in ("none", *settings.runs):
         base = root / "attack"
         if not base.exists():
