@@ -12,7 +12,7 @@ import torch
 from training.checkpoint import load_checkpoint, save_checkpoint
 from training.models import build_model
 from transdenoiser.cli import main
-from transdenoiser.errors import UserError
+from transdenoiser.errors import CheckpointError, UserError
 
 
 def _copy(src, tmp_path):
@@ -35,7 +35,7 @@ def test_truncated_weights_are_refused(classifier_dir, tmp_path):
     ckpt = _copy(classifier_dir, tmp_path)
     weights = ckpt / "weights.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
-    with pytest.raises(UserError, match="SHA-256 does not match"):
+    with pytest.raises(CheckpointError, match="SHA-256 does not match"):
         load_checkpoint(ckpt)
 
 
@@ -44,7 +44,7 @@ def test_tampered_weights_are_refused(classifier_dir, tmp_path):
     data = bytearray((ckpt / "weights.safetensors").read_bytes())
     data[-1] ^= 0xFF
     (ckpt / "weights.safetensors").write_bytes(bytes(data))
-    with pytest.raises(UserError, match="truncated or modified"):
+    with pytest.raises(CheckpointError, match="truncated or modified"):
         load_checkpoint(ckpt)
 
 
@@ -53,16 +53,34 @@ def test_mismatched_architecture_is_refused(classifier_dir, tmp_path):
     meta = json.loads((ckpt / "metadata.json").read_text())
     meta["arch_kwargs"]["num_classes"] = 7
     (ckpt / "metadata.json").write_text(json.dumps(meta))
-    with pytest.raises(UserError, match="do not fit architecture"):
+    with pytest.raises(CheckpointError, match="do not fit architecture"):
         load_checkpoint(ckpt)
 
 
+def test_error_types_are_value_errors():
+    """API users catch bad input as ValueError; integrity failures alone as CheckpointError."""
+    assert issubclass(UserError, ValueError) and issubclass(CheckpointError, UserError)
+    assert not issubclass(UserError, CheckpointError)
+
+
+def test_cli_tampered_checkpoint_is_one_line(classifier_dir, tmp_path, capsys):
+    ckpt = _copy(classifier_dir, tmp_path)
+    data = bytearray((ckpt / "weights.safetensors").read_bytes())
+    data[-1] ^= 0xFF
+    (ckpt / "weights.safetensors").write_bytes(bytes(data))
+    code = main(["train", "--dataset", "mnist10k", "--classifier", str(ckpt), "--epochs", "1", "--out",
+                 str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "truncated or modified" in err[0], err
+
+
 def test_wrong_kind_and_garbage_metadata(classifier_dir, tmp_path):
-    with pytest.raises(UserError, match="expected a denoiser"):
+    with pytest.raises(UserError, match="expected a denoiser") as wrong_kind:
         load_checkpoint(classifier_dir, kind="denoiser")
+    assert not isinstance(wrong_kind.value, CheckpointError)  # a wrong file given, not a damaged one
     ckpt = _copy(classifier_dir, tmp_path)
     (ckpt / "metadata.json").write_text("{not json")
-    with pytest.raises(UserError, match="not valid JSON"):
+    with pytest.raises(CheckpointError, match="not valid JSON"):
         load_checkpoint(ckpt)
     with pytest.raises(UserError, match="no such directory"):
         load_checkpoint(tmp_path / "missing")

@@ -25,7 +25,7 @@ from torch import nn
 
 import transdenoiser
 from training.models import build_model, count_parameters
-from transdenoiser.errors import UserError
+from transdenoiser.errors import CheckpointError, UserError
 
 FORMAT = "transdenoiser-checkpoint"
 FORMAT_VERSION = 1
@@ -75,7 +75,7 @@ def write_text(path: Path, text: str) -> None:
 
 def _check_sha256(directory: Path, name: str, value: Any) -> str:
     if not isinstance(value, str) or not SHA256_PATTERN.fullmatch(value):
-        raise UserError(f"checkpoint {directory}: {METADATA} gives no valid SHA-256 for {name} (got {value!r}); "
+        raise CheckpointError(f"checkpoint {directory}: {METADATA} gives no valid SHA-256 for {name} (got {value!r}); "
                         "every file of a checkpoint must carry its hash")
     return value
 
@@ -92,14 +92,14 @@ def load_tensors(path: Path, expected_sha256: str) -> dict[str, torch.Tensor]:
     """Read a safetensors file, refusing it if its SHA-256 differs from the recorded one (one read of the file)."""
     _check_sha256(path.parent, path.name, expected_sha256)
     if not path.is_file():
-        raise UserError(f"checkpoint file missing: {path}")
+        raise CheckpointError(f"checkpoint file missing: {path}")
     data = path.read_bytes()
     if hashlib.sha256(data).hexdigest() != expected_sha256:
-        raise UserError(f"{path}: SHA-256 does not match the checkpoint metadata (truncated or modified file)")
+        raise CheckpointError(f"{path}: SHA-256 does not match the checkpoint metadata (truncated or modified file)")
     try:
         return load(data)
     except (SafetensorError, OSError, ValueError) as exc:
-        raise UserError(f"{path}: not a readable safetensors file ({exc})") from None
+        raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from None
 
 
 def save_checkpoint(directory: str | Path, model: nn.Module, metadata: dict[str, Any],
@@ -204,22 +204,22 @@ def read_metadata(directory: str | Path) -> dict[str, Any]:
                         f"{WEIGHTS} and {METADATA})")
     path = directory / METADATA
     if not path.is_file():
-        raise UserError(f"checkpoint {directory}: {METADATA} is missing")
+        raise CheckpointError(f"checkpoint {directory}: {METADATA} is missing")
     try:
         meta = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"checkpoint {directory}: {METADATA} is not valid JSON ({exc})") from None
+        raise CheckpointError(f"checkpoint {directory}: {METADATA} is not valid JSON ({exc})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise UserError(f"checkpoint {directory}: {METADATA} is not a {FORMAT} file")
+        raise CheckpointError(f"checkpoint {directory}: {METADATA} is not a {FORMAT} file")
     if meta.get("format_version") != FORMAT_VERSION:
-        raise UserError(f"checkpoint {directory}: format version {meta.get('format_version')} is not supported "
+        raise CheckpointError(f"checkpoint {directory}: format version {meta.get('format_version')} is not supported "
                         f"(this is {FORMAT_VERSION})")
     for key, kind, what in (("kind", str, "a string"), ("architecture", str, "a string"),
                             ("files", dict, "a table of file hashes")):
         if not isinstance(meta.get(key), kind):
-            raise UserError(f"checkpoint {directory}: {METADATA} has no valid {key!r} (must be {what})")
+            raise CheckpointError(f"checkpoint {directory}: {METADATA} has no valid {key!r} (must be {what})")
     if not isinstance(meta.get("arch_kwargs", {}), dict):
-        raise UserError(f"checkpoint {directory}: {METADATA} has an invalid 'arch_kwargs' (must be a table)")
+        raise CheckpointError(f"checkpoint {directory}: {METADATA} has an invalid 'arch_kwargs' (must be a table)")
     return meta
 
 
@@ -227,7 +227,7 @@ def load_extra_tensors(directory: str | Path, stem: str) -> dict[str, torch.Tens
     meta = read_metadata(directory)
     name = f"{stem}.safetensors"
     if name not in meta.get("files", {}):
-        raise UserError(f"checkpoint {directory}: has no {name}")
+        raise CheckpointError(f"checkpoint {directory}: has no {name}")
     return load_tensors(Path(directory) / name, meta["files"][name])
 
 
@@ -240,22 +240,22 @@ def load_checkpoint(directory: str | Path, kind: str | None = None,
         raise UserError(f"checkpoint {directory} holds a {meta.get('kind')}, expected a {kind}")
     files = meta["files"]
     if WEIGHTS not in files:
-        raise UserError(f"checkpoint {directory}: metadata lists no {WEIGHTS}")
+        raise CheckpointError(f"checkpoint {directory}: metadata lists no {WEIGHTS}")
     for name, value in files.items():
         _check_sha256(directory, name, value)
     state = load_tensors(directory / WEIGHTS, files[WEIGHTS])
     try:
         model = build_model(meta["architecture"], **meta.get("arch_kwargs", {}))
     except UserError as exc:
-        raise UserError(f"checkpoint {directory}: {exc}") from None
+        raise CheckpointError(f"checkpoint {directory}: {exc}") from None
     except (TypeError, ValueError) as exc:
-        raise UserError(f"checkpoint {directory}: architecture {meta['architecture']!r} does not take arguments "
+        raise CheckpointError(f"checkpoint {directory}: architecture {meta['architecture']!r} does not take arguments "
                         f"{meta.get('arch_kwargs')} ({exc})") from None
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as exc:
         first = str(exc).splitlines()[0] if str(exc) else "mismatch"
-        raise UserError(f"checkpoint {directory}: weights do not fit architecture {meta['architecture']} "
+        raise CheckpointError(f"checkpoint {directory}: weights do not fit architecture {meta['architecture']} "
                         f"({first})") from None
     model.to(map_location).eval()
     return Checkpoint(model=model, metadata=meta, path=directory)
