@@ -10,8 +10,8 @@ Figures are drawn by matplotlib (Agg backend: no display needed).
 """
 from __future__ import annotations
 
+import io
 import math
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from certify.runner import (
     write_rows,
     write_text,
 )
+from training.checkpoint import write_bytes
 from transdenoiser.errors import UserError
 
 RADIUS_STEP = 0.25  # table radii: 0, 0.25, 0.5, ... (L2, [0,1]-pixel units)
@@ -350,10 +351,10 @@ def plot_certified_accuracy(curves: Sequence[tuple[str, Sequence[CertifyRecord]]
     import matplotlib.pyplot as plt
 
     fig = certified_accuracy_figure(curves, title, caps, points)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fig.savefig(tmp, format="png")
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
     plt.close(fig)
-    os.replace(tmp, path)
+    write_bytes(path, png.getvalue())
     return path
 
 

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from certify.core import AdaptiveCertificate, Certificate, Smooth, sequential_rule, validate_sampling
+from training.checkpoint import write_text  # the package's one atomic writer (fsyncs); report.py imports it here
 from transdenoiser.errors import UserError
 from transdenoiser.progress import Track, silent
 
@@ -300,12 +301,6 @@ def predict_dataset(smooth: Smooth, images: torch.Tensor, labels: torch.Tensor, 
 
 
 # ----------------------------------------------------------------------------------------------- run files
-
-def write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
 
 def write_json(path: Path, data: Any) -> None:
     write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")

@@ -171,3 +171,19 @@ def test_keep_freed_memory_yields_to_the_users_settings(monkeypatch):
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_")
     on_glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
     assert keep_freed_memory() is on_glibc
+
+
+def test_one_atomic_writer_replaces_whole_files_with_usual_permissions(tmp_path):
+    import os
+
+    import certify.runner
+    from training import checkpoint
+
+    assert certify.runner.write_text is checkpoint.write_text  # run directories use the checkpoints' fsyncing writer
+    path = tmp_path / "f.txt"
+    checkpoint.write_text(path, "old")
+    checkpoint.write_bytes(path, b"new")
+    assert path.read_bytes() == b"new" and [p.name for p in tmp_path.iterdir()] == ["f.txt"]  # no temporary left
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask

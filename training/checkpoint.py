@@ -11,8 +11,8 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,13 +49,23 @@ class Checkpoint:
     path: Path
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+def write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` atomically: into a fresh sibling file, flushed and fsynced, then renamed over ``path``.
+
+    The one atomic file writer of the package (checkpoints, run directories, reports). A crash leaves either the
+    old file or the new one, never a mix. The file gets the usual permissions (0o666 less the umask).
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     _after_write(f"write {path.name}")
 
 
@@ -63,14 +73,14 @@ def write_json(path: Path, value: Any) -> str:
     """Write ``value`` as indented, key-sorted JSON atomically; return the SHA-256 of the bytes written."""
     data = json.dumps(value, indent=2, sort_keys=True).encode()
     path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write_bytes(path, data)
+    write_bytes(path, data)
     return hashlib.sha256(data).hexdigest()
 
 
 def write_text(path: Path, text: str) -> None:
     """Write ``text`` (UTF-8) atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write_bytes(path, text.encode())
+    write_bytes(path, text.encode())
 
 
 def _check_sha256(directory: Path, name: str, value: Any) -> str:
@@ -84,7 +94,7 @@ def save_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> str:
     """Write tensors atomically as safetensors; return the file's SHA-256 (hashed from memory, not re-read)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     data = save({k: v.detach().contiguous().cpu() for k, v in tensors.items()})
-    _atomic_write_bytes(path, data)
+    write_bytes(path, data)
     return hashlib.sha256(data).hexdigest()
 
 
