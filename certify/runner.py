@@ -279,27 +279,6 @@ def certify_dataset(smooth: Smooth, images: torch.Tensor, labels: torch.Tensor, 
                       desc="certify", total=len(indices)))
 
 
-def certify_dataset_adaptive(smooth: Smooth, images: torch.Tensor, labels: torch.Tensor, indices: Sequence[int],
-                             n0: int, n_max: int, alpha: float, seed: int, mode: str, radius: float | None = None,
-                             tolerance: float | None = None, method: str | None = None, *,
-                             track: Track = silent) -> list[CertifyRecord]:
-    """:func:`certify_dataset` with adaptive certification (:meth:`Smooth.decide` / :meth:`Smooth.certify_adaptive`)."""
-    _check_indices(images, indices)
-    units = plan_units(indices, adaptive_pack_size(n0, smooth.batch_size))
-    return list(track(_flatten(iter_certify_adaptive(smooth, images, labels, units, n0, n_max, alpha, seed, mode,
-                                                     radius, tolerance, method)),
-                      desc=mode, total=len(indices)))
-
-
-def predict_dataset(smooth: Smooth, images: torch.Tensor, labels: torch.Tensor, indices: Sequence[int], n: int,
-                    alpha: float, seed: int, *, track: Track = silent) -> list[PredictRecord]:
-    """:func:`certify_dataset` for Cohen's PREDICT."""
-    _check_indices(images, indices)
-    units = plan_units(indices, pack_size(n, smooth.batch_size))
-    return list(track(_flatten(iter_predict(smooth, images, labels, units, n, alpha, seed)),
-                      desc="predict", total=len(indices)))
-
-
 # ----------------------------------------------------------------------------------------------- run files
 
 def write_json(path: Path, data: Any) -> None:

@@ -122,8 +122,3 @@ class ConvexLoss:
         if self.binary:
             return (scores[:, 0] > 0).astype(np.int64)
         return scores.argmax(1)
-
-
-def head_logits(W: np.ndarray, binary: bool) -> np.ndarray:
-    """The (d, K) weight of a classifier head: a binary single column w becomes [0, w] (logit of class 1 - 0)."""
-    return np.concatenate([np.zeros_like(W), W], axis=1) if binary else W
