@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,11 +59,19 @@ def radius_grid(largest: float, step: float = RADIUS_STEP) -> list[float]:
     return [round(k * step, 10) for k in range(int(math.floor(largest / step + 1e-9)) + 1)]
 
 
-def certified_accuracy(records: Sequence[CertifyRecord], radius: float) -> float:
-    """Share of images certified correct at L2 radius >= ``radius``."""
+def certified_accuracy(records: Sequence[CertifyRecord] | Sequence[Mapping[str, Any]], radius: float) -> float:
+    """Certified accuracy at ``radius``: the fraction (in [0, 1]) of ``records`` whose prediction is correct with a
+    certified L2 radius >= ``radius`` (radii in the pixel units of images in [0, 1]). An abstention is never
+    correct, so it counts as wrong. NaN when there are no records.
+
+    ``records``: :class:`CertifyRecord` rows, or mappings with ``"radius"`` and ``"correct"`` (rows read back from
+    a file). The package's one definition of certified accuracy; the baselines' tables and the reproduction
+    script's figures call it.
+    """
     if not records:
         return float("nan")
-    return sum(1 for r in records if r.correct and r.radius >= radius) / len(records)
+    return sum(1 for r in records if (r["correct"] and r["radius"] >= radius if isinstance(r, Mapping)
+                                      else r.correct and r.radius >= radius)) / len(records)
 
 
 def _timing(records: Sequence[Record], samples_per_image: int) -> dict[str, float | None]:

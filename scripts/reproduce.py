@@ -467,8 +467,10 @@ def read_certify_rows(tsv: Path, *prefixes: str) -> list[list[dict]]:
 
 
 def certified_accuracy(rows: list[dict], radius: float) -> float:
-    """Fraction of images classified correctly with a certified radius >= ``radius`` (abstentions count wrong)."""
-    return sum(1 for r in rows if r["correct"] and r["radius"] >= radius) / len(rows) if rows else math.nan
+    """:func:`certify.report.certified_accuracy` of rows read by :func:`read_certify_rows` (abstentions count wrong)."""
+    from certify.report import certified_accuracy as of_rows
+
+    return of_rows(rows, radius)
 
 
 def accuracy_by_radius(rows_per_seed: list[list[dict]], radii: list[float]) -> dict:

@@ -235,13 +235,13 @@ def _format(value: Any) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
-def certified_accuracy(rows: list[dict[str, Any]], prefix: str) -> dict[str, float]:
-    """Fraction of ``rows`` whose ``prefix`` certificate is correct with radius >= r (> 0 when r > 0), by r."""
-    import numpy as np
+def certified_accuracy_by_radius(rows: list[dict[str, Any]], prefix: str) -> dict[str, float]:
+    """:func:`certify.report.certified_accuracy` of the ``prefix`` certificates of ``rows`` at each radius of
+    ``RADII`` (L2, pixels in [0, 1]), keyed by the radius as text."""
+    from certify.report import certified_accuracy
 
-    return {f"{radius:g}": float(np.mean([r[f"{prefix}_correct"] and r[f"{prefix}_radius"] >= radius
-                                          and (radius == 0 or r[f"{prefix}_radius"] > 0) for r in rows]))
-            for radius in RADII}
+    certificates = [{"radius": r[f"{prefix}_radius"], "correct": r[f"{prefix}_correct"]} for r in rows]
+    return {f"{radius:g}": certified_accuracy(certificates, radius) for radius in RADII}
 
 
 def _run(args, arm: str) -> int:
@@ -313,12 +313,12 @@ def _run(args, arm: str) -> int:
         "model": str(args.model), "arm": arm, "dataset": dataset.name, "split": args.split,
         "num_images": len(rows), "indices": indices, "n0": args.n0, "n": args.n, "alpha": args.alpha,
         "seed": args.seed, "smoothing_sigma": smooth.sigma, "radius_units": "L2, pixels in [0, 1]",
-        "phan": {"certified_accuracy": certified_accuracy(rows, "phan"),
+        "phan": {"certified_accuracy": certified_accuracy_by_radius(rows, "phan"),
                  "accuracy": mean([r["phan_correct"] for r in rows]),
                  "abstain_rate": mean([r["phan_predict"] == -1 for r in rows]),
                  "median_radius": float(np.median([r["phan_radius"] for r in rows])) if rows else None,
                  "note": baseline.note},
-        "smoothing": {"certified_accuracy": certified_accuracy(rows, "smooth"),
+        "smoothing": {"certified_accuracy": certified_accuracy_by_radius(rows, "smooth"),
                       "abstain_rate": mean([r["smooth_predict"] == -1 for r in rows]),
                       "median_radius": float(np.median([r["smooth_radius"] for r in rows])) if rows else None,
                       "note": f"randomized smoothing (Cohen et al.) at sigma {smooth.sigma:g} of the same randomised "
