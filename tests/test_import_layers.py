@@ -1,0 +1,156 @@
+"""Import contract: the layers core -> training -> certify -> attacks -> serving -> CLI/API point one way.
+
+A module may import modules of its own layer or of a layer below it, never one above. Every import our code
+makes counts, wherever it is written: at module level, inside functions and methods, under ``if TYPE_CHECKING``,
+and ``importlib.import_module("literal")`` calls (an ``import_module`` of a computed name cannot be read from
+the source; only the CLI does that, and the CLI is the top layer). The check reads the source with :mod:`ast`; it
+imports nothing.
+
+Today's code still has a few back-imports (the redesign of issue #45 removes them). They are listed in
+``KNOWN_VIOLATIONS``; the test fails on any violation not in the list and on any listed one that no longer exists,
+so the list only shrinks.
+"""
+from __future__ import annotations
+
+import ast
+import fnmatch
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("transdenoiser", "training", "certify", "serving")
+
+# The layers, lowest first. A module may import its own layer and the layers before it in this tuple.
+LAYERS = ("core", "training", "certify", "attacks", "serving", "cli")
+
+# Module (path from the repository root) -> layer; the first matching pattern wins. docs/DESIGN.md ("Layers")
+# shows the same table.
+LAYER_OF = (
+    # CLI/API: the command line, the Python API and the demo; every cli.py and *_cli.py
+    ("transdenoiser/cli.py", "cli"),
+    ("transdenoiser/__main__.py", "cli"),
+    ("transdenoiser/api.py", "cli"),
+    ("transdenoiser/demo.py", "cli"),
+    ("*/cli.py", "cli"),
+    ("*_cli.py", "cli"),
+    # core: errors, runtime, lock, TOML, progress, argument types and checks; checkpoints, models, denoisers, data
+    ("transdenoiser/*", "core"),
+    ("training/checkpoint.py", "core"),
+    ("training/models.py", "core"),
+    ("training/denoisers.py", "core"),
+    ("training/datasets.py", "core"),
+    # training: DP-SGD, privacy accounting and reports, the training arms and baselines, convex heads
+    ("training/privacy/*", "training"),
+    ("training/*", "training"),
+    # certify: randomized smoothing, certification runs and reports; attacks: the adversarial attacks on top
+    ("certify/attacks/*", "attacks"),
+    ("certify/*", "certify"),
+    # serving: the BentoML service, its bundle, limits and validation
+    ("serving/*", "serving"),
+)
+
+# Today's back-imports, (importing module, imported module). Remove an entry when its import goes; never add one.
+KNOWN_VIOLATIONS = {
+    # the package's lazy API attributes (transdenoiser.Smooth, ...) load the API on first use
+    ("transdenoiser/__init__.py", "transdenoiser/api.py"),
+    # build_model and architectures import the convex head's module to register the linear-probe architecture
+    ("training/models.py", "training/convex/head.py"),
+    # `certify report` overlays attack runs too, with the attack report's code
+    ("certify/report.py", "certify/attacks/report.py"),
+    # the SecureSGD and StoBatch arms hold their own `train` command handlers (they read flags and load data)
+    ("training/baselines/securesgd.py", "training/cli.py"),
+    ("training/baselines/securesgd.py", "training/train_cli.py"),
+    ("training/baselines/stobatch.py", "training/cli.py"),
+    # StoBatch's own certificate uses the Clopper-Pearson bound of the smoothing core
+    ("training/baselines/stobatch.py", "certify/core.py"),
+}
+
+
+def layer_of(module: str) -> str:
+    for pattern, layer in LAYER_OF:
+        if fnmatch.fnmatchcase(module, pattern):
+            return layer
+    raise KeyError(f"{module} is in no layer: add it to LAYER_OF in tests/test_import_layers.py")
+
+
+def module_path(root: Path, dotted: str) -> str | None:
+    """The file (relative to ``root``) that ``import dotted`` loads, or None if it is not one of ours."""
+    base = root.joinpath(*dotted.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate.relative_to(root).as_posix()
+    return None
+
+
+def imported_names(tree: ast.AST, root: Path) -> set[str]:
+    """Every dotted module name of ours that ``tree`` imports, anywhere in it."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:  # `from a import b` imports a.b when b is a module, else a
+                submodule = f"{node.module}.{alias.name}"
+                names.add(submodule if module_path(root, submodule) else node.module)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name))
+              and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
+              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            names.add(node.args[0].value)
+    return {name for name in names if name.split(".")[0] in PACKAGES}
+
+
+def import_edges(root: Path) -> set[tuple[str, str]]:
+    """(importing module, imported module) for every import between our modules under ``root``."""
+    edges = set()
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            module = path.relative_to(root).as_posix()
+            for name in imported_names(ast.parse(path.read_text(), filename=str(path)), root):
+                target = module_path(root, name)
+                assert target is not None, f"{module} imports {name}, which is no module of ours"
+                if target != module:
+                    edges.add((module, target))
+    return edges
+
+
+def violations(root: Path) -> set[tuple[str, str]]:
+    """The imports that point from a layer to a layer above it."""
+    return {(module, target) for module, target in import_edges(root)
+            if LAYERS.index(layer_of(target)) > LAYERS.index(layer_of(module))}
+
+
+def _describe(pairs: set[tuple[str, str]]) -> str:
+    return "\n".join(f"  {m} ({layer_of(m)}) imports {t} ({layer_of(t)})" for m, t in sorted(pairs))
+
+
+def test_every_module_is_in_a_layer():
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            assert layer_of(path.relative_to(ROOT).as_posix()) in LAYERS
+
+
+def test_no_new_back_import():
+    new = violations(ROOT) - KNOWN_VIOLATIONS
+    assert not new, ("imports against the layer order core -> training -> certify -> attacks -> serving -> CLI/API "
+                     f"(move the code down, or pass the dependency in):\n{_describe(new)}")
+
+
+def test_known_violations_only_shrink():
+    gone = KNOWN_VIOLATIONS - violations(ROOT)
+    assert not gone, f"these back-imports are gone: remove them from KNOWN_VIOLATIONS:\n{_describe(gone)}"
+
+
+@pytest.mark.parametrize("source", [
+    "from serving.service import app\n",  # module level
+    "def f():\n    import serving.service\n",  # inside a function
+    "class C:\n    def m(self):\n        from serving import service\n",  # inside a method, `from package import`
+    "import importlib\n\ndef f():\n    return importlib.import_module('serving.service')\n",
+])
+def test_a_planted_back_import_is_caught(tmp_path, source):
+    for package in PACKAGES:
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "serving" / "service.py").write_text("app = None\n")
+    (tmp_path / "training" / "checkpoint.py").write_text(source)
+    assert violations(tmp_path) == {("training/checkpoint.py", "serving/service.py")}
