@@ -149,14 +149,17 @@ def summarize(records: Sequence[CertifyRecord], sigma: float, n0: int, n: int, a
             "; the bound on pA is anytime-valid (a confidence sequence), so it holds at the data-dependent "
             "stopping time" + (DECIDE_NOT_CERTIFIED if decide else ""))
     if decide:
-        summary["abstention_rate"] = None
+        # each row keeps the selected class; certified at R iff its radius is R (> 0), not certified: radius 0
+        certified = [r for r in records if r.radius > 0]
+        summary["abstention_rate"] = summary["wrong_rate"] = None
         summary["decide"] = {
             "radius": largest_possible,
-            "certified_correct": table[0]["certified_accuracy"],
-            "certified_wrong": rates["wrong_rate"],
-            "not_certified": rates["abstention_rate"],
+            "certified_correct": sum(r.correct for r in certified) / count,
+            "certified_wrong": sum(not r.correct for r in certified) / count,
+            "not_certified": (count - len(certified)) / count,
             "note": "decide mode answers one question per image, certified at the radius or not: it measures no "
-                    "clean accuracy, no abstention and no certified accuracy at any other radius (hence null)"}
+                    "clean accuracy, no abstention and no certified accuracy at any other radius (hence null); "
+                    "a row that is not certified keeps the class the n0 selection samples chose, with radius 0"}
     return summary
 
 
