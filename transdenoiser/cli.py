@@ -18,6 +18,7 @@ import os
 import sys
 
 import transdenoiser
+from transdenoiser.convergence import CONVERGENCE_NOTE, ConvergenceWarnings
 from transdenoiser.errors import UserError
 from transdenoiser.preflight import check_paths
 from transdenoiser.runtime import DEVICE_CHOICES, keep_freed_memory
@@ -139,25 +140,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-class _ConvergenceWarnings(logging.Filter):
-    """Counts dp-accounting's "failed to converge" warnings (one per dropped RDP order) instead of printing each."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if "failed to converge" in record.getMessage():
-            self.count += 1
-            return False
-        return True
-
-
 FILE_SYSTEM_REFUSALS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR,
                                   errno.EISDIR})
-
-CONVERGENCE_NOTE = ("note: dp-accounting left out {count} RDP order(s) whose series did not converge (large sample "
-                    "rates do this); epsilon is the minimum over the remaining orders, still an upper bound")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = argv  # what was typed, for messages that print the command to run again (resume)
     keep_freed_memory()
-    convergence = _ConvergenceWarnings()
+    convergence = ConvergenceWarnings()
     absl = logging.getLogger("absl")
     absl.addFilter(convergence)
     try:
