@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LIMIT_CPU_SECONDS = 1.0
 HEAVY = ("torch", "scipy", "bentoml")
 
-PROBE = r"""
+PROBE = "HEAVY = " + repr(HEAVY) + r"""
 import contextlib, io, json, sys, time
 from transdenoiser.cli import main
 results = []
@@ -32,8 +32,8 @@ for argv in json.loads(sys.argv[1]):
         except SystemExit as exc:
             code = exc.code
     results.append({"argv": argv, "code": code, "cpu": time.process_time() - start, "stderr": err.getvalue()})
-print(json.dumps({"results": results, "heavy": [m for m in %r if m in sys.modules]}))
-""" % (HEAVY,)
+print(json.dumps({"results": results, "heavy": [m for m in HEAVY if m in sys.modules]}))
+"""
 
 
 def cases(tmp: Path) -> list[list[str]]:
@@ -118,8 +118,8 @@ def test_serve_refuses_a_busy_port_and_another_format_version_in_one_line(random
 
 @pytest.mark.parametrize("kind", ["file in the way", "read-only"])
 def test_unwritable_output_folders_are_refused_before_anything_runs(tmp_path, capsys, kind):
-    from transdenoiser.preflight import check_output_folder
     from transdenoiser.errors import UserError
+    from transdenoiser.preflight import check_output_folder
 
     if kind == "file in the way":
         (tmp_path / "f").write_text("x")

@@ -25,7 +25,8 @@ def register(subparsers, common) -> None:
         description="On mnist10k: pretrain the classifier on the public split, train a private denoiser "
                     "(transdenoiser arm, configs/demo.toml) on the private split and print its privacy report, "
                     "certify test images by randomized smoothing and print the certified-accuracy table, and write "
-                    "a model directory that `transdenoiser serve` serves. 74 s on 2 quiet CPU cores (docs/RESULTS.md); several times longer on a busy machine.")
+                    "a model directory that `transdenoiser serve` serves. 74 s on 2 quiet CPU cores (AMD EPYC, "
+                    "docs/RESULTS.md); several times longer on a busy machine.")
     p.add_argument("--out", type=Path, default=Path("runs/demo"), help="where the demo writes (default: runs/demo)")
     p.add_argument("--pretrain-epochs", type=positive_int, default=8, help="classifier epochs (default: 8)")
     p.add_argument("--skip", type=positive_int, default=10,
