@@ -295,7 +295,11 @@ def test_adaptive_estimation_ignores_the_selection_votes():
         smooth = Smooth(FirstSeenVotes(first=50), num_classes=2, sigma=0.3, batch_size=32, device="cpu", workers=1)
         cert = (smooth.decide(torch.zeros(SHAPE), 0.1, 50, 300, 0.01, smooth.generator(0)) if mode == "decide"
                 else smooth.certify_adaptive(torch.zeros(SHAPE), 50, 300, 0.01, smooth.generator(0)))
-        assert cert.count == 0 and cert.prediction == ABSTAIN and cert.mode == mode
+        assert cert.count == 0 and cert.mode == mode and cert.radius == 0.0
+        if mode == "decide":  # not certified: the answer keeps the class the selection votes chose
+            assert cert.prediction != ABSTAIN and cert.certified is not True
+        else:
+            assert cert.prediction == ABSTAIN
 
 
 def test_adaptive_draws_each_sample_once_and_counts_them():
