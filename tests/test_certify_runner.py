@@ -355,7 +355,7 @@ def test_audit_reads_an_adaptive_run(tiny_classifier_dir, tmp_path, capsys):
     code, stdout, _ = run_cli(["audit", out, "--steps", "2", "--m", "2", "--n", "50", "--device", "cpu"], capsys)
     assert code in (0, 1), stdout  # 1 would be a failed audit: a finding, not a read error
     result = json.loads((out / "audit.json").read_text())
-    assert result["audited"] == len(certified) and result["rows_in_run"] == 4
+    assert result["audited"] == len(certified) == result["certified_in_run"] and result["rows_in_run"] == 4
 
 
 @pytest.mark.parametrize(("extra", "message"), [
