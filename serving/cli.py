@@ -89,6 +89,9 @@ def check_model_dir(model_dir: Path) -> None:
 def _bundle(args: argparse.Namespace) -> int:
     if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
         raise UserError(f"--out {args.out} already exists and is not an empty directory")
+    if args.sigma is None and args.denoiser is None:
+        raise UserError("give --sigma (the smoothing noise; it is taken from the denoiser's training sigma when "
+                        "there is a denoiser)")
     from serving.bundle import write_model_dir
     from training.checkpoint import read_metadata
     from transdenoiser.checks import check_sigma, denoiser_sigma

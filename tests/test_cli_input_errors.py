@@ -53,6 +53,9 @@ def cases(tmp: Path) -> list[list[str]]:
         ["certify", "--classifier", missing, "--sigma", "0.25", "--out", str(tmp / "o")],
         ["certify", "--classifier", str(tmp), "--sigma", "-1"],
         ["certify", "--classifier", str(tmp), "--sigma", "0.25", "--out", ro],
+        ["certify", "--classifier", str(tmp), "--sigma", "0.25", "--n-max", "100", "--out", str(tmp / "o")],
+        ["certify", "--classifier", str(tmp), "--sigma", "0.25", "--radius", "0.5", "--tolerance", "0.1",
+         "--out", str(tmp / "o")],
         ["predict", "--classifier", missing, "--sigma", "0.25"],
         ["certify-merge", missing],
         ["report", missing, "--out", str(tmp / "o")],
@@ -63,6 +66,7 @@ def cases(tmp: Path) -> list[list[str]]:
         ["serve", "--port", "70000"],
         ["bundle", "--classifier", missing, "--out", str(tmp / "o")],
         ["bundle", "--classifier", str(tmp), "--out", str(blocked)],
+        ["bundle", "--classifier", str(tmp), "--out", str(tmp / "o")],  # no --sigma and no denoiser to take it from
         ["demo", "--out", str(blocked / "demo")],
         ["train-head", "--classifier", missing, "--epsilon", "1", "--out", str(tmp / "o")],
         ["privacy-audit", "--classifier", missing, "--arm", "sepdp", "--out", str(tmp / "o")],
