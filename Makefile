@@ -1,12 +1,14 @@
 # Two commands do everything on a fresh machine:
 #   make demo   set up a virtual environment, install, and run the main job on the embedded data
 #   make test   the same set-up, then the test suite
+# then `make serve` serves the demo's model directory on http://127.0.0.1:3000 (Ctrl-C stops it).
+# The command line is .venv/bin/transdenoiser; `source .venv/bin/activate` puts it on PATH as `transdenoiser`.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint bench clean setup mutate
+.PHONY: demo test serve lint bench clean setup mutate
 
 setup: $(STAMP)
 
@@ -21,6 +23,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+serve: $(STAMP)
+	@test -f runs/demo/serve/serving.toml || { echo "make serve serves the demo's model directory: run 'make demo' first"; exit 2; }
+	$(BIN)/transdenoiser serve --model-dir runs/demo/serve
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -215,6 +215,8 @@ def _warn(message: str) -> None:
 
 
 def _run(args, task: str) -> int:
+    job = job_from_args(args, task)
+    job.mode  # noqa: B018 - checks the adaptive flags' combinations at once, before torch is imported
     from certify.job import run_job
     from certify.report import format_certified_accuracy_table, format_prediction_summary
     from transdenoiser.progress import bar
@@ -223,7 +225,7 @@ def _run(args, task: str) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    outcome = run_job(job_from_args(args, task), track=bar, warn=_warn)
+    outcome = run_job(job, track=bar, warn=_warn)
     if not outcome.complete:
         resume = shlex.join(["transdenoiser", *args.argv]) if getattr(args, "argv", None) else None
         print(f"transdenoiser {task}: interrupted; {outcome.kept} of {outcome.expected} images are saved in "

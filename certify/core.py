@@ -367,10 +367,11 @@ class AdaptiveCertificate:
     ``outcome``: certified / not_certified / budget_spent (decide), estimated (estimate).
     ``n``: estimation samples used (at most ``n_max``); ``samples`` = n0 + n, all noisy samples drawn.
     ``p_lower``: the anytime-valid lower bound on pA at the stop (decide: Phi(R / sigma) when certified).
+    A decide answer keeps the class the n0 selection samples chose, certified or not: ``certified`` says which.
     """
 
-    prediction: int  # class index, or ABSTAIN (decide: not certified at the radius)
-    radius: float  # certified L2 radius ([0,1]-pixel units); 0.0 when abstaining
+    prediction: int  # class index, or ABSTAIN (estimate: pA < 1/2; decide: always the selected class)
+    radius: float  # certified L2 radius ([0,1]-pixel units); 0.0 when abstaining or not certified at R
     p_lower: float
     count: int  # estimation samples that voted for the selected class
     n0: int
@@ -386,6 +387,14 @@ class AdaptiveCertificate:
     @property
     def samples(self) -> int:
         return self.n0 + self.n
+
+    @property
+    def certified(self) -> bool | None:
+        """Decide: True (certified at the radius), False (not certified), None (budget spent, no claim either way);
+        estimate: whether a positive radius was certified."""
+        if self.mode == "decide":
+            return {"certified": True, "not_certified": False}.get(self.outcome)
+        return not self.abstained and self.radius > 0
 
 
 def sequential_rule(mode: str, sigma: float, n_max: int, alpha: float, radius: float | None = None,
@@ -413,7 +422,7 @@ def adaptive_certificate(rule, mode: str, top: int, outcome: int, count: int, n:
 
     if mode == "decide":
         certified = outcome == CERTIFIED
-        return AdaptiveCertificate(top if certified else ABSTAIN, float(rule.radius) if certified else 0.0,
+        return AdaptiveCertificate(top, float(rule.radius) if certified else 0.0,  # the class, certified or not
                                    p_lower, count, n0, n, rule.cs.n_max, mode, OUTCOME_NAMES[outcome])
     radius = float(radius_of(p_lower, sigma))
     return AdaptiveCertificate(top if p_lower >= 0.5 else ABSTAIN, radius, p_lower, count, n0, n, rule.cs.n_max,

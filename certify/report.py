@@ -11,6 +11,7 @@ Figures are drawn by matplotlib (Agg backend: no display needed).
 from __future__ import annotations
 
 import io
+import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -157,14 +158,17 @@ def summarize(records: Sequence[CertifyRecord], sigma: float, n0: int, n: int, a
             "; the bound on pA is anytime-valid (a confidence sequence), so it holds at the data-dependent "
             "stopping time" + (DECIDE_NOT_CERTIFIED if decide else ""))
     if decide:
-        summary["abstention_rate"] = None
+        # each row keeps the selected class; certified at R iff its radius is R (> 0), not certified: radius 0
+        certified = [r for r in records if r.radius > 0]
+        summary["abstention_rate"] = summary["wrong_rate"] = None
         summary["decide"] = {
             "radius": largest_possible,
-            "certified_correct": table[0]["certified_accuracy"],
-            "certified_wrong": rates["wrong_rate"],
-            "not_certified": rates["abstention_rate"],
+            "certified_correct": sum(r.correct for r in certified) / count,
+            "certified_wrong": sum(not r.correct for r in certified) / count,
+            "not_certified": (count - len(certified)) / count,
             "note": "decide mode answers one question per image, certified at the radius or not: it measures no "
-                    "clean accuracy, no abstention and no certified accuracy at any other radius (hence null)"}
+                    "clean accuracy, no abstention and no certified accuracy at any other radius (hence null); "
+                    "a row that is not certified keeps the class the n0 selection samples chose, with radius 0"}
     return summary
 
 
@@ -319,12 +323,29 @@ def _curve(records: Sequence[CertifyRecord], radii: np.ndarray) -> np.ndarray:
     return np.array([(correct_radii >= r).sum() / len(records) for r in radii])
 
 
+LEGEND_WRAP = 72  # characters per legend line (x-small type on a 6.4-inch-wide figure)
+FIGURE_WIDTH = 6.4  # inches
+CAP_STYLES = (":", "-.", (0, (6, 3)), (0, (1, 4)))  # one dash pattern per cap, so the legend tells them apart
+AXES_HEIGHT = 3.6  # inches: the plot keeps its size; the figure grows below it to hold the legend
+
+
+def wrap_label(text: str, width: int = LEGEND_WRAP) -> str:
+    """``text`` broken into lines of at most ``width`` characters (at spaces), for a legend entry."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width=width, break_long_words=True, break_on_hyphens=False)) or text
+
+
 def certified_accuracy_figure(curves: Sequence[tuple[str, Sequence[CertifyRecord]]], title: str = "Certified accuracy",
                               caps: Sequence[tuple[float, str]] = (), points: Sequence[tuple[str, float, float]] = ()):
     """The figure: certified accuracy (y) against L2 radius (x), one line per (label, records); each cap in ``caps``
-    (radius, text) is drawn as a dotted vertical line with its text: no radius beyond it can be certified with that
-    run's n and alpha, so the curve's drop to 0 there is the sampling budget, not the model. Each of ``points``
-    (label, radius, certified accuracy) is one marker: a decide run measures one radius only."""
+    (radius, text) is drawn as a dotted vertical line: no radius beyond it can be certified with that run's n and
+    alpha, so the curve's drop to 0 there is the sampling budget, not the model. Each of ``points``
+    (label, radius, certified accuracy) is one marker: a decide run measures one radius only.
+
+    Every label (curves, points and caps, whose text says what the dotted line is) goes into one legend below the
+    axes, wrapped to :data:`LEGEND_WRAP` characters; the figure grows downwards to hold it, so nothing is clipped
+    and nothing is written over the curves, whatever the labels' length."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -333,22 +354,26 @@ def certified_accuracy_figure(curves: Sequence[tuple[str, Sequence[CertifyRecord
     largest = max([r.radius for _, records in curves for r in records] + [cap for cap, _ in caps]
                   + [1.25 * radius for _, radius, _ in points] + [RADIUS_STEP])  # a point is not drawn on the edge
     radii = np.linspace(0.0, largest * 1.08, CURVE_POINTS)
-    fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=120)
+    labels = [wrap_label(label) for label, _ in curves] + [wrap_label(label) for label, _, _ in points] \
+        + [wrap_label(text) for text in dict(caps).values()]
+    legend_lines = sum(label.count("\n") + 1 for label in labels)
+    legend_height = 0.3 + 0.16 * legend_lines + 0.04 * len(labels)  # inches: x-small lines plus entry spacing
+    fig = plt.figure(figsize=(FIGURE_WIDTH, AXES_HEIGHT + legend_height), dpi=120, layout="constrained")
+    ax = fig.add_subplot()
     for label, records in curves:
-        ax.plot(radii, _curve(records, radii), label=label, drawstyle="steps-post")
+        ax.plot(radii, _curve(records, radii), label=wrap_label(label), drawstyle="steps-post")
     for label, radius, accuracy in points:
-        ax.plot([radius], [accuracy], marker="o", linestyle="none", label=label)
-    for cap, text in dict(caps).items():  # one line per distinct cap
-        ax.axvline(cap, color="0.4", linestyle=":", linewidth=1)
-        ax.text(cap, 0.98, text, rotation=90, va="top", ha="right", fontsize="x-small", color="0.3")
+        ax.plot([radius], [accuracy], marker="o", linestyle="none", label=wrap_label(label))
+    for (cap, text), style in zip(dict(caps).items(), itertools.cycle(CAP_STYLES)):  # one line per distinct cap,
+        ax.axvline(cap, color="0.35", linestyle=style, linewidth=1.2, label=wrap_label(text))  # named in the legend
     ax.set_xlabel("L2 radius (pixels in [0, 1])")
     ax.set_ylabel("certified accuracy")
     ax.set_ylim(0.0, 1.02)
     ax.set_xlim(0.0, radii[-1])
     ax.grid(alpha=0.3)
-    ax.set_title(title)
-    ax.legend(loc="lower left", fontsize="x-small")
-    fig.tight_layout()
+    ax.set_title(wrap_label(title, 60))
+    if labels:
+        fig.legend(loc="outside lower center", fontsize="x-small", ncols=1, frameon=False)
     return fig
 
 

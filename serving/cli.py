@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import ipaddress
 import os
+import socket
 import sys
 from pathlib import Path
 
 from serving.auth import API_KEY_ENV, api_key_from_env
-from serving.config import DEVICE_ENV, MODEL_DIR_ENV
+from serving.config import DEVICE_ENV, MODEL_DIR_ENV, load_config
 from transdenoiser.argtypes import open_unit_interval, positive_float, positive_int
 from transdenoiser.errors import UserError
 
@@ -48,7 +50,48 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Refuse, in one line, an address that cannot be listened on: a port in use (another server), a host that
+    is not this machine's, a privileged port. SO_REUSEADDR as servers set it: a port in TIME_WAIT is free."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise UserError(f"--host {host}: unknown host ({exc.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise UserError(f"port {port} on {host} is already in use (another server running?): stop it or "
+                                "pass --port N") from None
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise UserError(f"--host {host}: not an address of this machine") from None
+            if exc.errno == errno.EACCES:
+                raise UserError(f"--port {port}: ports below 1024 need privileges; pass --port 3000 or another "
+                                "above 1023") from None
+            raise UserError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
+def check_model_dir(model_dir: Path) -> None:
+    """The cheap checks of a model directory (before torch is imported): it exists, its serving.toml is valid,
+    and the checkpoint folders it names are there. Loading it (load_model_dir) checks the rest: hashes, kinds,
+    format versions, that the two models fit."""
+    config = load_config(model_dir)  # "no such directory", a bad or missing serving.toml: one line
+    for key in ("classifier", "denoiser"):
+        name = getattr(config, key)
+        if name is not None and not (model_dir / name / "metadata.json").is_file():
+            raise UserError(f"model directory {model_dir}: {key} = {name!r} names no checkpoint ({model_dir / name} "
+                            "has no metadata.json); write model directories with 'transdenoiser bundle'")
+
+
 def _bundle(args: argparse.Namespace) -> int:
+    if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
+        raise UserError(f"--out {args.out} already exists and is not an empty directory")
+    if args.sigma is None and args.denoiser is None:
+        raise UserError("give --sigma (the smoothing noise; it is taken from the denoiser's training sigma when "
+                        "there is a denoiser)")
     from serving.bundle import write_model_dir
     from training.checkpoint import read_metadata
     from transdenoiser.checks import check_sigma, denoiser_sigma
@@ -73,13 +116,16 @@ def _bundle(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from serving.bundle import load_model_dir
-    from transdenoiser.checks import check_sigma
-
     model_dir = args.model_dir or os.environ.get(MODEL_DIR_ENV)
     if not model_dir:
         raise UserError(f"give --model-dir DIR or set {MODEL_DIR_ENV}")
     model_dir = Path(model_dir)
+    check_model_dir(model_dir)  # before importing torch: a missing or broken model directory is one line at once
+    check_port_free(args.host, args.port)
+
+    from serving.bundle import load_model_dir
+    from transdenoiser.checks import check_sigma
+
     bundle = load_model_dir(model_dir, device="cpu")  # every setting and both checkpoints, before starting
     warning = check_sigma(bundle.config.sigma, bundle.pipeline.denoiser_metadata, allow_mismatch=True,
                           where="serving.toml sigma", denoiser="its denoiser")

@@ -8,8 +8,8 @@ Gauges use the ``livesum`` multiprocess mode: the sum over the live worker proce
 - ``transdenoiser_queue_depth``: requests holding a scheduler ticket (computing or waiting for a round)
 - ``transdenoiser_queued_samples``: noisy samples those requests still have to compute
 - ``transdenoiser_in_flight_requests{kind}``: requests inside the predict handler
-- ``transdenoiser_certificates_total{kind,outcome}``: certificates returned, ``outcome`` certified or
-  abstained; the abstention rate is ``rate(..{outcome="abstained"}) / rate(..)`` summed over outcomes
+- ``transdenoiser_certificates_total{kind,outcome}``: certificates returned, ``outcome`` certified,
+  not_certified (a decide answer not certified at R or out of budget: it keeps its class) or abstained; the abstention rate is ``rate(..{outcome="abstained"}) / rate(..)`` summed over outcomes
 - ``transdenoiser_request_duration_seconds{kind,status}``: latency per request kind and HTTP status
 - ``transdenoiser_requests_total{kind,status}``: requests answered, per kind and HTTP status
 - ``transdenoiser_dropped_requests_total{reason}``: requests stopped before finishing (``deadline``,

@@ -111,7 +111,8 @@ class DecidePrediction(_Prediction):
                                        "when certified)")
     radius: float = Field(description="the requested L2 radius R")
     certified: bool | None = Field(description="true: certified at R; false: not certified at R; null: the "
-                                               "budget was spent without an answer (no claim either way)")
+                                               "budget was spent without an answer (no claim either way). `label` "
+                                               "is the class the n0 selection samples chose in all three cases")
     n_max: int = Field(description="the budget of estimation samples")
     outcome: str = Field(description="certified, not_certified or budget_spent")
 
@@ -240,6 +241,7 @@ class TransDenoiser:
             return error_response(exc.status, exc.message, exc.headers)
         for certificate in certificates:
             self.metrics.certificates.labels(kind=kind, outcome="abstained" if certificate.abstained
+                                             else "not_certified" if getattr(certificate, "certified", True) is not True
                                              else "certified").inc()
         seeds = work.image_seeds
         return PredictResponse(predictions=[self._prediction(c, s, request.radius)

@@ -1,4 +1,5 @@
-"""docs/API.md's examples, run in order as a user would, then checked against independent computations."""
+"""docs/API.md's examples, each run on its own after the first (the stand-in model and data) as a user would paste
+it, then checked against independent computations."""
 from __future__ import annotations
 
 import logging
@@ -22,29 +23,34 @@ def api_blocks() -> list[str]:
 
 @pytest.fixture(scope="module")
 def doc(classifier_dir):
-    """Every ```python block of docs/API.md executed in one namespace; the classifier's state kept before training.
+    """Each ```python block of docs/API.md after the first executed on its own: in a fresh namespace holding only
+    what the first block (the stand-in model and data) defines, so no block leans on another's names. The names
+    of all blocks are then gathered, in page order, for the checks below; the classifier's state is kept from
+    before the first training.
 
     The certify-run example reads its classifier checkpoint from TRANSDENOISER_CLASSIFIER (a user's would be
     ``make demo``'s runs/demo/classifier): here the suite's trained cnn28."""
-    absl = logging.getLogger("absl")
-    level = absl.level
-    absl.setLevel(logging.ERROR)  # dp-accounting's convergence warnings at the examples' sample rates
-    namespace: dict = {"__name__": "api_doc"}
+    setup, *blocks = api_blocks()
+    gathered: dict = {}
     previous = os.environ.get("TRANSDENOISER_CLASSIFIER")
     os.environ["TRANSDENOISER_CLASSIFIER"] = str(classifier_dir)
     try:
-        for number, block in enumerate(api_blocks()):
-            if "train_private_denoiser" in block and "classifier_before" not in namespace:
-                namespace["classifier_before"] = {k: v.clone()
-                                                  for k, v in namespace["classifier"].state_dict().items()}
+        for number, block in enumerate(blocks, start=1):
+            namespace: dict = {"__name__": "api_doc"}
+            exec(compile(setup, f"{API_DOC}:block0", "exec"), namespace)  # noqa: S102 - our own docs
+            if "train_private_denoiser" in block and "classifier_before" not in gathered:
+                gathered["classifier_before"] = {k: v.clone() for k, v in namespace["classifier"].state_dict().items()}
+                gathered["classifier"] = namespace["classifier"]  # the one whose training is checked below
             exec(compile(block, f"{API_DOC}:block{number}", "exec"), namespace)  # noqa: S102 - our own docs
+            if "classifier_before" in gathered:
+                namespace.pop("classifier")
+            gathered.update(namespace)
     finally:
-        absl.setLevel(level)
         if previous is None:
             os.environ.pop("TRANSDENOISER_CLASSIFIER", None)
         else:
             os.environ["TRANSDENOISER_CLASSIFIER"] = previous
-    return namespace
+    return gathered
 
 
 def test_doc_has_examples_for_each_part():
@@ -218,3 +224,19 @@ def test_private_head_noise_is_the_analytic_gaussian_of_its_sensitivity(doc):
 
     with pytest.raises(UserError, match="L2 norm <= 1"):
         doc["transdenoiser"].fit_private_head(features * 2, doc["train_labels"])
+
+
+def test_the_api_summarises_dp_accountings_convergence_warnings_once(caplog):
+    """At a large sample rate dp-accounting logs one absl warning per dropped RDP order; the API turns them into one
+    RuntimeWarning pointing at the caller, as the command line prints one note."""
+    import transdenoiser
+    from transdenoiser.convergence import CONVERGENCE_NOTE
+
+    with caplog.at_level(logging.WARNING, logger="absl"), pytest.warns(RuntimeWarning) as caught:
+        transdenoiser.epsilon_report(0.5, 0.8, 50, 1e-5)
+    assert not [r for r in caplog.records if "failed to converge" in r.getMessage()]
+    notes = [w for w in caught if "did not converge" in str(w.message)]
+    assert len(notes) == 1 and notes[0].filename == __file__
+    count = int(re.search(r"left out (\d+) RDP", str(notes[0].message)).group(1))
+    assert str(notes[0].message) == CONVERGENCE_NOTE.format(count=count) and count > 0
+    assert not logging.getLogger("absl").filters

@@ -106,7 +106,7 @@ def test_attack_bad_input_exits_2(flag, value, classifier_dir, tmp_path, capsys)
 
 def test_attack_missing_checkpoint_is_one_line_error(tmp_path, capsys):
     assert main(tiny_attack_args(tmp_path / "nothing", tmp_path / "out")) == 2
-    assert "no such checkpoint directory" in capsys.readouterr().err
+    assert "no such directory (a checkpoint is a directory" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------ audit

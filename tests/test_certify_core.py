@@ -273,9 +273,11 @@ def test_decide_certifies_easy_points_early_and_refuses_points_below_the_thresho
     # all-votes bound: alpha / looks ** (1 / t) >= Phi(2) needs t >= ln(looks / alpha) / -ln Phi(2) ~ 430 samples
     assert easy.n < 1_000 and easy.samples == easy.n0 + easy.n and easy.p_lower >= norm.cdf(0.5 / sigma)
     far = smooth.decide(torch.zeros(SHAPE), true_radius + 0.3, 100, 100_000, alpha, smooth.generator(0))
-    assert (far.prediction, far.radius, far.outcome) == (ABSTAIN, 0.0, "not_certified") and far.n < 100_000
+    # not certified at R: the answer keeps the selected class (no abstention), radius 0
+    assert (far.prediction, far.radius, far.outcome, far.certified) == (1, 0.0, "not_certified", False)
+    assert not far.abstained and far.n < 100_000 and easy.certified is True
     budget = smooth.decide(torch.zeros(SHAPE), true_radius + 0.3, 100, 200, alpha, smooth.generator(0))
-    assert budget.outcome == "budget_spent" and budget.n == 200 and budget.prediction == ABSTAIN
+    assert budget.outcome == "budget_spent" and budget.n == 200 and budget.prediction == 1 and budget.certified is None
 
 
 def test_adaptive_estimate_is_below_the_true_radius_and_near_fixed_n():
@@ -293,7 +295,11 @@ def test_adaptive_estimation_ignores_the_selection_votes():
         smooth = Smooth(FirstSeenVotes(first=50), num_classes=2, sigma=0.3, batch_size=32, device="cpu", workers=1)
         cert = (smooth.decide(torch.zeros(SHAPE), 0.1, 50, 300, 0.01, smooth.generator(0)) if mode == "decide"
                 else smooth.certify_adaptive(torch.zeros(SHAPE), 50, 300, 0.01, smooth.generator(0)))
-        assert cert.count == 0 and cert.prediction == ABSTAIN and cert.mode == mode
+        assert cert.count == 0 and cert.mode == mode and cert.radius == 0.0
+        if mode == "decide":  # not certified: the answer keeps the class the selection votes chose
+            assert cert.prediction != ABSTAIN and cert.certified is not True
+        else:
+            assert cert.prediction == ABSTAIN
 
 
 def test_adaptive_draws_each_sample_once_and_counts_them():

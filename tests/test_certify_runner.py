@@ -291,7 +291,8 @@ def test_adaptive_runs_write_samples_resume_shard_merge_and_overlay(tiny_classif
     rows = read_rows(single / "certify.tsv", "certify")
     assert len(rows) == 5 and all(8 + 64 <= r.samples <= 8 + 300 for r in rows)
     if mode[0] == "--radius":
-        assert all((r.radius, r.prediction != -1) in ((0.1, True), (0.0, False)) for r in rows)
+        # every row keeps the selected class; certified rows have radius R, the others 0 (no abstention in decide)
+        assert all(r.radius in (0.1, 0.0) and r.prediction != -1 for r in rows)
     summary = json.loads((single / "summary.json").read_text())
     samples = [int(line.split("\t")[6]) for line in lines[1:]]
     assert summary["samples_per_image"]["mean"] == pytest.approx(sum(samples) / 5)
@@ -301,12 +302,13 @@ def test_adaptive_runs_write_samples_resume_shard_merge_and_overlay(tiny_classif
     assert "samples per image" in (single / "report.md").read_text()
     if mode[0] == "--radius":
         # decide measures one radius: no clean accuracy, ACR or abstention is claimed, only the three outcomes at R
-        certified = [r for r in rows if r.prediction != -1]
+        certified = [r for r in rows if r.radius > 0]
         assert summary["smoothed_clean_accuracy"] is None and summary["average_certified_radius"] is None
-        assert summary["abstention_rate"] is None
+        assert summary["abstention_rate"] is None and summary["wrong_rate"] is None
         assert [row["radius"] for row in summary["certified_accuracy"]] == [0.1]
         assert summary["decide"]["certified_correct"] == pytest.approx(sum(r.correct for r in certified) / 5)
         assert summary["decide"]["not_certified"] == pytest.approx((5 - len(certified)) / 5)
+        assert summary["decide"]["certified_wrong"] == pytest.approx(sum(not r.correct for r in certified) / 5)
         assert "not certified" in (single / "report.md").read_text() and "not certified" in stdout
         assert "clean accuracy (" not in (single / "report.md").read_text()
         fixed = tmp_path / "fixed_for_decide"
@@ -349,11 +351,11 @@ def test_audit_reads_an_adaptive_run(tiny_classifier_dir, tmp_path, capsys):
     out = tmp_path / "decide"
     assert run_cli(["certify", "--classifier", tiny_classifier_dir, *ADAPTIVE, "--radius", "0.1",
                     "--indices", "0-3", "--out", out], capsys)[0] == 0
-    certified = [r for r in read_rows(out / "certify.tsv", "certify") if r.prediction != -1]
+    certified = [r for r in read_rows(out / "certify.tsv", "certify") if r.prediction != -1 and r.radius > 0]
     code, stdout, _ = run_cli(["audit", out, "--steps", "2", "--m", "2", "--n", "50", "--device", "cpu"], capsys)
     assert code in (0, 1), stdout  # 1 would be a failed audit: a finding, not a read error
     result = json.loads((out / "audit.json").read_text())
-    assert result["audited"] == len(certified) and result["rows_in_run"] == 4
+    assert result["audited"] == len(certified) == result["certified_in_run"] and result["rows_in_run"] == 4
 
 
 @pytest.mark.parametrize(("extra", "message"), [

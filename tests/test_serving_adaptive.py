@@ -266,3 +266,14 @@ def test_the_adaptive_api_benchmark_runs_against_a_server(server, digits):
         assert phase["requests"] >= 1 and not phase["failures"] and phase["requests_per_s"] > 0
     assert result["images_compared"] >= 1 and result["speedup"] > 0
     assert result["mean_samples"]["fixed"] == N0 + 300 and result["mean_samples"]["decide"] < N0 + 300
+
+
+def test_a_decide_answer_that_is_not_certified_keeps_its_class(service, smooth, digits):
+    """Asked at a radius no budget can certify, the answer still names the selected class: certified false (or null
+    when the budget ran out), radius 0, not an abstention."""
+    x, _ = digits
+    answer = service.post("/predict", json={"images": [x[0].tolist()], "radius": 3.0}).json()["predictions"][0]
+    offline = smooth.decide(x[0], 3.0, N0, 2000, ALPHA, smooth.generator(answer["noise_seed"]))
+    assert answer["certified"] is not True and answer["outcome"] in ("not_certified", "budget_spent")
+    assert answer["label"] == offline.prediction and answer["label"] is not None and answer["class_name"] is not None
+    assert answer["abstained"] is False and answer["certified_radius"] == 0.0

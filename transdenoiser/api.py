@@ -20,6 +20,8 @@ format is needed. The command line is a layer over the same functions. Examples:
 """
 from __future__ import annotations
 
+import functools
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -32,17 +34,12 @@ from certify.attacks.threats import build_threat
 from certify.core import ABSTAIN, AdaptiveCertificate, Certificate, Smooth, max_certifiable_radius
 from certify.job import CertifyJob, JobOutcome
 from certify.job import run_job as run_certify_job
-from training.baselines.securesgd import train_securesgd
-from training.baselines.stobatch import train_stobatch
-from training.privacy.accounting import (
-    analytic_gaussian_sigma,
-    classical_gaussian_sigma,
-    epsilon_for_accountant,
-    epsilon_report,
-    noise_multiplier_for_epsilon,
-    steps_for_epochs,
-)
+from training.baselines.securesgd import train_securesgd as _train_securesgd
+from training.baselines.stobatch import train_stobatch as _train_stobatch
+from training.privacy import accounting as _accounting
+from training.privacy.accounting import analytic_gaussian_sigma, classical_gaussian_sigma, steps_for_epochs
 from training.privacy.report import format_privacy_report
+from transdenoiser.convergence import summarised_convergence_warnings
 from transdenoiser.errors import UserError
 from transdenoiser.progress import Track, silent
 
@@ -56,6 +53,29 @@ __all__ = [
 ]
 
 IN_MEMORY = "<in memory>"
+
+
+def _one_convergence_warning(function):
+    """dp-accounting's per-order "failed to converge" log lines become one Python warning per call (library code
+    never prints; the command line prints the same note once on stderr)."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        notes: list[str] = []
+        with summarised_convergence_warnings(notes.append):
+            result = function(*args, **kwargs)
+        for note in notes:
+            warnings.warn(note, RuntimeWarning, stacklevel=2)  # points at the caller's line
+        return result
+
+    return wrapper
+
+
+epsilon_report = _one_convergence_warning(_accounting.epsilon_report)
+epsilon_for_accountant = _one_convergence_warning(_accounting.epsilon_for_accountant)
+noise_multiplier_for_epsilon = _one_convergence_warning(_accounting.noise_multiplier_for_epsilon)
+train_securesgd = _one_convergence_warning(_train_securesgd)
+train_stobatch = _one_convergence_warning(_train_stobatch)
 
 
 # ----------------------------------------------------------------------------------------------- attacks
@@ -207,6 +227,7 @@ def _in_memory_dataset(private: np.ndarray, test_images: np.ndarray, test_labels
 
 # ----------------------------------------------------------------------------------------------- training
 
+@_one_convergence_warning
 def train_private_denoiser(classifier: nn.Module, images, *, test, arm: str = "sepdp", sigma: float = 0.25,
                            epochs: int = 10, batch_size: int = 64, noise_multiplier: float | None = None,
                            target_epsilon: float | None = None, delta: float = 1e-5, num_classes: int | None = None,
@@ -278,6 +299,7 @@ def normalise_features(features) -> torch.Tensor:
     return _normalise(torch.as_tensor(features, dtype=torch.float64))
 
 
+@_one_convergence_warning
 def fit_private_head(features, labels, *, algorithm: str = "opera", loss: str = "logistic", epsilon: float = 1.0,
                      delta: float = 1e-5, reg: float = 1e-3, num_classes: int | None = None,
                      track: Track = silent, **settings: Any) -> tuple[np.ndarray, dict[str, Any]]:

@@ -11,13 +11,16 @@ line on stderr and exit status 2; a flag error is one line and a pointer to ``--
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import logging
 import os
 import sys
 
 import transdenoiser
+from transdenoiser.convergence import CONVERGENCE_NOTE, ConvergenceWarnings
 from transdenoiser.errors import UserError
+from transdenoiser.preflight import check_paths
 from transdenoiser.runtime import DEVICE_CHOICES, keep_freed_memory
 
 # Every command: (module whose register() adds it, one-line help), in --help order.
@@ -137,22 +140,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-class _ConvergenceWarnings(logging.Filter):
-    """Counts dp-accounting's "failed to converge" warnings (one per dropped RDP order) instead of printing each."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if "failed to converge" in record.getMessage():
-            self.count += 1
-            return False
-        return True
-
-
-CONVERGENCE_NOTE = ("note: dp-accounting left out {count} RDP order(s) whose series did not converge (large sample "
-                    "rates do this); epsilon is the minimum over the remaining orders, still an upper bound")
+FILE_SYSTEM_REFUSALS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR,
+                                  errno.EISDIR})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,13 +150,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = argv  # what was typed, for messages that print the command to run again (resume)
     keep_freed_memory()
-    convergence = _ConvergenceWarnings()
+    convergence = ConvergenceWarnings()
     absl = logging.getLogger("absl")
     absl.addFilter(convergence)
     try:
+        check_paths(args.command, args)  # missing inputs, unwritable --out: before the handler imports torch
         return int(args.handler(args) or 0)
     except UserError as exc:
         print(f"transdenoiser {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the file system refused a write (permissions, read-only, full disk): one line
+        if exc.errno not in FILE_SYSTEM_REFUSALS:
+            raise
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"transdenoiser {args.command}: error: {exc.strerror}{where}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"transdenoiser {args.command}: interrupted", file=sys.stderr)

@@ -8,6 +8,9 @@ folder to start over.
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import sys
 from pathlib import Path
 
 from transdenoiser.argtypes import positive_int
@@ -22,13 +25,50 @@ def register(subparsers, common) -> None:
         description="On mnist10k: pretrain the classifier on the public split, train a private denoiser "
                     "(transdenoiser arm, configs/demo.toml) on the private split and print its privacy report, "
                     "certify test images by randomized smoothing and print the certified-accuracy table, and write "
-                    "a model directory that `transdenoiser serve` serves. About 90 s on 2 CPU cores.")
+                    "a model directory that `transdenoiser serve` serves. 74 s on 2 quiet CPU cores (AMD EPYC, "
+                    "docs/RESULTS.md); several times longer on a busy machine.")
     p.add_argument("--out", type=Path, default=Path("runs/demo"), help="where the demo writes (default: runs/demo)")
     p.add_argument("--pretrain-epochs", type=positive_int, default=8, help="classifier epochs (default: 8)")
     p.add_argument("--skip", type=positive_int, default=10,
                    help="certify every SKIP-th test image (default: 10, i.e. 201 images)")
     p.add_argument("--n", type=positive_int, default=500, help="estimation samples per image (default: 500)")
     p.set_defaults(handler=cmd_demo)
+
+
+def command_prefix() -> str:
+    """How to run ``transdenoiser`` from a fresh shell in the current folder: the console script installed next to
+    this interpreter (``.venv/bin/transdenoiser`` after ``make demo``; relative when it lies below the current
+    folder), else ``python -m transdenoiser`` with this interpreter's full path. Never a bare name that needs an
+    activated environment."""
+    executable = Path(sys.executable)
+    script = executable.parent / "transdenoiser"
+    if script.is_file() and os.access(script, os.X_OK):
+        target = script.absolute()
+    else:
+        return f"{shlex.quote(str(executable.absolute()))} -m transdenoiser"
+    try:
+        return shlex.quote(str(target.relative_to(Path.cwd())))
+    except ValueError:
+        return shlex.quote(str(target))
+
+
+def next_steps(serve_dir: Path) -> list[str]:
+    """The lines the demo ends with: each command works pasted into a fresh shell in the current folder."""
+    prefix = command_prefix()
+    example = Path(__file__).resolve().parents[1] / "docs" / "examples" / "digit7.png"
+    try:
+        example = example.relative_to(Path.cwd())
+    except ValueError:
+        pass
+    directory = shlex.quote(str(serve_dir))
+    return ["Done. Serve the certified predictions (Ctrl-C stops the server):",
+            f"  {prefix} serve --model-dir {directory}",
+            "then, from another terminal in this folder, ask for one (the answer is JSON):",
+            f"  curl -s -X POST http://127.0.0.1:3000/predict -F images=@{shlex.quote(str(example))}",
+            f"  curl -s -X POST http://127.0.0.1:3000/predict -F images=@{shlex.quote(str(example))} -F radius=0.5",
+            f"Every command has --help: {prefix} --help. To type plain `transdenoiser`, first run: "
+            f"source {shlex.quote(str(Path(prefix).parent / 'activate'))}" if prefix.endswith("transdenoiser")
+            and " " not in prefix else f"Every command has --help: {prefix} --help."]
 
 
 def _step(number: int, text: str) -> None:
@@ -91,9 +131,5 @@ def cmd_demo(args) -> int:
 
         write_model_dir(serve_dir, classifier, denoiser, sigma=SIGMA, n0=100, n=1000, max_n=10000, alpha=0.001)
         print(f"wrote {serve_dir}")
-    print("\nDone. Serve the certified predictions with:\n"
-          f"  transdenoiser serve --model-dir {serve_dir}\n"
-          "then, from another terminal:\n"
-          "  curl -s -X POST http://127.0.0.1:3000/predict -H 'Content-Type: application/json' "
-          "-d @docs/examples/digit7.json")
+    print("\n" + "\n".join(next_steps(serve_dir)))
     return 0
