@@ -28,7 +28,7 @@ lint: $(STAMP)
 # Speed and load measurements of the demo's models (docs/RESULTS.md); about 2 minutes on 2 CPU cores.
 bench: $(STAMP)
 	@test -f runs/demo/denoiser/metadata.json || { echo "make bench measures the demo's models: run 'make demo' first"; exit 2; }
-	$(BIN)/python -m benchmarks.bench_certify --repeats 3 --classifier runs/demo/classifier --denoiser runs/demo/denoiser
+	$(BIN)/python -m benchmarks.bench_certify --repeats 3 --precision fp32,bf16 --classifier runs/demo/classifier --denoiser runs/demo/denoiser
 	$(BIN)/python -m benchmarks.bench_training
 	$(BIN)/python -m benchmarks.bench_serving --classifier-dir runs/demo/classifier --denoiser-dir runs/demo/denoiser
 
