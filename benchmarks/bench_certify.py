@@ -15,8 +15,8 @@ measured ``--repeats`` times (median and best reported; ratios are of medians):
   per image, ``x.repeat`` a batch of B copies, ``randn_like`` noise, forward, argmax, ``np.bincount`` on the host;
   NCHW models as loaded, float32, ``torch.no_grad``. B = 1000 (his certify.py default) and ours;
 - ``ours:P`` / ``ours:P+compile``: :func:`certify.runner.certify_dataset` at precision P (``--precision``, a
-  comma-separated list), eager and, with ``--compile``, through ``torch.compile`` (compilation happens in an
-  untimed warm-up and is reported apart).
+  comma-separated list), eager and, with ``--compile`` (every precision) or ``--compile bf16`` (those listed),
+  through ``torch.compile`` (compilation happens in an untimed warm-up and is reported apart).
 Achieved TFLOP/s = the pipeline's FLOPs per sample (``torch.utils.flop_counter``, one float32 forward pass)
 x samples per second. Everything runs in one process after the CLI's allocator set-up.
 """
@@ -146,7 +146,7 @@ def bench_pipeline(name: str, args, device: torch.device) -> dict:
     for b in args.baseline_batches:
         sides[f"cohen@{b}"] = cohen_side(b)
     for precision in args.precision:
-        for compiled in ([False, True] if args.compile else [False]):
+        for compiled in ([False, True] if precision in args.compile else [False]):
             smooth = Smooth(classifier, num_classes, args.sigma, denoiser, batch_size=args.batch, device=device,
                             workers=args.workers, precision=precision, compile=compiled)
             smooths.append(smooth)
@@ -194,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="mnist, cifar, imagenet, or a comma-separated list (default: mnist)")
     parser.add_argument("--precision", default="fp32",
                         help="our sides' precisions, comma-separated from fp32, bf16, fp16 (default: fp32)")
-    parser.add_argument("--compile", action="store_true", help="add a torch.compile side for each precision")
+    parser.add_argument("--compile", nargs="?", const="all", default=None, metavar="PRECISIONS",
+                        help="add a torch.compile side for each precision, or for those listed (e.g. --compile bf16)")
     parser.add_argument("--images", type=int, default=6, help="images certified per measurement (default: 6)")
     parser.add_argument("--n0", type=int, default=100, help="selection samples (default: 100)")
     parser.add_argument("--n", type=int, default=1000, help="estimation samples (default: 1000)")
@@ -223,6 +224,14 @@ def main(argv: list[str] | None = None) -> int:
     args.precision = [p.strip() for p in args.precision.split(",") if p.strip()]
     if not args.precision or any(p not in ("fp32", "bf16", "fp16") for p in args.precision):
         parser.error(f"--precision: expected fp32, bf16, fp16 (comma-separated), got {','.join(args.precision)!r}")
+    if args.compile is None:
+        args.compile = []
+    elif args.compile == "all":
+        args.compile = list(args.precision)
+    else:
+        args.compile = [p.strip() for p in args.compile.split(",") if p.strip()]
+        if not args.compile or any(p not in args.precision for p in args.compile):
+            parser.error(f"--compile {','.join(args.compile)}: name precisions that --precision measures")
     for flag in ("images", "n0", "n", "repeats"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
