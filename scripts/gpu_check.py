@@ -9,9 +9,9 @@ pretrain, train for each arm (nodp, sepdp, transdenoiser with S_min computed on 
 (fixed n, decide, estimate; bf16 and compiled fixed-n runs too), predict, attack, audit, privacy-audit,
 train-head, bundle, and ``serve`` answering one request of each kind (certify, decide, estimate). Then the
 benchmarks: bench_certify (Cohen's loop and the mnist / cifar / imagenet pipelines at fp32, bf16 and fp16 eager,
-fp32 and bf16 compiled), bench_training and bench_serving at 16 clients. Needs no network. A failing step is recorded and the
-check goes on; the exit status is 1 if any step failed. Writes OUT/gpu_check.json (every step: seconds, status,
-figures, the error) and prints one table.
+fp32 and bf16 compiled), bench_training and bench_serving at 16 clients. Needs no network. A failing step is
+recorded and the check goes on; the exit status is 1 if any step failed. Writes OUT/gpu_check.json (every step:
+seconds, status, figures, the error) and prints one table.
 """
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ import argparse
 import contextlib
 import io
 import json
-import os
 import sys
 import time
 import traceback
@@ -49,7 +48,8 @@ class Check:
         except SystemExit as exc:  # argparse
             record.update(status="failed", error=f"exit {exc.code}: {captured.getvalue()[-500:]}")
         except Exception as exc:  # noqa: BLE001 - a failing step is recorded, the check goes on
-            record.update(status="failed", error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+            first_line = str(exc).splitlines()[0] if str(exc) else ""
+            record.update(status="failed", error=f"{type(exc).__name__}: {first_line}",
                           traceback=traceback.format_exc()[-2000:])
         record["seconds"] = round(time.perf_counter() - start, 2)
         self.steps.append(record)

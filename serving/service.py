@@ -150,7 +150,7 @@ class TransDenoiser:
         self.smooth = Smooth(pipeline.classifier, pipeline.num_classes, config.sigma, pipeline.denoiser,
                              batch_size=config.forward_batch_on(self.device.type), device=self.device,
                              precision=config.precision, compile=config.compile)  # the bundle's setting
-        if self.device.type == "cuda" and config.forward_batch == "auto":  # what fits in free memory, at most batch_size
+        if self.device.type == "cuda" and config.forward_batch == "auto":  # what fits in free memory, <= batch_size
             from certify.batching import cuda_forward_batch
 
             self.smooth.batch_size = cuda_forward_batch(self.smooth.base_pipeline, self.input_shape, self.device,

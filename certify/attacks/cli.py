@@ -188,7 +188,7 @@ def _write_audit(result: dict, out_dir: Path) -> list[Path]:
 
 
 def cmd_audit(args) -> int:
-    from certify.attacks.evaluate import AuditConfig, audit_certify_run, read_certify_run
+    from certify.attacks.evaluate import AuditConfig, audit_certify_run, audit_numerics, read_certify_run
     from certify.pipeline import check_dataset_fits, load_pipeline
     from training.datasets import load_dataset
 
@@ -196,6 +196,10 @@ def cmd_audit(args) -> int:
     seed_everything(args.seed)
     run = read_certify_run(args.run_dir)
     settings = run.settings
+    config = AuditConfig(margin=args.margin, steps=args.steps, step_size=args.step_size, m=args.m, n=args.n,
+                         predict_alpha=args.predict_alpha, max_examples=args.max, batch_size=args.batch_size,
+                         precision=args.precision, compile=args.compile)
+    audit_numerics(run, config)  # another precision than the run's is refused before anything is loaded
     denoiser = Path(settings["denoiser"]) if settings.get("denoiser") else None
     pipeline = load_pipeline(_checkpoint_path(Path(settings["classifier"]), "classifier"),
                              _checkpoint_path(denoiser, "denoiser"), device)
@@ -207,9 +211,6 @@ def cmd_audit(args) -> int:
             raise UserError(f"{args.run_dir}: row idx {row['idx']} (label {row['label']}) does not match the "
                             f"{settings['split']} split of {dataset.name} (split seed {settings['split_seed']})")
     images, _ = split.tensors(device)
-    config = AuditConfig(margin=args.margin, steps=args.steps, step_size=args.step_size, m=args.m, n=args.n,
-                         predict_alpha=args.predict_alpha, max_examples=args.max, batch_size=args.batch_size,
-                         precision=args.precision, compile=args.compile)
     result = audit_certify_run(run, pipeline, images, config, args.seed, track=bar)
     result["hardware"] = hardware_description(device)
     files = _write_audit(result, args.out or args.run_dir)
