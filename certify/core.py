@@ -241,6 +241,19 @@ class Smooth:
     def base_logits(self, x: torch.Tensor) -> torch.Tensor:
         """Logits of the base pipeline f(D(x)) for a batch ``x`` (no noise added here), as run: at ``precision``
         (returned as float32) and compiled if asked."""
+        if not self.compile:
+            return self._run(x)
+        # Compiled: every pass is padded to ``batch_size`` samples, so one static-shape graph computes every sample
+        # (no recompilation per tail size, and never an eager fallback past torch's recompile limit).
+        logits = []
+        for part in x.split(self.batch_size):
+            size = part.shape[0]
+            if size < self.batch_size:
+                part = torch.cat([part, part.new_zeros((self.batch_size - size, *part.shape[1:]))])
+            logits.append(self._run(part)[:size])
+        return torch.cat(logits)
+
+    def _run(self, x: torch.Tensor) -> torch.Tensor:
         if self.memory_format == "channels_last" and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
         with numerics.autocast(self.device, self.precision):

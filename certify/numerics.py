@@ -100,8 +100,9 @@ def default_memory_format(device: torch.device, compiled: bool, convolutional: b
 
 
 def compile_module(module: nn.Module) -> nn.Module:
-    """``torch.compile`` (inductor, static shapes: a pass of another size compiles once more, up to torch's
-    recompile limit, after which that size runs eagerly)."""
+    """``torch.compile`` (inductor, static shapes). ``Smooth`` pads every pass to its batch size, so one graph
+    computes every sample: no recompilation per pass size, and never torch's eager fallback past its recompile
+    limit (which would make the base classifier a mix of two functions)."""
     import torch
 
     return torch.compile(module, dynamic=False)
