@@ -213,7 +213,7 @@ class Smooth:
     def _pass_size(self, total: int) -> int:
         """Samples per forward pass for ``total`` samples: ``batch_size``, or less so that every worker gets
         a pass when there are fewer than ``workers`` passes' worth (one pass would leave the others idle)."""
-        if self.workers == 1:
+        if self.workers == 1 or self.compile:  # compiled passes are padded to batch_size anyway
             return self.batch_size
         return max(1, min(self.batch_size, math.ceil(total / self.workers)))
 
