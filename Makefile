@@ -8,7 +8,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test serve lint bench clean setup mutate
+.PHONY: demo test serve lint bench clean setup mutate gpu-check
 
 setup: $(STAMP)
 
@@ -34,9 +34,14 @@ lint: $(STAMP)
 # Speed and load measurements of the demo's models (docs/RESULTS.md); about 2 minutes on 2 CPU cores.
 bench: $(STAMP)
 	@test -f runs/demo/denoiser/metadata.json || { echo "make bench measures the demo's models: run 'make demo' first"; exit 2; }
-	$(BIN)/python -m benchmarks.bench_certify --repeats 3 --classifier runs/demo/classifier --denoiser runs/demo/denoiser
+	$(BIN)/python -m benchmarks.bench_certify --repeats 3 --precision fp32,bf16 --classifier runs/demo/classifier --denoiser runs/demo/denoiser
 	$(BIN)/python -m benchmarks.bench_training
 	$(BIN)/python -m benchmarks.bench_serving --classifier-dir runs/demo/classifier --denoiser-dir runs/demo/denoiser
+
+# Every computing command with --device cuda on small sizes, then the speed benchmarks (scripts/gpu_check.sh);
+# one table and runs/gpu_check/gpu_check.json. Under 5 minutes on one H100/H200; needs no network.
+gpu-check: $(STAMP)
+	PYTHON=$(BIN)/python scripts/gpu_check.sh
 
 # Mutation check (scripts/mutate.py): hand mutations of the privacy and certificate code, each run against its
 # tests in a temporary copy of the checkout; prints survivors. About 15 minutes on 2 CPU cores; not part of 'make test'.

@@ -1,28 +1,31 @@
-"""Noisy samples per second of ``certify`` against a straightforward per-image loop in Cohen et al.'s style.
+"""Noisy samples per second of ``certify`` against Cohen et al.'s per-image loop, per pipeline and precision.
 
-    python -m benchmarks.bench_certify                 # short: 6 images, n0 100, n 1000
-    python -m benchmarks.bench_certify --n 10000 --images 3 --repeats 3 --json runs/bench/certify.json
+    python -m benchmarks.bench_certify                                   # mnist pipeline, fp32, short
+    python -m benchmarks.bench_certify --pipeline cifar --precision fp32,bf16 --compile --device cuda
+    python -m benchmarks.bench_certify --denoiser runs/training/transdenoiser --repeats 5 --json out.json
 
-Both sides certify the same images with the same model, the same n0, n and alpha, on the same device,
-one after the other (interleaved, best of --repeats):
-- baseline: Cohen's ``Smooth._sample_noise`` loop: per image, ``x.repeat`` a batch of copies,
-  ``randn_like`` noise, forward, argmax, count; NCHW models as loaded; ``torch.no_grad``; run at
-  the batch size of Cohen's certify.py (1000) and at ours, so the gain from batch sizing shows apart;
-- ours: :func:`certify.runner.certify_dataset` (images packed into shared forward passes,
-  ``inference_mode``, noise drawn on the device, channels-last and parallel forward workers on CPU;
-  float32 on both sides).
-Both run in one process, after the same allocator set-up (:func:`transdenoiser.runtime.keep_freed_memory`,
-as the CLI does).
-Each is run with the classifier alone and with a denoiser in front. Without ``--denoiser`` the
-denoiser is a small randomly initialised conv/transposed-conv autoencoder built here (the speed
-depends on the architecture, not on the weights). Without ``--classifier``, runs/classifier is
-used if it exists, else a randomly initialised cnn28 (same architecture, same cost).
+Pipelines (random weights unless --classifier/--denoiser give checkpoints; the speed is the architecture's):
+- ``mnist``: cnn28 behind the paper's conv/transposed-conv autoencoder, 1x28x28 (mnist10k test images);
+- ``cifar``: resnet20 behind DnCNN-17x64 with GroupNorm (Salman et al.'s denoiser), 3x32x32 (uniform noise images);
+- ``imagenet``: torchvision resnet50 alone (1000 classes), 3x224x224 (uniform noise images).
+
+Sides, all certifying the same images with the same n0, n and alpha, on the same device, interleaved, each
+measured ``--repeats`` times (median and best reported; ratios are of medians):
+- ``cohen@B``: the loop of Cohen et al.'s core.py (``Smooth._sample_noise``), written here after his algorithm:
+  per image, ``x.repeat`` a batch of B copies, ``randn_like`` noise, forward, argmax, ``np.bincount`` on the host;
+  NCHW models as loaded, float32, ``torch.no_grad``. B = 1000 (his certify.py default) and ours;
+- ``ours:P`` / ``ours:P+compile``: :func:`certify.runner.certify_dataset` at precision P (``--precision``, a
+  comma-separated list), eager and, with ``--compile`` (every precision) or ``--compile bf16`` (those listed),
+  through ``torch.compile`` (compilation happens in an untimed warm-up and is reported apart).
+Achieved TFLOP/s = the pipeline's FLOPs per sample (``torch.utils.flop_counter``, one float32 forward pass)
+x samples per second. Everything runs in one process after the CLI's allocator set-up.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import statistics
 import time
 from pathlib import Path
 
@@ -36,21 +39,19 @@ from certify.core import Smooth, certificate_from_counts
 from certify.runner import certify_dataset
 from transdenoiser.runtime import hardware_description
 
-DEFAULT_CLASSIFIER = Path("runs/classifier")
 COHEN_DEFAULT_BATCH = 1000  # the --batch default of Cohen et al.'s certify.py
-
-
-def inline_autoencoder(channels: int = 1) -> nn.Module:
-    """A small conv / transposed-conv autoencoder (the paper's denoiser family), randomly initialised."""
-    return nn.Sequential(
-        nn.Conv2d(channels, 32, 3, stride=2, padding=1), nn.ReLU(),
-        nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.ReLU(),
-        nn.ConvTranspose2d(64, 32, 4, stride=2, padding=1), nn.ReLU(),
-        nn.ConvTranspose2d(32, channels, 4, stride=2, padding=1), nn.Sigmoid()).eval()
+PIPELINES = {
+    "mnist": {"shape": (1, 28, 28), "classes": 10, "classifier": ("cnn28", {"in_channels": 1, "num_classes": 10}),
+              "denoiser": ("autoencoder", {"in_channels": 1})},
+    "cifar": {"shape": (3, 32, 32), "classes": 10, "classifier": ("resnet20", {"in_channels": 3, "num_classes": 10}),
+              "denoiser": ("dncnn", {"in_channels": 3, "depth": 17, "width": 64, "norm": "group"})},
+    "imagenet": {"shape": (3, 224, 224), "classes": 1000,
+                 "classifier": ("torchvision:resnet50", {"num_classes": 1000}), "denoiser": None},
+}
 
 
 class CohenLoop:
-    """The per-image loop of Cohen et al.'s reference code (core.py), kept deliberately plain."""
+    """The per-image sampling loop of Cohen et al.'s reference code (core.py), kept deliberately plain."""
 
     def __init__(self, base: nn.Module, num_classes: int, sigma: float, device: torch.device):
         self.base, self.num_classes, self.sigma, self.device = base.eval(), num_classes, sigma, device
@@ -74,120 +75,193 @@ class CohenLoop:
         return certificate_from_counts(selection, estimation, alpha, self.sigma)
 
 
-def load_models(args, device):
+def build_pipeline(name: str, args, device: torch.device):
+    """(classifier, denoiser or None, description, images (N, C, H, W), labels) of pipeline ``name``."""
     from training.checkpoint import load_checkpoint
     from training.models import build_model
 
-    path = args.classifier or (DEFAULT_CLASSIFIER if (DEFAULT_CLASSIFIER / "metadata.json").is_file() else None)
-    if path is not None:
-        classifier = load_checkpoint(path, kind="classifier", map_location=device).model
-        what = f"checkpoint {path}"
+    spec = PIPELINES[name]
+    if args.classifier is not None:
+        classifier = load_checkpoint(args.classifier, kind="classifier", map_location=device).model
+        what = f"checkpoint {args.classifier}"
     else:
         torch.manual_seed(0)
-        classifier = build_model("cnn28", in_channels=1, num_classes=10).to(device).eval()
-        what = "randomly initialised cnn28"
-    if args.denoiser is not None:
+        classifier = build_model(spec["classifier"][0], **spec["classifier"][1])
+        what = f"{spec['classifier'][0]} (random weights)"
+    denoiser, den_what = None, "none"
+    if args.denoiser is not None and str(args.denoiser) != "none":
         denoiser = load_checkpoint(args.denoiser, kind="denoiser", map_location=device).model
         den_what = f"checkpoint {args.denoiser}"
-    else:
+    elif args.denoiser is None and spec["denoiser"] is not None:
         torch.manual_seed(1)
-        denoiser = inline_autoencoder().to(device)
-        den_what = "inline conv autoencoder (randomly initialised: the cost is the architecture's)"
-    return classifier, what, denoiser, den_what
+        denoiser = build_model(spec["denoiser"][0], **spec["denoiser"][1])
+        den_what = f"{spec['denoiser'][0]} {spec['denoiser'][1]} (random weights)"
+    classifier = classifier.to(device).eval()
+    denoiser = denoiser.to(device).eval() if denoiser is not None else None
+    if name == "mnist":
+        from training.datasets import load_dataset
+
+        images, labels = load_dataset("mnist10k").test.tensors("cpu")
+        images, labels = images[:args.images], labels[:args.images]
+    else:
+        generator = torch.Generator().manual_seed(args.seed)
+        images = torch.rand((args.images, *spec["shape"]), generator=generator)
+        labels = torch.zeros(args.images, dtype=torch.long)
+    return classifier, denoiser, what, den_what, images, labels
 
 
-def time_call(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+def flops_per_sample(base: nn.Module, shape: tuple[int, ...], device: torch.device) -> int:
+    """FLOPs of one float32 forward pass of one sample (torch.utils.flop_counter; convolutions and matmuls)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with torch.inference_mode(), counter:
+        base(torch.zeros((1, *shape), device=device))
+    return int(counter.get_total_flops())
 
 
-def bench_pair(classifier, denoiser, images, labels, args, device) -> dict:
-    """Time Cohen's loop at each baseline batch size and ours, interleaved, ``args.repeats`` times each."""
+def bench_pipeline(name: str, args, device: torch.device) -> dict:
+    classifier, denoiser, what, den_what, images, labels = build_pipeline(name, args, device)
+    spec = PIPELINES[name]
+    num_classes = int(spec["classes"]) if args.classifier is None else int(
+        classifier(torch.zeros((1, *images.shape[1:]), device=device)).shape[1])
     base = classifier if denoiser is None else nn.Sequential(denoiser, classifier).eval()
-    baseline = CohenLoop(base, 10, args.sigma, device)
-    smooth = Smooth(classifier, 10, args.sigma, denoiser, batch_size=args.batch, device=device,
-                    workers=args.workers)
+    flops = flops_per_sample(base, tuple(images.shape[1:]), device)
+    cohen = CohenLoop(base, num_classes, args.sigma, device)
     indices = list(range(len(images)))
     samples = len(images) * (args.n0 + args.n)
 
-    def run_baseline(batch: int):
-        torch.manual_seed(args.seed)
-        for x in images:
-            baseline.certify(x.to(device), args.n0, args.n, args.alpha, batch)
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
 
-    def run_ours():
-        certify_dataset(smooth, images, labels, indices, args.n0, args.n, args.alpha, args.seed)
+    def cohen_side(batch: int):
+        def run():
+            torch.manual_seed(args.seed)
+            for x in images:
+                cohen.certify(x.to(device), args.n0, args.n, args.alpha, batch)
+        return run
 
-    runs = {f"baseline_batch_{b}": (lambda b=b: run_baseline(b)) for b in args.baseline_batches}
-    runs["ours"] = run_ours
-    with torch.inference_mode():  # warm-up: first calls pay for kernel selection and allocation
+    sides, smooths, compile_seconds = {}, [], {}
+    for b in args.baseline_batches:
+        sides[f"cohen@{b}"] = cohen_side(b)
+    for precision in args.precision:
+        for compiled in ([False, True] if precision in args.compile else [False]):
+            smooth = Smooth(classifier, num_classes, args.sigma, denoiser, batch_size=args.batch, device=device,
+                            workers=args.workers, precision=precision, compile=compiled)
+            smooths.append(smooth)
+            label = f"ours:{precision}" + ("+compile" if compiled else "")
+            sides[label] = (lambda s=smooth: certify_dataset(s, images, labels, indices, args.n0, args.n,
+                                                             args.alpha, args.seed))
+    # warm-up: kernel selection, allocation, and compilation (timed apart)
+    with torch.inference_mode():
         for b in args.baseline_batches:
             base(images[:1].repeat(b, 1, 1, 1).to(device))
-    run_ours()
-    times: dict[str, list[float]] = {k: [] for k in runs}
+    for label, fn in sides.items():
+        if label.startswith("ours"):
+            start = time.perf_counter()
+            fn()
+            sync()
+            compile_seconds[label] = round(time.perf_counter() - start, 3)
+    times: dict[str, list[float]] = {k: [] for k in sides}
     for _ in range(args.repeats):
-        for name, fn in runs.items():
-            times[name].append(time_call(fn))
-    smooth.close()
-    best = {k: min(v) for k, v in times.items()}
-    return {"noisy_samples": samples,
-            "samples_per_second": {k: samples / v for k, v in best.items()},
-            "speedup": {k: best[k] / best["ours"] for k in runs if k != "ours"},
-            "seconds": times, "memory_format": smooth.memory_format, "workers": smooth.workers}
+        for label, fn in sides.items():
+            sync()
+            start = time.perf_counter()
+            fn()
+            sync()
+            times[label].append(time.perf_counter() - start)
+    for smooth in smooths:
+        smooth.close()
+    median = {k: statistics.median(v) for k, v in times.items()}
+    reference = f"cohen@{COHEN_DEFAULT_BATCH}" if f"cohen@{COHEN_DEFAULT_BATCH}" in median else \
+        f"cohen@{args.baseline_batches[0]}"
+    return {"pipeline": name, "image_shape": list(images.shape[1:]), "classifier": what, "denoiser": den_what,
+            "flops_per_sample": flops, "noisy_samples": samples,
+            "memory_format": smooths[0].memory_format, "workers": smooths[0].workers, "batch": args.batch,
+            "samples_per_second": {k: samples / v for k, v in median.items()},
+            "best_samples_per_second": {k: samples / min(v) for k, v in times.items()},
+            "tflops": {k: flops * samples / v / 1e12 for k, v in median.items()},
+            "speedup_vs": reference,
+            "speedup": {k: median[reference] / v for k, v in median.items()},
+            "warmup_seconds": compile_seconds, "seconds": times}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_certify", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--images", type=int, default=6, help="test images certified per measurement (default: 6)")
+    parser.add_argument("--pipeline", default="mnist",
+                        help="mnist, cifar, imagenet, or a comma-separated list (default: mnist)")
+    parser.add_argument("--precision", default="fp32",
+                        help="our sides' precisions, comma-separated from fp32, bf16, fp16 (default: fp32)")
+    parser.add_argument("--compile", nargs="?", const="all", default=None, metavar="PRECISIONS",
+                        help="add a torch.compile side for each precision, or for those listed (e.g. --compile bf16)")
+    parser.add_argument("--images", type=int, default=6, help="images certified per measurement (default: 6)")
     parser.add_argument("--n0", type=int, default=100, help="selection samples (default: 100)")
     parser.add_argument("--n", type=int, default=1000, help="estimation samples (default: 1000)")
     parser.add_argument("--batch", type=int, default=None,
                         help="our samples per forward pass (default: the certify CLI's default for the device)")
     parser.add_argument("--baseline-batch", type=int, action="append", default=None, dest="baseline_batches",
-                        help="the Cohen loop's batch; repeat the flag for several (default: 1000, the default of "
-                             "Cohen et al.'s certify.py, and ours)")
+                        help="Cohen's loop's batch; repeat for several (default: 1000, his certify.py's, and ours)")
     parser.add_argument("--workers", type=workers_arg, default="auto",
                         help="our forward-pass worker threads (default: auto)")
     parser.add_argument("--sigma", type=float, default=0.25)
     parser.add_argument("--alpha", type=float, default=0.001)
-    parser.add_argument("--repeats", type=int, default=1, help="measurements per side; the best counts (default: 1)")
+    parser.add_argument("--repeats", type=int, default=3, help="measurements per side (default: 3)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda (default: auto)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--classifier", type=Path, default=None, help="classifier checkpoint (default: see above)")
-    parser.add_argument("--denoiser", type=Path, default=None, help="denoiser checkpoint (default: inline autoencoder)")
+    parser.add_argument("--classifier", type=Path, default=None, help="classifier checkpoint (default: random)")
+    parser.add_argument("--denoiser", default=None,
+                        help="denoiser checkpoint, or 'none' for the classifier alone (default: the pipeline's, "
+                             "random weights)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
+    pipelines = [p.strip() for p in args.pipeline.split(",") if p.strip()]
+    unknown = [p for p in pipelines if p not in PIPELINES]
+    if unknown or not pipelines:
+        parser.error(f"--pipeline: unknown {', '.join(unknown) or 'empty list'}; expected {', '.join(PIPELINES)}")
+    args.precision = [p.strip() for p in args.precision.split(",") if p.strip()]
+    if not args.precision or any(p not in ("fp32", "bf16", "fp16") for p in args.precision):
+        parser.error(f"--precision: expected fp32, bf16, fp16 (comma-separated), got {','.join(args.precision)!r}")
+    if args.compile is None:
+        args.compile = []
+    elif args.compile == "all":
+        args.compile = list(args.precision)
+    else:
+        args.compile = [p.strip() for p in args.compile.split(",") if p.strip()]
+        if not args.compile or any(p not in args.precision for p in args.compile):
+            parser.error(f"--compile {','.join(args.compile)}: name precisions that --precision measures")
+    for flag in ("images", "n0", "n", "repeats"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.classifier is not None and len(pipelines) > 1:
+        parser.error("--classifier fits one pipeline: pass one --pipeline with it")
     allocator, device = prepare_process(args.threads, args.device)
-    from training.datasets import load_dataset
-
     args.batch = args.batch or DEFAULT_BATCH.get(device.type, DEFAULT_BATCH["cpu"])
     args.baseline_batches = sorted(set(args.baseline_batches or [COHEN_DEFAULT_BATCH, args.batch]), reverse=True)
-
-    images, labels = load_dataset("mnist10k").test.tensors("cpu")
-    images, labels = images[:args.images], labels[:args.images]
-    classifier, what, denoiser, den_what = load_models(args, device)
     hardware = hardware_description(device)
-    print(f"bench_certify: {args.images} mnist10k test images, n0 {args.n0}, n {args.n}, sigma {args.sigma}, "
-          f"float32, best of {args.repeats}; {hardware}")
-    print(f"  classifier: {what}; denoiser: {den_what}; allocator: {allocator}")
+    print(f"bench_certify: {args.images} images per pipeline, n0 {args.n0}, n {args.n}, sigma {args.sigma}, "
+          f"median of {args.repeats} (sides interleaved); {hardware}; allocator: {allocator}")
     results = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-               "hardware": hardware, "allocator": allocator, "classifier": what, "denoiser": den_what, "runs": {}}
-    columns = [f"Cohen @{b}" for b in args.baseline_batches] + [f"ours @{args.batch}"]
-    print(f"  {'pipeline':<22} " + " ".join(f"{c:>14}" for c in columns) + "  speedup vs "
-          + ", ".join(f"@{b}" for b in args.baseline_batches))
-    for name, den in (("classifier alone", None), ("denoiser + classifier", denoiser)):
-        row = bench_pair(classifier, den, images, labels, args, device)
-        results["runs"][name] = row
-        rates = row["samples_per_second"]
-        print(f"  {name:<22} " + " ".join(f"{rates[k]:>12,.0f}/s" for k in rates) + "  "
-              + ", ".join(f"{v:.2f}x" for v in row["speedup"].values()))
+               "hardware": hardware, "allocator": allocator, "pipelines": {}}
+    for name in pipelines:
+        row = bench_pipeline(name, args, device)
+        results["pipelines"][name] = row
+        print(f"\n{name}: {row['image_shape']}, classifier {row['classifier']}, denoiser {row['denoiser']}, "
+              f"{row['flops_per_sample'] / 1e6:,.1f} MFLOP/sample; ours: batch {row['batch']}, "
+              f"{row['memory_format']}, {row['workers']} worker(s)")
+        print(f"  {'side':<22} {'samples/s':>12} {'best':>12} {'TFLOP/s':>9} {'vs ' + row['speedup_vs']:>14}"
+              f" {'warm-up s':>10}")
+        for label, rate in row["samples_per_second"].items():
+            warm = row["warmup_seconds"].get(label)
+            print(f"  {label:<22} {rate:>12,.0f} {row['best_samples_per_second'][label]:>12,.0f} "
+                  f"{row['tflops'][label]:>9.4f} {row['speedup'][label]:>13.2f}x "
+                  f"{'' if warm is None else f'{warm:>10.1f}'}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2) + "\n")
-        print(f"  wrote {args.json}")
+        print(f"\nwrote {args.json}")
     return 0
 
 

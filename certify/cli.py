@@ -13,6 +13,7 @@ from transdenoiser.errors import UserError
 
 # Spelled out so that registering the subcommands imports no torch (tests check them against the library's).
 MEMORY_FORMATS = ("auto", "channels_last", "contiguous")  # certify.core.MEMORY_FORMATS
+PRECISIONS = ("fp32", "bf16", "fp16")  # certify.numerics.PRECISION_CHOICES
 SPLITS = ("public", "private", "test")  # training.datasets.SPLITS
 SEQUENTIAL_METHODS = ("union-cp", "beta-mixture")  # certify.sequential.METHODS
 DEFAULT_SEQUENTIAL = "union-cp"  # certify.sequential.DEFAULT_METHOD
@@ -121,7 +122,9 @@ def _add_run_args(p: argparse.ArgumentParser, task: str) -> None:
                                 "them; counts do not depend on it (default: auto = one per torch thread, at most "
                                 "8, on CPU; 1 on GPU)")
     smoothing.add_argument("--memory-format", choices=MEMORY_FORMATS, default="auto",
-                           help="auto: channels-last for convolutional models on CPU (faster), as given elsewhere")
+                           help="auto: channels-last for convolutional models on CPU (faster) and on CUDA with "
+                                "--compile; as given otherwise")
+    add_numerics_args(smoothing)
     add_dataset_args(p)
     if task == "certify":
         adaptive = p.add_argument_group("adaptive certification (default: off, Cohen's fixed n)")
@@ -154,6 +157,17 @@ def _add_run_args(p: argparse.ArgumentParser, task: str) -> None:
                      help="CPU threads for torch (default: torch's choice; on a busy machine 1 can be much faster)")
     run.add_argument("--shard", type=_shard, default=None, metavar="I/K",
                      help="do shard I of K (0 <= I < K) of the images; under torchrun, RANK/WORLD_SIZE by default")
+
+
+def add_numerics_args(group, default_precision: str | None = "fp32") -> None:
+    """``--precision`` and ``--compile``: how the base classifier is run (part of what is certified)."""
+    group.add_argument("--precision", choices=PRECISIONS, default=default_precision,
+                       help="arithmetic of the forward pass: fp32, or bf16/fp16 autocast (faster on GPUs); the "
+                            "certificate is about the classifier as run, and the run records it (default: "
+                            + ("fp32" if default_precision else "the certify run's") + ")")
+    group.add_argument("--compile", action="store_true", default=None if default_precision is None else False,
+                       help="run the denoiser and classifier through torch.compile (pays a compilation of tens of "
+                            "seconds first; recorded like --precision)")
 
 
 def register(subparsers, common) -> None:
@@ -198,7 +212,8 @@ def job_from_args(args, task: str):
                       n=args.n, alpha=args.alpha, dataset=args.dataset, data_root=args.data_root,
                       split_seed=args.split_seed, split=args.split, skip=args.skip, max_index=args.max_index,
                       indices=args.indices, seed=args.seed, batch_size=args.batch_size, workers=args.workers,
-                      memory_format=args.memory_format, device=args.device, shard=args.shard,
+                      memory_format=args.memory_format, precision=args.precision, compile=args.compile,
+                      device=args.device, shard=args.shard,
                       allow_sigma_mismatch=args.allow_sigma_mismatch, **adaptive)
 
 

@@ -19,7 +19,9 @@ cores better side by side than split between them). Counts are sums, so they do 
 order in which passes finish. Each image's noise comes
 from its own generator, drawn in pieces whose size depends only on the image shape, so what an
 image gets does not depend on the batch size, on the images packed with it, or on sharding.
-Arithmetic is float32 throughout (no mixed precision).
+Noise and counts are float32 / int64; the forward pass runs at ``precision`` (float32 by default, or
+bfloat16 / float16 autocast) and optionally ``torch.compile``d: the base classifier as run is then a
+slightly different function, certified exactly as validly (:mod:`certify.numerics`, docs/CERTIFY.md).
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ from scipy.stats import binomtest, norm
 from statsmodels.stats.proportion import proportion_confint
 from torch import nn
 
+from certify import numerics
 from transdenoiser.errors import UserError
 
 ABSTAIN = -1
@@ -124,20 +127,37 @@ def _has_conv2d(*models: nn.Module | None) -> bool:
                for model in models if model is not None for m in model.modules())
 
 
+class _BasePipeline(nn.Module):
+    """f(D(x)): the denoiser (if any) then the classifier, as one module (what ``torch.compile`` compiles)."""
+
+    def __init__(self, classifier: nn.Module, denoiser: nn.Module | None):
+        super().__init__()
+        self.classifier = classifier
+        self.denoiser = denoiser
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.denoiser(x) if self.denoiser is not None else x)
+
+
 class Smooth:
     """A smoothed classifier over ``classifier`` with ``denoiser`` in front (both frozen, eval mode).
 
     ``sigma``: standard deviation of the Gaussian noise, in [0,1]-pixel units.
     ``batch_size``: noisy samples evaluated per forward pass (several images' samples share a pass).
     ``memory_format``: ``auto`` runs convolutional models in channels-last format on CPU (about 2x
-    faster there) and as given elsewhere; the models are then copied, never changed in place.
+    faster there), and on CUDA only when compiled (:func:`certify.numerics.default_memory_format`);
+    the models are then copied, never changed in place.
     ``workers``: forward passes run side by side in this many threads, the torch CPU threads shared
     out among them; ``auto`` is one per torch thread (at most 8) on CPU and 1 on other devices.
+    ``precision``: ``fp32`` (default), ``bf16`` or ``fp16``: the forward pass runs under autocast to that
+    dtype (refused, one line, where this torch cannot do it on the device). ``compile``: run the pipeline
+    through ``torch.compile``. Both make the base classifier a (slightly) different function: certificates
+    are about the pipeline as run (docs/CERTIFY.md, "Precision and compilation").
     """
 
     def __init__(self, classifier: nn.Module, num_classes: int, sigma: float, denoiser: nn.Module | None = None,
                  batch_size: int = 1000, device: torch.device | str | None = None, memory_format: str = "auto",
-                 workers: int | str = "auto"):
+                 workers: int | str = "auto", precision: str = "fp32", compile: bool = False):
         if not (isinstance(sigma, (int, float)) and math.isfinite(sigma) and sigma > 0):
             raise UserError(f"sigma must be > 0, got {sigma}")
         if num_classes < 2:
@@ -148,12 +168,15 @@ class Smooth:
             raise UserError(f"memory format must be one of {', '.join(MEMORY_FORMATS)}, got {memory_format!r}")
         if workers != "auto" and not (isinstance(workers, int) and workers >= 1):
             raise UserError(f"workers must be 'auto' or an integer >= 1, got {workers!r}")
+        if not isinstance(compile, bool):
+            raise UserError(f"compile must be true or false, got {compile!r}")
         self.device = torch.device(device) if device is not None else next(classifier.parameters()).device
+        self.precision = numerics.check_precision_supported(self.device, precision)
+        self.compile = compile
         classifier = classifier.to(self.device).eval()
         denoiser = denoiser.to(self.device).eval() if denoiser is not None else None
         if memory_format == "auto":
-            memory_format = ("channels_last" if self.device.type == "cpu" and _has_conv2d(classifier, denoiser)
-                             else "contiguous")
+            memory_format = numerics.default_memory_format(self.device, compile, _has_conv2d(classifier, denoiser))
         if memory_format == "channels_last":
             classifier = copy.deepcopy(classifier).to(memory_format=torch.channels_last)
             if denoiser is not None:
@@ -161,6 +184,8 @@ class Smooth:
         self.classifier = classifier
         self.denoiser = denoiser
         self.memory_format = memory_format
+        self.base_pipeline = _BasePipeline(classifier, denoiser).eval()  # eager, whatever ``compile`` says
+        self._forward = numerics.compile_module(self.base_pipeline) if compile else self.base_pipeline
         self.num_classes = num_classes
         self.sigma = float(sigma)
         self.batch_size = batch_size
@@ -188,7 +213,7 @@ class Smooth:
     def _pass_size(self, total: int) -> int:
         """Samples per forward pass for ``total`` samples: ``batch_size``, or less so that every worker gets
         a pass when there are fewer than ``workers`` passes' worth (one pass would leave the others idle)."""
-        if self.workers == 1:
+        if self.workers == 1 or self.compile:  # compiled passes are padded to batch_size anyway
             return self.batch_size
         return max(1, min(self.batch_size, math.ceil(total / self.workers)))
 
@@ -208,14 +233,32 @@ class Smooth:
         """The generator of image ``idx`` in a run seeded with ``seed`` (see :func:`image_seed`)."""
         return self.generator(image_seed(seed, idx))
 
+    def describe(self) -> str:
+        """How the base classifier is run, in one line (precision, compilation, memory format)."""
+        return numerics.describe(self.precision, self.compile, self.memory_format)
+
     @torch.inference_mode()
     def base_logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits of the base pipeline f(D(x)) for a batch ``x`` (no noise added here)."""
+        """Logits of the base pipeline f(D(x)) for a batch ``x`` (no noise added here), as run: at ``precision``
+        (returned as float32) and compiled if asked."""
+        if not self.compile:
+            return self._run(x)
+        # Compiled: every pass is padded to ``batch_size`` samples, so one static-shape graph computes every sample
+        # (no recompilation per tail size, and never an eager fallback past torch's recompile limit).
+        logits = []
+        for part in x.split(self.batch_size):
+            size = part.shape[0]
+            if size < self.batch_size:
+                part = torch.cat([part, part.new_zeros((self.batch_size - size, *part.shape[1:]))])
+            logits.append(self._run(part)[:size])
+        return torch.cat(logits)
+
+    def _run(self, x: torch.Tensor) -> torch.Tensor:
         if self.memory_format == "channels_last" and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
-        if self.denoiser is not None:
-            x = self.denoiser(x)
-        return self.classifier(x)
+        with numerics.autocast(self.device, self.precision):
+            logits = self._forward(x)
+        return logits.float()
 
     @torch.inference_mode()
     def sample_counts(self, x: torch.Tensor, num: int, generator: torch.Generator | None = None) -> np.ndarray:

@@ -44,7 +44,10 @@ class CertifyJob:
     radius) or ``adaptive=True`` (estimate), with ``n_max`` estimation samples at most (default ``n``) and
     ``tolerance`` (estimate mode). Images: ``dataset``'s ``split``, every ``skip``-th image below index
     ``max_index``, or exactly ``indices``. ``seed``: image ``idx`` draws its noise from (seed, idx).
-    ``shard``: a :class:`certify.runner.Shard` (or None for the whole run).
+    ``shard``: a :class:`certify.runner.Shard` (or None for the whole run). How the base classifier is run:
+    ``precision`` (``fp32``, ``bf16``, ``fp16`` autocast) and ``compile`` (``torch.compile``), both recorded in the
+    run and part of what it certifies; ``batch_size`` None: 64 on CPU, on CUDA the largest pass that fits in half
+    the free memory (at most 4096).
     """
 
     classifier: Path | str
@@ -71,6 +74,8 @@ class CertifyJob:
     batch_size: int | None = None
     workers: int | str = "auto"
     memory_format: str = "auto"
+    precision: str = "fp32"
+    compile: bool = False
     device: str = "cpu"
     shard: Any = None
     allow_sigma_mismatch: bool = False
@@ -82,6 +87,9 @@ class CertifyJob:
         self.data_root = Path(self.data_root) if self.data_root is not None else None
         if self.task not in TASKS:
             raise UserError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
+        from certify.numerics import canonical_precision
+
+        canonical_precision(self.precision)  # a bad name is refused before anything is loaded
 
     @property
     def mode(self) -> str | None:
@@ -177,7 +185,12 @@ def _run_locked(job: CertifyJob, mode: str | None, shard, track: Track, warn: Ca
     n = job.n_max if mode and job.n_max is not None else job.n
     batch = job.batch_size or DEFAULT_BATCH.get(device.type, DEFAULT_BATCH["cpu"])
     smooth = Smooth(pipeline.classifier, pipeline.num_classes, job.sigma, pipeline.denoiser, batch, device,
-                    job.memory_format, job.workers)
+                    job.memory_format, job.workers, precision=job.precision, compile=job.compile)
+    if job.batch_size is None and device.type == "cuda":
+        from certify.batching import cuda_forward_batch
+
+        batch = smooth.batch_size = cuda_forward_batch(smooth.base_pipeline, pipeline.input_shape, device,
+                                                       smooth.precision, cap=DEFAULT_BATCH["cuda"])
     try:
         pack = adaptive_pack_size(n0, batch) if mode else pack_size((n0 or 0) + n, batch)
         extra: dict[str, Any] = {}
@@ -202,7 +215,7 @@ def _run_locked(job: CertifyJob, mode: str | None, shard, track: Track, warn: Ca
             sigma=job.sigma, n0=n0, n=n, alpha=job.alpha, batch=batch, skip=job.skip, max=job.max_index,
             indices=list(job.indices) if job.indices is not None else None, seed=job.seed,
             shards=shard.count if shard else 1, pack=pack, noise_device=device.type,
-            memory_format=smooth.memory_format, extra=extra)
+            memory_format=smooth.memory_format, precision=smooth.precision, compile=smooth.compile, extra=extra)
         run = RunDirectory(job.out, settings, shard)
         return _work(job, run, split, smooth, pipeline, indices, pack, mode, n, extra, device, shard, track)
     finally:

@@ -438,6 +438,13 @@ def _settings_table(settings: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _as_run(settings: dict[str, Any]) -> str:
+    from certify.numerics import describe, numeric_settings
+
+    numeric = numeric_settings(settings)
+    return describe(numeric["precision"], numeric["compile"], str(settings.get("memory_format", "contiguous")))
+
+
 def format_run_report(summary: dict[str, Any]) -> str:
     settings = summary.get("settings", {})
     cm = summary.get("classifier_metadata") or {}
@@ -470,7 +477,9 @@ def format_run_report(summary: dict[str, Any]) -> str:
               f"- {summary['seconds_per_image']:.4f} s per image, {summary['noisy_samples_per_second']:,.0f} noisy "
               "samples per second (compute time of the rows, per process; parallel shards add up)",
               f"- wall time of the processes: {timing.get('wall_seconds', 'n/a')} s",
-              *[f"- hardware: {h}" for h in summary.get("hardware", [])], "",
+              *[f"- hardware: {h}" for h in summary.get("hardware", [])],
+              f"- base classifier as run: {_as_run(settings)}; the certificate is about this function "
+              "(docs/CERTIFY.md, \"Precision and compilation\")", "",
               "## Models", "",
               f"- classifier: `{settings.get('classifier')}` ({cm.get('architecture')}, test accuracy "
               f"{_number(cm.get('test_accuracy'))} as recorded in its metadata), sha256 "
@@ -616,7 +625,11 @@ def paired_to_first(labels: Sequence[str], runs: Sequence[tuple[dict[str, Any], 
 
 
 def _overlay_certify_runs(run_dirs: list[Path], out_dir: Path, warn: Callable[[str], None] | None = None) -> list[Path]:
+    from certify.numerics import refuse_mixed_numerics
+
     runs = [read_certify_run(d) for d in run_dirs]
+    refuse_mixed_numerics([(str(d), summary.get("settings") or {}) for d, (summary, _) in zip(run_dirs, runs,
+                                                                                            strict=True)], "overlay")
     warnings = overlay_warnings([summary for summary, _ in runs])
     for line in warnings:
         if warn is not None:

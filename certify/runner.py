@@ -376,7 +376,8 @@ class RunSettings:
     pack: int  # images per unit (from n0 + n and batch)
     noise_device: str  # cpu or cuda: the two draw different noise from the same seed
     memory_format: str
-    precision: str = "float32"
+    precision: str = "float32"  # the forward pass's arithmetic: float32, or bfloat16 / float16 autocast
+    compile: bool = False  # the pipeline ran through torch.compile
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -385,7 +386,12 @@ class RunSettings:
         return data
 
 
+# Settings added later, with the value every run written before them had.
+LEGACY_DEFAULTS = {"precision": "float32", "compile": False}
+
+
 def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    old, new = {**LEGACY_DEFAULTS, **old}, {**LEGACY_DEFAULTS, **new}
     keys = [k for k in new if k not in PATH_SETTINGS] + [k for k in old if k not in new and k not in PATH_SETTINGS]
     return [f"{k} {old.get(k)!r} there, {new.get(k)!r} now" for k in keys if old.get(k) != new.get(k)]
 
@@ -524,7 +530,11 @@ def collect_rows(run_dirs: Sequence[Path], task: str | None = None) -> tuple[dic
         current = read_json(run_dir / SETTINGS_FILE, "run settings: is this a certify or predict --out folder?")
         if settings is None:
             settings = current
-        elif _differences(settings, current):
+        else:
+            from certify.numerics import refuse_mixed_numerics
+
+            refuse_mixed_numerics([(str(run_dirs[0]), settings), (str(run_dir), current)], "merge")
+        if _differences(settings, current):
             raise UserError(f"{run_dir} holds a run with other settings than {run_dirs[0]} "
                             f"({'; '.join(_differences(settings, current)[:3])}): refusing to merge")
         run_task = current.get("task")

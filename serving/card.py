@@ -62,7 +62,8 @@ def privacy_section(report: dict[str, Any] | None) -> dict[str, Any]:
             "report": report}
 
 
-def model_card(bundle: ModelBundle, device: str, batching: str) -> dict[str, Any]:
+def model_card(bundle: ModelBundle, device: str, batching: str, as_run: str | None = None) -> dict[str, Any]:
+    """The served model's card; ``as_run`` describes how the base classifier runs (``Smooth.describe``)."""
     pipeline, config = bundle.pipeline, bundle.config
     classifier = _model_summary(pipeline.classifier_metadata)
     classifier["test_accuracy"] = pipeline.classifier_metadata.get("test_accuracy")
@@ -108,5 +109,9 @@ def model_card(bundle: ModelBundle, device: str, batching: str) -> dict[str, Any
                    "max_queued_requests": config.max_queued_requests},
         "runtime": {"device": device, "batching": batching, "batch_size": config.batch_size,
                     "chunk_samples": config.chunk_samples,
-                    "forward_batch": config.forward_batch_on(device.split(":")[0])},
+                    "forward_batch": config.forward_batch_on(device.split(":")[0]),
+                    "precision": config.precision, "compile": config.compile,
+                    "base_classifier_as_run": as_run or f"{config.precision}, compile {config.compile}",
+                    "note": "certificates are about the denoiser and classifier as run at this precision and "
+                            "compilation (docs/CERTIFY.md, 'Precision and compilation')"},
     }

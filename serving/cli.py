@@ -108,9 +108,12 @@ def _bundle(args: argparse.Namespace) -> int:
     settings = {key: getattr(args, key) for key in ("batch_size", "max_images") if getattr(args, key) is not None}
     if args.allow_client_seed:
         settings["allow_client_seed"] = True
+    if args.precision != "fp32" or args.compile:
+        settings.update(precision=args.precision, compile=args.compile)
     write_model_dir(args.out, args.classifier, args.denoiser, sigma=sigma, n0=args.n0, n=args.n, max_n=args.max_n,
                     alpha=args.alpha, **settings)
-    print(f"wrote {args.out} (sigma {sigma:g}, n0 {args.n0}, n {args.n}, max_n {args.max_n}, alpha {args.alpha:g}); "
+    print(f"wrote {args.out} (sigma {sigma:g}, n0 {args.n0}, n {args.n}, max_n {args.max_n}, alpha {args.alpha:g}, "
+          f"precision {args.precision}{', compiled' if args.compile else ''}); "
           f"serve it with: transdenoiser serve --model-dir {args.out}")
     return 0
 
@@ -140,7 +143,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"{MODEL_DIR_ENV}={model_dir.resolve()} {DEVICE_ENV}={args.device} " + " ".join(command))
         return 0
     print(f"transdenoiser serve: {model_dir} (sigma={bundle.config.sigma}, n0={bundle.config.n0}, "
-          f"n={bundle.config.n}, alpha={bundle.config.alpha}) on http://{args.host}:{args.port}, API key "
+          f"n={bundle.config.n}, alpha={bundle.config.alpha}, precision={bundle.config.precision}"
+          f"{', compiled' if bundle.config.compile else ''}) on http://{args.host}:{args.port}, API key "
           f"{'required' if auth else 'off'}; Ctrl-C stops", file=sys.stderr, flush=True)
     os.execve(command[0], command, serve_environment(model_dir, args.device))
     return 0  # not reached
@@ -186,5 +190,8 @@ def register(subparsers, common) -> None:
     p.add_argument("--max-images", type=positive_int, default=None, help="images per request (default: 16)")
     p.add_argument("--allow-client-seed", action="store_true",
                    help="accept a client seed (reproducible noise; see docs/SERVING.md)")
+    from certify.cli import add_numerics_args
+
+    add_numerics_args(p.add_argument_group("how the server runs the models (recorded in serving.toml)"))
     p.add_argument("--out", type=Path, required=True, help="model directory to write (new or empty)")
     p.set_defaults(handler=_bundle)

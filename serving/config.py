@@ -52,6 +52,10 @@ class ServingConfig:
     # secret of the keyed noise (>= 32 characters); unset: random at start-up. Never shown (repr=False).
     noise_key: str | None = field(default=None, repr=False)
     allow_client_seed: bool = False  # accept a client "seed" (reproducible noise); see docs/SERVING.md
+    # how the base classifier is run, part of what is certified (certify.numerics): "fp32", "bf16" or "fp16"
+    # autocast, and torch.compile or not
+    precision: str = "fp32"
+    compile: bool = False
     classifier: str = "classifier"  # checkpoint directory, relative to the model directory
     denoiser: str | None = None  # optional denoiser checkpoint directory, relative to the model directory
 
@@ -72,7 +76,8 @@ class ServingConfig:
 _INT_KEYS = ("n0", "n", "max_n", "batch_size", "chunk_samples", "max_images", "max_payload_bytes", "max_latency_ms",
              "round_samples", "max_request_samples", "max_queued_requests")
 MIN_NOISE_KEY_CHARS = 32
-_BOOL_KEYS = ("allow_client_seed",)
+_BOOL_KEYS = ("allow_client_seed", "compile")
+PRECISIONS = ("fp32", "bf16", "fp16")  # certify.numerics.PRECISION_CHOICES
 
 
 def validate_config(raw: dict[str, Any], source: str) -> ServingConfig:
@@ -102,6 +107,8 @@ def validate_config(raw: dict[str, Any], source: str) -> ServingConfig:
             isinstance(raw["forward_batch"], bool) or not isinstance(raw["forward_batch"], int)
             or raw["forward_batch"] < 1):
         raise bad("forward_batch", 'an integer >= 1 or "auto"')
+    if "precision" in raw and raw["precision"] not in PRECISIONS:
+        raise bad("precision", f"one of {', '.join(repr(p) for p in PRECISIONS)}")
     if "alpha" in raw:
         alpha = raw["alpha"]
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:

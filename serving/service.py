@@ -149,7 +149,13 @@ class TransDenoiser:
         self.input_shape: tuple[int, int, int] = tuple(pipeline.input_shape)  # type: ignore[assignment]
         self.class_names = pipeline.class_names
         self.smooth = Smooth(pipeline.classifier, pipeline.num_classes, config.sigma, pipeline.denoiser,
-                             batch_size=config.forward_batch_on(self.device.type), device=self.device)
+                             batch_size=config.forward_batch_on(self.device.type), device=self.device,
+                             precision=config.precision, compile=config.compile)  # the bundle's setting
+        if self.device.type == "cuda" and config.forward_batch == "auto":  # what fits in free memory, <= batch_size
+            from certify.batching import cuda_forward_batch
+
+            self.smooth.batch_size = cuda_forward_batch(self.smooth.base_pipeline, self.input_shape, self.device,
+                                                        self.smooth.precision, cap=config.batch_size)
         counter = VoteCounter(self.smooth)
         self.metrics = service_metrics()
         share_passes = config.batching_on(self.device.type)
@@ -163,7 +169,8 @@ class TransDenoiser:
                     f"{config.batch_size} samples per pass)" if share_passes else
                     f"one request's round of {config.round_samples} samples per pass, requests in turn "
                     f"(setting batching = {config.batching!r})")
-        self.card = model_card(self.bundle, str(self.device), batching)
+        self.card = model_card(self.bundle, str(self.device), batching, self.smooth.describe())
+        self.card["runtime"]["forward_batch"] = self.smooth.batch_size  # as sized on this device
         counter([NoiseJob(torch.zeros(self.input_shape), config.batch_size, 0)])  # full-size forward pass
         # request kinds: name -> builds the scheduler work of a validated request. A new kind adds a Work class
         # (serving.compute.scheduler.Work) and an entry here, plus its response.

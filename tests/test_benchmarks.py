@@ -12,12 +12,24 @@ def test_bench_certify_writes_rates_for_every_side(tmp_path, classifier_dir):
 
     out = tmp_path / "certify.json"
     assert bench_certify.main(["--images", "1", "--n0", "5", "--n", "40", "--batch", "16", "--baseline-batch", "32",
-                               "--classifier", str(classifier_dir), "--device", "cpu", "--json", str(out)]) == 0
-    result = json.loads(out.read_text())
-    for row in result["runs"].values():
-        assert set(row["samples_per_second"]) == {"baseline_batch_32", "ours"}
-        assert all(rate > 0 for rate in row["samples_per_second"].values())
-        assert row["noisy_samples"] == 45 and row["speedup"]["baseline_batch_32"] > 0
+                               "--classifier", str(classifier_dir), "--device", "cpu", "--precision", "fp32,bf16",
+                               "--repeats", "1", "--json", str(out)]) == 0
+    row = json.loads(out.read_text())["pipelines"]["mnist"]
+    assert set(row["samples_per_second"]) == {"cohen@32", "ours:fp32", "ours:bf16"}
+    assert all(rate > 0 for rate in row["samples_per_second"].values())
+    assert row["noisy_samples"] == 45 and row["speedup"]["cohen@32"] == 1.0
+    # cnn28 + the paper's autoencoder: about 41 MFLOP per sample (torch.utils.flop_counter)
+    assert 35e6 < row["flops_per_sample"] < 50e6 and row["tflops"]["ours:fp32"] > 0
+
+
+def test_bench_certify_refuses_unknown_pipelines_and_precisions(capsys):
+    from benchmarks import bench_certify
+
+    for argv in (["--pipeline", "svhn"], ["--precision", "int8"]):
+        with pytest.raises(SystemExit):
+            bench_certify.main(argv)
+    err = capsys.readouterr().err
+    assert "--pipeline: unknown svhn" in err and "--precision: expected fp32, bf16, fp16" in err
 
 
 def test_bench_training_compares_sepdp_with_opacus(tmp_path):

@@ -81,6 +81,9 @@ def register(subparsers, common) -> None:
     p.add_argument("--batch-size", type=positive_int, default=100, help="images attacked at once (default: 100)")
     p.add_argument("--allow-sigma-mismatch", action="store_true",
                    help="allow a --sigma other than the denoiser's training sigma (refused by default)")
+    from certify.cli import add_numerics_args
+
+    add_numerics_args(p.add_argument_group("predictions (the attack's gradients are float32, eager)"))
     p.add_argument("--out", type=Path, default=Path("runs/attack"), help="output directory (default: runs/attack)")
     p.set_defaults(handler=cmd_attack)
 
@@ -102,6 +105,7 @@ def register(subparsers, common) -> None:
     p.add_argument("--predict-alpha", type=open_unit_interval, default=None,
                    help="re-prediction's test level (default: the certify run's alpha)")
     p.add_argument("--batch-size", type=positive_int, default=50, help="examples attacked at once (default: 50)")
+    add_numerics_args(p.add_argument_group("re-predictions (must be the certify run's)"), default_precision=None)
     p.add_argument("--out", type=Path, default=None, help="where audit.json/audit.tsv go (default: RUN_DIR)")
     p.set_defaults(handler=cmd_audit)
 
@@ -114,13 +118,15 @@ def _checkpoint_path(path: Path | None, flag: str) -> Path | None:
 
 def cmd_attack(args) -> int:
     from certify.attacks.evaluate import AttackConfig
+    from certify.numerics import canonical_precision
 
     started = time.perf_counter()
     device = resolve_device(args.device)
     seed_everything(args.seed)
     config = AttackConfig(attack=args.attack, norm=args.norm, eps=tuple(args.eps), threat=args.threat,
                           sigma=args.sigma, steps=args.steps, step_size=args.step_size, eot=args.eot, n=args.n,
-                          alpha=args.alpha, decay=args.decay, batch_size=args.batch_size)
+                          alpha=args.alpha, decay=args.decay, batch_size=args.batch_size,
+                          precision=canonical_precision(args.precision), compile=args.compile)
     config.validate()
     from transdenoiser.lock import RunLock
 
@@ -182,7 +188,7 @@ def _write_audit(result: dict, out_dir: Path) -> list[Path]:
 
 
 def cmd_audit(args) -> int:
-    from certify.attacks.evaluate import AuditConfig, audit_certify_run, read_certify_run
+    from certify.attacks.evaluate import AuditConfig, audit_certify_run, audit_numerics, read_certify_run
     from certify.pipeline import check_dataset_fits, load_pipeline
     from training.datasets import load_dataset
 
@@ -190,6 +196,10 @@ def cmd_audit(args) -> int:
     seed_everything(args.seed)
     run = read_certify_run(args.run_dir)
     settings = run.settings
+    config = AuditConfig(margin=args.margin, steps=args.steps, step_size=args.step_size, m=args.m, n=args.n,
+                         predict_alpha=args.predict_alpha, max_examples=args.max, batch_size=args.batch_size,
+                         precision=args.precision, compile=args.compile)
+    audit_numerics(run, config)  # another precision than the run's is refused before anything is loaded
     denoiser = Path(settings["denoiser"]) if settings.get("denoiser") else None
     pipeline = load_pipeline(_checkpoint_path(Path(settings["classifier"]), "classifier"),
                              _checkpoint_path(denoiser, "denoiser"), device)
@@ -201,8 +211,6 @@ def cmd_audit(args) -> int:
             raise UserError(f"{args.run_dir}: row idx {row['idx']} (label {row['label']}) does not match the "
                             f"{settings['split']} split of {dataset.name} (split seed {settings['split_seed']})")
     images, _ = split.tensors(device)
-    config = AuditConfig(margin=args.margin, steps=args.steps, step_size=args.step_size, m=args.m, n=args.n,
-                         predict_alpha=args.predict_alpha, max_examples=args.max, batch_size=args.batch_size)
     result = audit_certify_run(run, pipeline, images, config, args.seed, track=bar)
     result["hardware"] = hardware_description(device)
     files = _write_audit(result, args.out or args.run_dir)

@@ -54,7 +54,9 @@ class AttackConfig:
     ``step_size`` None means 2.5 * eps / steps (Madry et al.); ``eot`` is the number of Gaussian noise
     draws per gradient for the ``pipeline`` and ``smoothed`` threats; ``n`` and ``alpha`` are
     ``Smooth.predict``'s; ``batch_size`` images are attacked together (times ``eot`` in one forward pass);
-    ``noise_batch_size`` noisy samples go through the model at once when predicting.
+    ``noise_batch_size`` noisy samples go through the model at once when predicting. ``precision`` and
+    ``compile``: how the smoothed, noisy and base predictions run the pipeline (``certify.numerics``); the
+    attack's gradients are always computed in float32, eagerly.
     """
 
     attack: str
@@ -71,8 +73,13 @@ class AttackConfig:
     targeted: bool = False
     batch_size: int = 100
     noise_batch_size: int = 1000
+    precision: str = "float32"
+    compile: bool = False
 
     def validate(self) -> None:
+        from certify.numerics import canonical_precision
+
+        canonical_precision(self.precision)
         if self.attack not in ATTACKS:
             raise UserError(f"unknown attack {self.attack!r}; expected one of {', '.join(ATTACKS)}")
         check_norm(self.norm)
@@ -157,7 +164,8 @@ def run_attack_eval(pipeline: Pipeline, images: torch.Tensor, labels: torch.Tens
     device = pipeline.device
     images, labels = images.to(device), labels.to(device)
     smooth = Smooth(pipeline.classifier, pipeline.num_classes, config.sigma, pipeline.denoiser,
-                    batch_size=config.noise_batch_size, device=device)
+                    batch_size=config.noise_batch_size, device=device, precision=config.precision,
+                    compile=config.compile)
     threat = build_threat(config.threat, pipeline.classifier, pipeline.denoiser, config.sigma, config.eot)
     clean = _evaluate(smooth, images, labels, config.n, config.alpha, seed, 0.0, track, "clean")
     results = []
@@ -189,6 +197,8 @@ class AuditConfig:
 
     Each certified example is attacked at eps = radius * (1 - margin); ``m`` noise draws per gradient;
     ``n`` samples for ``Smooth.predict``, at ``predict_alpha`` (None: the certify run's alpha).
+    ``precision`` / ``compile``: None takes the certify run's (the certificate is about the pipeline as it ran
+    there); another value is refused.
     """
 
     margin: float = 0.01
@@ -199,6 +209,8 @@ class AuditConfig:
     predict_alpha: float | None = None
     max_examples: int | None = None
     batch_size: int = 50
+    precision: str | None = None
+    compile: bool | None = None
 
     def validate(self) -> None:
         if not 0 <= self.margin < 1:
@@ -243,6 +255,21 @@ def read_certify_run(run_dir: str | Path) -> CertifyRun:
     return CertifyRun(run_dir, settings, rows)
 
 
+def audit_numerics(run: CertifyRun, config: AuditConfig) -> dict[str, Any]:
+    """The precision and compile flag the audit re-predicts with: the certify run's; a different one is refused."""
+    from certify.numerics import canonical_precision, numeric_settings, short_name
+
+    recorded = numeric_settings(run.settings)
+    if config.precision is not None and canonical_precision(config.precision) != recorded["precision"]:
+        raise UserError(f"--precision {config.precision}: {run.directory} was certified at "
+                        f"{short_name(recorded['precision'])}; the audit re-predicts with the classifier as certified "
+                        f"(leave --precision out)")
+    if config.compile is not None and config.compile != recorded["compile"]:
+        raise UserError(f"--compile: {run.directory} was certified {'with' if recorded['compile'] else 'without'} "
+                        f"torch.compile; the audit re-predicts with the classifier as certified (leave it out)")
+    return recorded
+
+
 def binomial_excess_pvalue(violations: int, trials: int, rate: float) -> float:
     """P[Binomial(trials, rate) >= violations]: small means more violations than ``rate`` allows."""
     if trials == 0 or violations == 0:
@@ -267,7 +294,9 @@ def audit_certify_run(run: CertifyRun, pipeline: Pipeline, images: torch.Tensor,
     if config.max_examples is not None:
         certified = certified[:config.max_examples]
     device = pipeline.device
-    smooth = Smooth(pipeline.classifier, pipeline.num_classes, sigma, pipeline.denoiser, device=device)
+    numeric = audit_numerics(run, config)
+    smooth = Smooth(pipeline.classifier, pipeline.num_classes, sigma, pipeline.denoiser, device=device,
+                    precision=numeric["precision"], compile=numeric["compile"])
     threat = SmoothedThreat(pipeline.classifier, sigma, pipeline.denoiser, config.m)
     attack_gen = smooth.generator(derived_seed(seed, "attack", 0.0))
     predict_gen = smooth.generator(derived_seed(seed, "smoothed", 0.0))
@@ -297,7 +326,7 @@ def audit_certify_run(run: CertifyRun, pipeline: Pipeline, images: torch.Tensor,
     return {
         "format": AUDIT_FORMAT, "format_version": FORMAT_VERSION,
         "certify_run": str(run.directory), "certify_settings": settings,
-        "settings": {**asdict(config), "predict_alpha": predict_alpha, "attack": "pgd", "norm": "l2",
+        "settings": {**asdict(config), **numeric, "predict_alpha": predict_alpha, "attack": "pgd", "norm": "l2",
                      "threat": "smoothed", "seed": seed},
         "certified_in_run": sum(r["predict"] != ABSTAIN and r["radius"] > 0 for r in run.rows),
         "rows_in_run": len(run.rows),

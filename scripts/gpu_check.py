@@ -1,0 +1,281 @@
+"""One-command check of every computing command on a device, then the speed benchmarks; one table, one JSON.
+
+    scripts/gpu_check.sh                 # --device cuda: small sizes, then the benchmarks (under 5 min on an H100)
+    scripts/gpu_check.sh --quick         # CPU, smallest sizes, the certify benchmark only (under 3 min; in the tests)
+    python scripts/gpu_check.py --device cuda --out runs/gpu_check     # the same, without the shell wrapper
+
+Commands, each run in this process through ``transdenoiser.cli.main`` (``serve`` as a real server process):
+pretrain, train for each arm (nodp, sepdp, transdenoiser with S_min computed on the tiny denoiser), certify
+(fixed n, decide, estimate; bf16 and compiled fixed-n runs too), predict, attack, audit, privacy-audit,
+train-head, bundle, and ``serve`` answering one request of each kind (certify, decide, estimate). Then the
+benchmarks: bench_certify (Cohen's loop and the mnist / cifar / imagenet pipelines at fp32, bf16 and fp16 eager,
+fp32 and bf16 compiled), bench_training and bench_serving at 16 clients. Needs no network. A failing step is
+recorded and the check goes on; the exit status is 1 if any step failed. Writes OUT/gpu_check.json (every step:
+seconds, status, figures, the error) and prints one table.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+class Check:
+    """Runs the steps, records each one's outcome, prints the table."""
+
+    def __init__(self, out: Path, device: str, quiet: bool):
+        self.out, self.device, self.quiet = out, device, quiet
+        self.steps: list[dict] = []
+
+    def step(self, name: str, fn: Callable[[], dict | None]) -> dict | None:
+        start = time.perf_counter()
+        record: dict = {"step": name}
+        captured = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(captured) if self.quiet else contextlib.nullcontext():
+                figures = fn()
+            record.update(status="ok", figures=figures or {})
+        except SystemExit as exc:  # argparse
+            record.update(status="failed", error=f"exit {exc.code}: {captured.getvalue()[-500:]}")
+        except Exception as exc:  # noqa: BLE001 - a failing step is recorded, the check goes on
+            first_line = str(exc).splitlines()[0] if str(exc) else ""
+            record.update(status="failed", error=f"{type(exc).__name__}: {first_line}",
+                          traceback=traceback.format_exc()[-2000:])
+        record["seconds"] = round(time.perf_counter() - start, 2)
+        self.steps.append(record)
+        print(f"  {record['status']:<6} {record['seconds']:>7.1f} s  {name}"
+              + (f"  ({record['error']})" if record["status"] != "ok" else ""), file=sys.stderr, flush=True)
+        return record.get("figures")
+
+    def cli(self, *argv) -> dict:
+        from transdenoiser.cli import main
+
+        code = main([str(a) for a in argv])
+        if code != 0:
+            raise RuntimeError(f"transdenoiser {argv[0]} exited {code}")
+        return {}
+
+
+def summary_figures(run: Path) -> dict:
+    summary = json.loads((run / "summary.json").read_text())
+    keys = ("images", "noisy_samples_per_second", "seconds_per_image", "smoothed_clean_accuracy",
+            "smoothed_accuracy", "average_certified_radius", "mean_samples_per_image")
+    figures = {k: summary[k] for k in keys if k in summary}
+    figures.update({k: summary["settings"].get(k) for k in ("precision", "compile", "memory_format", "batch")})
+    return figures
+
+
+def run_commands(check: Check, args) -> None:
+    import torch
+
+    out, dev = args.out, ["--device", args.device]
+    quick = args.quick
+    clf, den, tiny = out / "classifier", out / "denoiser", out / "denoiser_tiny"
+    epochs = "1"
+    check.step("pretrain (cnn28, mnist10k)", lambda: check.cli(
+        "pretrain", "--epochs", epochs, "--batch-size", "256", "--out", clf, "--overwrite", *dev))
+    small = ["--train-examples", "128" if quick else "2000", "--eval-examples", "32" if quick else "256",
+             "--epochs", "1", "--batch-size", "64" if quick else "256", "--sigma", "0.25"]
+    for arm in ("nodp", "sepdp", "transdenoiser"):
+        target = den if arm == "sepdp" else out / f"denoiser_{arm}"
+        extra = [] if arm == "nodp" else ["--target-epsilon", "8"]
+        check.step(f"train --arm {arm} (autoencoder)", lambda arm=arm, target=target, extra=extra: check.cli(
+            "train", "--classifier", clf, "--arm", arm, *small, *extra, "--out", target, *dev))
+    check.step("train --arm transdenoiser, tiny denoiser, S_min computed", lambda: check.cli(
+        "train", "--classifier", clf, "--arm", "transdenoiser", "--denoiser", "tiny", "--denoiser-width", "8",
+        "--activation", "silu", "--max-smin-dim", "2000", "--xi-up", "3", "--target-epsilon", "8",
+        "--train-examples", "64" if quick else "512", "--eval-examples", "16", "--epochs", "1", "--batch-size", "32",
+        "--sigma", "0.25", "--out", tiny, *dev))
+    n = "100" if quick else "2000"
+    base = ["--classifier", clf, "--denoiser", den, "--sigma", "0.25", "--max-index", "4" if quick else "100",
+            "--skip", "1", *dev]
+    runs = {}
+    for label, extra in (("fixed n", ["--n", n]), ("decide R=0.25", ["--n", n, "--radius", "0.25"]),
+                         ("estimate", ["--n", n, "--adaptive"]),
+                         ("fixed n, bf16", ["--n", n, "--precision", "bf16"]),
+                         ("fixed n, bf16 + compile", ["--n", n, "--precision", "bf16", "--compile"])):
+        if quick and "compile" in label:
+            continue  # compiled on CPU in tests/test_precision.py; here it would cost a minute of compilation
+        runs[label] = out / ("certify_" + label.replace(" ", "_").replace(",", "").replace("+", "").replace("=", ""))
+        check.step(f"certify {label}", lambda extra=extra, run=runs[label]: (
+            check.cli("certify", *base, *extra, "--out", run), summary_figures(run))[1])
+    check.step("predict", lambda: (check.cli("predict", *base, "--n", n, "--out", out / "predict"),
+                                   summary_figures(out / "predict"))[1])
+    check.step("attack (pgd l2, pipeline threat)", lambda: check.cli(
+        "attack", "--classifier", clf, "--denoiser", den, "--attack", "pgd", "--eps", "0.5", "--steps", "2",
+        "--eot", "2", "--n", "50", "--max-images", "2" if quick else "32", "--out", out / "attack", *dev))
+    check.step("audit (certify fixed n run)", lambda: _audit(check, runs["fixed n"], dev))
+    check.step("privacy-audit (whitebox, tiny)", lambda: check.cli(
+        "privacy-audit", "--classifier", clf, "--out", out / "privacy_audit", "--denoiser", "tiny",
+        "--denoiser-width", "8", "--activation", "silu", "--train-examples", "100", "--batch-size", "50",
+        "--epochs", "1", "--eval-examples", "50", "--lr", "0.05", "--delta", "1e-5", "--arm", "sepdp",
+        "--target-epsilon", "8", "--canaries", "50" if quick else "200", "--reference-models", "0", *dev))
+    check.step("train-head (opera)", lambda: check.cli(
+        "train-head", "--algorithm", "opera", "--loss", "softmax", "--epsilon", "2", "--delta", "1e-5",
+        "--classifier", clf, "--lambda", "0.01", *(["--steps", "50"] if quick else []), "--out", out / "head", *dev))
+    check.step("bundle (bf16)", lambda: check.cli(
+        "bundle", "--classifier", clf, "--denoiser", den, "--n0", "20", "--n", "100", "--max-n", "1000",
+        "--precision", "bf16", "--out", out / "model", "--allow-client-seed"))
+    check.step("serve: one certify, decide and estimate request", lambda: _serve(out, args.device))
+    del torch
+
+
+def _audit(check: Check, run: Path, dev: list[str]) -> dict:
+    check.cli("audit", run, "--max", "2", "--steps", "2", "--m", "2", "--n", "100", "--out", run / "audit", *dev)
+    result = json.loads((run / "audit" / "audit.json").read_text())
+    return {k: result[k] for k in ("audited", "kept", "abstained", "changed", "pvalue")}
+
+
+def _serve(out: Path, device: str) -> dict:
+    import httpx
+    import numpy as np
+
+    from serving.process import ServerProcess
+    from training.datasets import load_dataset
+
+    image = load_dataset("mnist10k").test.tensors()[0][0].numpy()
+    server = ServerProcess(out / "model", out / "serve.log", device=device)
+    figures = {}
+    try:
+        started = time.monotonic()
+        server.wait_ready(started + 240)
+        figures["start_seconds"] = round(time.monotonic() - started, 1)
+        card = httpx.post(f"{server.url}/metadata", json={}, timeout=60).json()
+        figures["runtime"] = {k: card["runtime"].get(k) for k in ("device", "precision", "compile", "forward_batch")}
+        for kind, extra in (("certify", {}), ("decide", {"radius": 0.25}), ("estimate", {"adaptive": True})):
+            body = {"images": [np.round(image, 4).tolist()], "n": 200, "seed": 1, **extra}
+            response = httpx.post(f"{server.url}/predict", json=body, timeout=120)
+            if response.status_code != 200:
+                raise RuntimeError(f"{kind} request: HTTP {response.status_code} {response.text[:200]}")
+            prediction = response.json()["predictions"][0]
+            figures[kind] = {k: prediction.get(k) for k in ("label", "certified_radius", "abstained", "n")}
+    finally:
+        server.stop()
+    return figures
+
+
+def run_benchmarks(check: Check, args) -> None:
+    out, device = args.out, args.device
+    from benchmarks import bench_certify
+
+    if args.quick:
+        check.step("bench_certify mnist (fp32, bf16), tiny", lambda: _bench_certify(
+            bench_certify, out / "bench_certify.json",
+            ["--pipeline", "mnist", "--precision", "fp32,bf16", "--images", "1", "--n", "200", "--repeats", "1",
+             "--classifier", out / "classifier", "--denoiser", out / "denoiser", "--device", device]))
+        return
+    for pipeline, images, n in (("mnist", "4", "10000"), ("cifar", "2", "10000"), ("imagenet", "1", "2000")):
+        check.step(f"bench_certify {pipeline} (fp32, bf16, fp16; fp32 and bf16 compiled)", lambda p=pipeline, i=images,
+                   n=n: _bench_certify(bench_certify, out / f"bench_certify_{p}.json",
+                                       ["--pipeline", p, "--precision", "fp32,bf16,fp16", "--compile", "fp32,bf16",
+                                        "--images", i,
+                                        "--n", n, "--repeats", "3", "--batch", "4096" if p != "imagenet" else "512",
+                                        "--device", device]))
+    from benchmarks import bench_training
+
+    check.step("bench_training (GPU rows)", lambda: _json_figures(
+        bench_training.main(["--device", device, "--steps", "10", "--warmup", "5", "--repeats", "3",
+                             "--smin-widths", "1,2", "--out", str(out / "bench_training.json")]),
+        out / "bench_training.json", ("median_examples_per_second",)))
+    from benchmarks import bench_serving
+
+    check.step("bench_serving (16 clients)", lambda: _json_figures(
+        bench_serving.main(["--classifier-dir", str(out / "classifier"), "--denoiser-dir", str(out / "denoiser"),
+                            "--clients", "16", "--device", device, "--max-seconds", "40",
+                            "--out", str(out / "bench_serving.json")]),
+        out / "bench_serving.json", ("speedup",)))
+
+
+def _bench_certify(module, path: Path, argv: list) -> dict:
+    code = module.main([str(a) for a in argv] + ["--json", str(path)])
+    if code != 0:
+        raise RuntimeError(f"bench_certify exited {code}")
+    result = json.loads(path.read_text())
+    return {name: {"samples_per_second": {k: round(v) for k, v in row["samples_per_second"].items()},
+                   "tflops": {k: round(v, 3) for k, v in row["tflops"].items()},
+                   "speedup_vs_" + row["speedup_vs"]: {k: round(v, 2) for k, v in row["speedup"].items()}}
+            for name, row in result["pipelines"].items()}
+
+
+def _json_figures(code: int, path: Path, keys: tuple[str, ...]) -> dict:
+    if code != 0:
+        raise RuntimeError(f"exited {code}")
+    result = json.loads(path.read_text())
+    found = {}
+    for name, value in result.items():
+        if isinstance(value, dict):
+            found.update({f"{name}.{k}": value[k] for k in keys if k in value})
+        elif name in keys:
+            found[name] = value
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/gpu_check.sh", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help="CPU, smallest sizes, the certify benchmark only (the test suite runs this)")
+    parser.add_argument("--device", default=None, help="cuda (default) or cpu (default with --quick)")
+    parser.add_argument("--out", type=Path, default=Path("runs/gpu_check"), help="folder for runs and gpu_check.json")
+    parser.add_argument("--skip-benchmarks", action="store_true", help="the commands only")
+    parser.add_argument("--verbose", action="store_true", help="show each command's own output")
+    args = parser.parse_args(argv)
+    args.device = args.device or ("cpu" if args.quick else "cuda")
+    import torch
+
+    from transdenoiser.runtime import hardware_description, resolve_device
+
+    try:
+        device = resolve_device(args.device)
+    except Exception as exc:  # noqa: BLE001 - one line, no traceback
+        print(f"gpu_check: {exc}", file=sys.stderr)
+        return 2
+    if args.quick:
+        torch.set_num_threads(min(2, torch.get_num_threads()))
+    args.out.mkdir(parents=True, exist_ok=True)
+    hardware = hardware_description(device)
+    print(f"gpu_check{' --quick' if args.quick else ''}: {hardware}; runs in {args.out}", file=sys.stderr)
+    check = Check(args.out, args.device, quiet=not args.verbose)
+    started = time.perf_counter()
+    run_commands(check, args)
+    if not args.skip_benchmarks:
+        run_benchmarks(check, args)
+    total = time.perf_counter() - started
+    failed = [s["step"] for s in check.steps if s["status"] != "ok"]
+    result = {"format": "transdenoiser-gpu-check", "quick": args.quick, "device": str(device), "hardware": hardware,
+              "torch": torch.__version__, "commit": _commit(), "seconds": round(total, 1), "failed": failed,
+              "steps": check.steps}
+    path = args.out / "gpu_check.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\n{'step':<58} {'status':<7} {'seconds':>8}  figures")
+    for s in check.steps:
+        figures = json.dumps(s.get("figures") or {}, separators=(",", ":"))
+        print(f"{s['step']:<58} {s['status']:<7} {s['seconds']:>8.1f}  "
+              f"{figures if len(figures) <= 160 else figures[:157] + '...'}")
+    print(f"\n{len(check.steps) - len(failed)} of {len(check.steps)} steps ok in {total:.0f} s on {hardware}; "
+          f"wrote {path}")
+    return 1 if failed else 0
+
+
+def _commit() -> str | None:
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,38 @@
+"""scripts/gpu_check.sh --quick: every computing command on CPU at the smallest sizes, then the certify benchmark,
+as one script, so that the GPU check cannot rot between the times a GPU is lent. The slowest single test of the
+suite (about 2 minutes of 2 CPU cores); the real GPU run is `make gpu-check`."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_gpu_check_quick_runs_every_command_on_cpu(tmp_path):
+    out = tmp_path / "gpu_check"
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([str(ROOT / "scripts" / "gpu_check.sh"), "--quick", "--out", str(out)], env=env,
+                            capture_output=True, text=True, timeout=900)
+    record = json.loads((out / "gpu_check.json").read_text())
+    failed = {s["step"]: s.get("error") for s in record["steps"] if s["status"] != "ok"}
+    assert result.returncode == 0 and not failed, (failed, result.stderr[-3000:])
+    steps = {s["step"]: s for s in record["steps"]}
+    assert record["quick"] and record["device"] == "cpu" and len(steps) >= 17
+    for name in ("pretrain (cnn28, mnist10k)", "train --arm transdenoiser, tiny denoiser, S_min computed",
+                 "certify decide R=0.25", "certify estimate", "predict", "audit (certify fixed n run)",
+                 "privacy-audit (whitebox, tiny)", "train-head (opera)", "bundle (bf16)"):
+        assert name in steps, name
+    assert steps["certify fixed n, bf16"]["figures"]["precision"] == "bfloat16"
+    served = steps["serve: one certify, decide and estimate request"]["figures"]
+    assert served["runtime"]["precision"] == "bf16" and {"certify", "decide", "estimate"} <= set(served)
+    bench = steps["bench_certify mnist (fp32, bf16), tiny"]["figures"]["mnist"]
+    assert set(bench["samples_per_second"]) >= {"cohen@1000", "ours:fp32", "ours:bf16"}
+    table = result.stdout
+    assert "steps ok" in table and "gpu_check.json" in table
