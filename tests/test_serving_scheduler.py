@@ -210,9 +210,13 @@ def test_keyed_seeds_are_one_per_input():
     image = torch.rand(SHAPE, generator=torch.Generator().manual_seed(0))
     seed = key.image_seed(image, SETTINGS)
     assert key.image_seed(image.clone(), SETTINGS) == seed  # same bytes, same seed
+    same_question = image.clone()
+    same_question[0, 3, 4] = torch.nextafter(same_question[0, 3, 4], torch.tensor(2.0))  # one pixel, one ulp
+    same_question[0, 0, 0] = 1e-40 if float(image[0, 0, 0]) < 0.5 / 255 else float(same_question[0, 0, 0])
+    assert key.image_seed(same_question, SETTINGS) == seed  # the same 8-bit image: the same question
     changed = image.clone()
-    changed[0, 3, 4] = torch.nextafter(changed[0, 3, 4], torch.tensor(2.0))  # one pixel, one ulp
-    assert key.image_seed(changed, SETTINGS) != seed
+    changed[0, 3, 4] = (torch.round(changed[0, 3, 4] * 255) + (1 if changed[0, 3, 4] < 0.5 else -1)) / 255
+    assert key.image_seed(changed, SETTINGS) != seed  # one pixel one 8-bit level away
     assert NoiseKey(b"j" * 32, "model-a").image_seed(image, SETTINGS) != seed  # another secret
     assert NoiseKey(b"k" * 32, "model-b").image_seed(image, SETTINGS) != seed  # another model
     for name, value in (("n", 201), ("n0", 21), ("sigma", 0.5), ("alpha", 0.01), ("kind", "radius")):
@@ -221,12 +225,14 @@ def test_keyed_seeds_are_one_per_input():
     assert 0 <= seed < 2**63
 
 
-def test_canonical_bytes_identify_negative_zero_and_float64():
+def test_canonical_bytes_are_the_8_bit_image():
     zeros = torch.zeros(SHAPE)
-    assert canonical_image_bytes(-zeros) == canonical_image_bytes(zeros)
-    assert np.signbit(np.frombuffer(zeros.neg().numpy().tobytes(), "<f4")).all()  # the raw bytes do differ
+    assert canonical_image_bytes(-zeros) == canonical_image_bytes(zeros) == canonical_image_bytes(zeros + 1e-40)
+    levels = torch.arange(256, dtype=torch.float32)
+    assert canonical_image_bytes((levels / 255).reshape(1, 16, 16)) == bytes(range(256))  # a PNG's pixels exactly
     assert canonical_image_bytes(torch.full(SHAPE, 0.5, dtype=torch.float64)) == \
         canonical_image_bytes(torch.full(SHAPE, 0.5))
+    assert canonical_image_bytes(torch.full(SHAPE, 0.5)) != canonical_image_bytes(torch.full(SHAPE, 0.51))
 
 
 def test_client_seeds_differ_per_image():
@@ -240,7 +246,7 @@ def test_duplicates_get_one_certificate_and_a_changed_pixel_fresh_noise(smooth, 
     or another secret: other noise, hence (almost surely) other counts for an ambiguous image."""
     ambiguous = 0.5 * digits[0][0] + 0.5 * digits[0][1]  # a blend of two digits: votes split between classes
     changed = ambiguous.clone()
-    changed[0, 0, 0] = 0.001
+    changed[0, 0, 0] = 0.01  # 8-bit level 3 instead of 0
     scheduler = FairScheduler(VoteCounter(smooth), round_samples=200, pass_samples=1000, share_passes=False,
                               max_queued=8)
 
