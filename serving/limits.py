@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from serving.auth import send_json
 
-
 SLOT_KEY = "transdenoiser.release_body_slot"
 BODILESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 

@@ -205,8 +205,9 @@ class FairScheduler:
                                  f"this server computes at most {max_samples} per request (max_request_samples)")
         if len(self._tickets) >= self.max_queued:
             retry = self.retry_after_s()
-            raise self._refuse("queue", QueueFull(f"the server is busy ({len(self._tickets)} requests in flight, the most it queues: "
-                            f"max_queued_requests); retry in {retry} s", {"Retry-After": str(retry)}))
+            raise self._refuse("queue", QueueFull(
+                f"the server is busy ({len(self._tickets)} requests in flight, the most it queues: "
+                f"max_queued_requests); retry in {retry} s", {"Retry-After": str(retry)}))
         self._admit(work, deadline_s)
         self._start()
         ticket = _Ticket(work, self._loop.create_future(), self.clock() + deadline_s, deadline_s, disconnected,
