@@ -10,8 +10,10 @@ of what the server computes within the deadline, ``--factor`` times as much work
 deadline, all sent at once (no retries), while one client keeps sending small requests one after another.
 Figures: goodput (noisy samples of requests answered 200 / noisy samples computed, from /metrics), the large
 requests' statuses and Retry-After values, the time to each refusal, and each small request's latency against
-3x its idle median (or an immediate refusal). Bounded: the overload phase ends when every large request is
-answered (at most the deadline plus a margin); loopback only.
+3x its idle median (or an immediate refusal). Then a burst: ``--burst-bodies`` JSON bodies just under the payload
+limit (2 MB) sent at once while /readyz and /livez are probed back to back: the probes' latency, the bodies'
+statuses and the worker's memory before and after. Bounded: the overload phase ends when every large request is
+answered (at most the deadline plus a margin), the burst when its bodies are answered; loopback only.
 """
 from __future__ import annotations
 
@@ -110,6 +112,43 @@ def measure(url: str, images, deadline_s: float, factor: float, idle_requests: i
     }
 
 
+def measure_burst(url: str, bodies: int, body_bytes: int, memory_of=None) -> dict:
+    """``bodies`` JSON bodies of about ``body_bytes`` at once; probes' latency meanwhile."""
+    import json
+
+    import numpy as np
+
+    image = json.dumps(np.full((1, 28, 28), 0.123456789).tolist())
+    body = ('{"images": [' + image + "]" + " " * (body_bytes - len(image) - 20) + "}").encode()
+    statuses: list[int] = []
+    probes: list[float] = []
+    before = memory_of() if memory_of else None
+
+    def post() -> None:
+        with httpx.Client(base_url=url, timeout=300) as client:
+            try:
+                statuses.append(client.post("/predict", content=body,
+                                            headers={"content-type": "application/json"}).status_code)
+            except httpx.TransportError:
+                statuses.append(0)
+
+    threads = [threading.Thread(target=post) for _ in range(bodies)]
+    with httpx.Client(base_url=url, timeout=60) as http:
+        for thread in threads:
+            thread.start()
+        while any(thread.is_alive() for thread in threads):
+            for path in ("/readyz", "/livez"):
+                started = time.perf_counter()
+                http.get(path)
+                probes.append(time.perf_counter() - started)
+    for thread in threads:
+        thread.join()
+    return {"bodies": bodies, "body_bytes": len(body), "statuses": dict(Counter(str(s) for s in statuses)),
+            "probes": percentiles(probes), "probes_over_100ms": sum(p > 0.1 for p in probes),
+            "rss_before_mib": before / 2**20 if before else None,
+            "rss_after_mib": memory_of() / 2**20 if memory_of else None}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_overload", description=__doc__.split("\n")[0])
     parser.add_argument("--classifier-dir", default="runs/demo/classifier", help="classifier checkpoint directory")
@@ -119,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="deadline 10 s")
     parser.add_argument("--out", default="runs/bench/overload.json", help="JSON results file")
     parser.add_argument("--idle-requests", type=positive_int, default=5, help="small requests on the idle server")
+    parser.add_argument("--burst-bodies", type=int, default=100, help="bodies of the burst (0: no burst)")
     args = parser.parse_args(argv)
     from training.datasets import load_dataset
 
@@ -129,6 +169,12 @@ def main(argv: list[str] | None = None) -> int:
             running_server(Path(tmp), args.classifier_dir, args.denoiser_dir, sigma=0.25,
                            max_latency_ms=int(deadline_s * 1000)) as server:
         figures = measure(server.url, x[:32].numpy(), deadline_s, args.factor, args.idle_requests)
+        if args.burst_bodies > 0:
+            from benchmarks.serving_common import worker_process
+
+            worker = worker_process(server)
+            figures["burst"] = measure_burst(server.url, args.burst_bodies, 2 * 1024 * 1024 - 4096,
+                                             lambda: worker.memory_info().rss)
     result = {**record, **figures}
     print(f"rate {figures['rate_samples_per_s']:.0f} samples/s; {figures['large_requests']} large requests "
           f"({figures['large']}), {figures['offered_samples'] / figures['finishable_samples']:.1f}x the finishable "
@@ -136,6 +182,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"goodput {figures['goodput']:.3f} ({figures['completed_samples']:.0f} of {figures['computed_samples']:.0f} "
           f"computed samples); small requests {figures['small_statuses']}, "
           f"{figures['small_within_3x_idle']} within 3x idle ({figures['idle_small']['p50_s']:.3f} s)")
+    if "burst" in figures:
+        burst = figures["burst"]
+        print(f"burst of {burst['bodies']} bodies of {burst['body_bytes']} bytes: statuses {burst['statuses']}; "
+              f"probes p50 {burst['probes']['p50_s']:.3f}s max {burst['probes']['max_s']:.3f}s, "
+              f"{burst['probes_over_100ms']} of {burst['probes']['count']} over 100 ms; worker RSS "
+              f"{burst['rss_before_mib']:.0f} -> {burst['rss_after_mib']:.0f} MiB")
     write_result(args.out, result)
     print(f"results in {args.out}")
     return 0

@@ -11,9 +11,9 @@ n = 100), and every tenth request is ``malformed`` (NaN, a boolean pixel, an ove
 an undecodable PNG, ``n = "1_000"``, a wrong Content-Type, broken JSON, an oversized body). With ``--mixed`` (the
 default) every 7th request is ``heavy`` (16 images, n = 2,000: 33,600 noisy samples) and every 25th a ``burst``
 (8 bodies of about 1.5 MB at once); these may be refused by admission or by the parsing limit (503 with
-Retry-After), the designed answer under load. Pass criteria: no 5xx answer other than those 503 refusals, no
-dropped connection, every malformed request refused with a 4xx and every other one answered 200 (heavy and
-burst: 200, or 503 / 400 refusals), and the worker's resident memory at most 5 % above its value at the end of
+Retry-After), the designed answer under load, as may any request. Pass criteria: no 5xx answer other than 503
+refusals, no dropped connection, every malformed request refused with a 4xx and every other one answered 200 or
+refused with 503 (heavy and burst also 400: too large for the deadline at the measured rate), and the worker's resident memory at most 5 % above its value at the end of
 the warm-up (``--warm-up-fraction`` of the run, default a fifth). Reports p50/p99 latency per kind. Bounded: no
 new request after ``--seconds``.
 """
@@ -131,7 +131,7 @@ def run_soak(url: str, images: np.ndarray, clients: int, seconds: float, memory_
                     elif kind in ("heavy", "burst"):
                         good = status == "200" or status in REFUSALS
                     else:
-                        good = status == "200"
+                        good = status in ("200", "503")  # 503: refused at once by admission, with Retry-After
                     with lock:
                         latencies[kind].append(elapsed)
                         statuses[kind][status] += 1
@@ -161,7 +161,7 @@ def run_soak(url: str, images: np.ndarray, clients: int, seconds: float, memory_
               "per_kind": {kind: {**percentiles(values), "statuses": dict(statuses[kind])}
                            for kind, values in sorted(latencies.items())},
               "responses_5xx": sum(count for kind in statuses for status, count in statuses[kind].items()
-                                   if status.startswith("5") and not (kind in ("heavy", "burst") and status == "503")),
+                                   if status.startswith("5") and status != "503"),
               "refusals_503": sum(statuses[kind].get("503", 0) for kind in statuses),
               "dropped_connections": len(dropped), "dropped_examples": dropped[:5],
               "unexpected": len(unexpected), "unexpected_examples": unexpected[:5]}

@@ -120,7 +120,7 @@ class DecidePrediction(_Prediction):
 
     p_lower: float = Field(description="anytime-valid lower bound on pA where the test stopped (Phi(R / sigma) "
                                        "when certified)")
-    radius: float = Field(description="the requested L2 radius R")
+    radius: float = Field(description="the L2 radius R decided: the request's, rounded up to the 0.001 grid")
     certified: bool | None = Field(description="true: certified at R; false: not certified at R; null: the "
                                                "budget was spent without an answer (no claim either way)")
     n_max: int = Field(description="the budget of estimation samples")

@@ -283,7 +283,7 @@ def test_a_broken_loop_fails_its_requests_and_restarts():
 # ------------------------------------------------------------------------------------------------ admission by deadline
 
 def test_processor_sharing_finish_times_and_admission_rules():
-    from serving.compute.admission import Admitted, admission, finish_times
+    from serving.compute.admission import Admitted, admission, doomed, finish_times
 
     left = [300, 100, 100, 50]
     brute = [sum(min(r, mine) for r in left) / 10 for mine in left]
@@ -292,10 +292,14 @@ def test_processor_sharing_finish_times_and_admission_rules():
     assert admission(70, 1.0, [], 100).admit and admission(80, 1.0, [], 100).reason == "never"  # 75 % of alone
     # two admitted requests fill the next 60 s of a 100 samples/s server; a large newcomer is refused, with a
     # Retry-After within the admitted deadlines, a small one still fits in the slack
-    admitted = [Admitted(3000, 60), Admitted(3000, 80)]
+    admitted = [Admitted(3000, 70), Admitted(3000, 90)]
     large = admission(5000, 100, admitted, 100)
-    assert not large.admit and large.reason == "busy" and 1 <= large.retry_after_s <= 80
+    assert not large.admit and large.reason == "busy" and 1 <= large.retry_after_s <= 90
     assert admission(100, 100, admitted, 100).admit
+    # an admitted request the rate left behind (projected past 90 % of its time) is protected while it can still
+    # finish alone; one that cannot even alone is doomed (the scheduler stops it) and blocks nothing
+    assert not admission(100, 100, [Admitted(3000, 32)], 100).admit
+    assert doomed(3000, 20, 100) and admission(100, 100, [Admitted(3000, 20)], 100).admit
 
 
 def test_overload_keeps_goodput_and_answers_small_requests_or_refuses_them_at_once():

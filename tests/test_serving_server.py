@@ -299,7 +299,9 @@ def test_a_disconnected_client_stops_computing(servers, client, digits):
 
 def test_a_full_queue_answers_503_with_retry_after(servers, client, digits):
     x, _ = digits
-    socks = [_raw_predict(servers["open"].url, {"images": x[:4].tolist(), "n": 2000, "seed": i}) for i in range(10)]
+    # 10 requests of 4,040 samples: within their deadline together (at 450 samples/s or more), so admission by
+    # deadline admits them all and the queue bound is what refuses the 11th
+    socks = [_raw_predict(servers["open"].url, {"images": x[:2].tolist(), "n": 2000, "seed": i}) for i in range(10)]
     try:
         deadline = time.monotonic() + 30
         while metric(metric_values(client), "transdenoiser_queue_depth") < 10 and time.monotonic() < deadline:
@@ -547,6 +549,11 @@ def test_benchmarks_run_against_a_server(servers, proxy, digits):
     slow = measure_slow({"proxy": proxy.url}, {"images": [x[0].tolist()], "n": 100}, stalled=10, repeats=1,
                         requests=2)
     assert slow["proxy"]["failures"] == 0 and slow["proxy"]["stalled"]["count"] == 2
+    from benchmarks.bench_overload import measure_burst
+
+    burst = measure_burst(servers["open"].url, bodies=3, body_bytes=150_000)
+    assert sum(burst["statuses"].values()) == 3 and set(burst["statuses"]) <= {"200", "503"}
+    assert burst["probes"]["count"] >= 1
 
 
 def test_proxy_without_a_connection_for_the_upstream_answers_503_with_retry_after(servers, digits, tmp_path):

@@ -11,8 +11,10 @@ samples delays each admitted request ``i`` by ``min(c, r_i) / rate``.
 - the request alone: ``c / rate`` within its deadline; otherwise it can never finish on this server and is
   refused at once (``never``);
 - the request among the admitted ones: its projected finish within ``new_margin`` of its deadline;
-- every admitted request that was on time stays on time (within ``admitted_margin`` of its remaining time).
-  A request already projected late (the rate fell) does not block admission.
+- every admitted request stays within ``admitted_margin`` of its remaining time. One already projected beyond
+  it (the rate fell) still blocks new work that would delay it further while it can finish alone in its
+  remaining time, so it gets the compute to finish; one that cannot even alone (``doomed``) blocks nothing, and
+  the scheduler stops it at once instead of computing it to its deadline.
 
 Otherwise the request is refused (``busy``) with ``retry_after_s``: the time for the admitted work to drain
 enough that the request would fit, never beyond the last admitted deadline (by then every admitted request has
@@ -71,7 +73,7 @@ def admission(samples: int, deadline_s: float, admitted: Sequence[Admitted], rat
     after = finish_times([a.samples_left for a in admitted] + [samples], rate)
     finish_s = after[-1]
     late = [i for i, a in enumerate(admitted)
-            if before[i] <= admitted_margin * a.remaining_s < after[i]]
+            if admitted_margin * a.remaining_s < after[i] and not doomed(a.samples_left, a.remaining_s, rate)]
     if finish_s <= new_margin * deadline_s and not late:
         return Decision(True, "ok", finish_s, alone_s, 0)
     # Work that must drain first: the excess of the new request's own finish over its allowance, and for each
@@ -82,6 +84,12 @@ def admission(samples: int, deadline_s: float, admitted: Sequence[Admitted], rat
     horizon = max((a.remaining_s for a in admitted), default=1.0)
     retry = min(max(1, math.ceil(excess)), max(1, math.ceil(horizon)))
     return Decision(False, "busy", finish_s, alone_s, retry)
+
+
+def doomed(samples_left: int, remaining_s: float, rate: float, slack: float = 1.25) -> bool:
+    """Whether a request cannot finish before its deadline even with all the compute: ``samples_left / rate`` over
+    ``slack`` times its remaining time (the slack allows for the rate rising again). ``rate`` <= 0: never."""
+    return rate > 0 and samples_left / rate > slack * max(remaining_s, 0.0)
 
 
 class RateMeter:

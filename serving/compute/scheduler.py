@@ -35,7 +35,7 @@ from typing import Any, Protocol
 import anyio
 import numpy as np
 
-from serving.compute.admission import Admitted, RateMeter, admission
+from serving.compute.admission import Admitted, RateMeter, admission, doomed
 from serving.compute.engine import NoiseJob
 
 Disconnected = Callable[[], Awaitable[bool]]
@@ -260,10 +260,11 @@ class FairScheduler:
         for ticket in list(self._tickets):
             if ticket.future.done():
                 self._drop(ticket, None, "abandoned")
-            elif now > ticket.deadline:
+            elif now > ticket.deadline or doomed(ticket.work.samples_left, ticket.deadline - now, self.rate):
                 work = ticket.work
+                when = "passed" if now > ticket.deadline else "could no longer meet"
                 self._drop(ticket, DeadlineExceeded(
-                    f"the request passed its deadline of {ticket.deadline_s:g} s (max_latency_ms) after "
+                    f"the request {when} its deadline of {ticket.deadline_s:g} s (max_latency_ms) after "
                     f"{work.samples_taken} noisy samples (at most {work.planned_samples}); its computation was "
                     "stopped; retry later or with fewer images or a smaller n"), "deadline")
             elif ticket.disconnected is not None and await _gone(ticket.disconnected):
