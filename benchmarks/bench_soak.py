@@ -8,12 +8,13 @@ A real server (``transdenoiser serve``, default settings, sigma 0.25) starts on 
 at one already running (loopback only). Each client sends requests back to back; request kinds rotate
 through ``small`` (1 image, n = 100, JSON), ``batch`` (4 images, n = 500, JSON) and ``png`` (1 PNG upload,
 n = 100), and every tenth request is ``malformed`` (NaN, a boolean pixel, an over-long integer, a wrong shape,
-an undecodable PNG, ``n = "1_000"``, a wrong Content-Type, broken JSON, an oversized body). With ``--mixed`` (the
-default) every 7th request is ``heavy`` (16 images, n = 2,000: 33,600 noisy samples) and every 25th a ``burst``
+an undecodable PNG, ``n = "1_000"``, a wrong Content-Type, broken JSON, an oversized body). Unless ``--plain``,
+every 7th request is ``heavy`` (16 images, n = 2,000: 33,600 noisy samples) and every 25th a ``burst``
 (8 bodies of about 1.5 MB at once); these may be refused by admission or by the parsing limit (503 with
 Retry-After), the designed answer under load, as may any request. Pass criteria: no 5xx answer other than 503
 refusals, no dropped connection, every malformed request refused with a 4xx and every other one answered 200 or
-refused with 503 (heavy and burst also 400: too large for the deadline at the measured rate), and the worker's resident memory at most 5 % above its value at the end of
+refused with 503 (heavy and burst also 400: too large for the deadline at the measured rate), and the worker's
+resident memory at most 5 % above its value at the end of
 the warm-up (``--warm-up-fraction`` of the run, default a fifth). Reports p50/p99 latency per kind. Bounded: no
 new request after ``--seconds``.
 """

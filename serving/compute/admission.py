@@ -69,7 +69,6 @@ def admission(samples: int, deadline_s: float, admitted: Sequence[Admitted], rat
     alone_s = samples / rate
     if alone_s > new_margin * deadline_s:
         return Decision(False, "never", math.inf, alone_s, 0)
-    before = finish_times([a.samples_left for a in admitted], rate)
     after = finish_times([a.samples_left for a in admitted] + [samples], rate)
     finish_s = after[-1]
     late = [i for i, a in enumerate(admitted)
