@@ -296,10 +296,10 @@ def test_processor_sharing_finish_times_and_admission_rules():
     large = admission(5000, 100, admitted, 100)
     assert not large.admit and large.reason == "busy" and 1 <= large.retry_after_s <= 90
     assert admission(100, 100, admitted, 100).admit
-    # an admitted request the rate left behind (projected past 90 % of its time) is protected while it can still
-    # finish alone; one that cannot even alone is doomed (the scheduler stops it) and blocks nothing
-    assert not admission(100, 100, [Admitted(3000, 32)], 100).admit
-    assert doomed(3000, 20, 100) and admission(100, 100, [Admitted(3000, 20)], 100).admit
+    # an admitted request the rate left behind (projected past 90 % of its time) blocks no newcomer; one that cannot
+    # finish even alone is doomed (the scheduler stops it at once)
+    assert admission(100, 100, [Admitted(3000, 32)], 100).admit
+    assert doomed(3000, 20, 100) and not doomed(3000, 32, 100)
 
 
 def test_overload_keeps_goodput_and_answers_small_requests_or_refuses_them_at_once():

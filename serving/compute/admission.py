@@ -11,10 +11,11 @@ samples delays each admitted request ``i`` by ``min(c, r_i) / rate``.
 - the request alone: ``c / rate`` within its deadline; otherwise it can never finish on this server and is
   refused at once (``never``);
 - the request among the admitted ones: its projected finish within ``new_margin`` of its deadline;
-- every admitted request stays within ``admitted_margin`` of its remaining time. One already projected beyond
-  it (the rate fell) still blocks new work that would delay it further while it can finish alone in its
-  remaining time, so it gets the compute to finish; one that cannot even alone (``doomed``) blocks nothing, and
-  the scheduler stops it at once instead of computing it to its deadline.
+- every admitted request that was on time stays on time (within ``admitted_margin`` of its remaining time).
+  One already projected beyond it (the rate fell) does not block admission: protecting it would refuse every
+  newcomer, small ones included, while it lasts (measured: most small requests refused under a mixed soak).
+  One that cannot finish even alone (``doomed``) is stopped by the scheduler at once instead of being computed
+  to its deadline.
 
 Otherwise the request is refused (``busy``) with ``retry_after_s``: the time for the admitted work to drain
 enough that the request would fit, never beyond the last admitted deadline (by then every admitted request has
@@ -69,10 +70,11 @@ def admission(samples: int, deadline_s: float, admitted: Sequence[Admitted], rat
     alone_s = samples / rate
     if alone_s > new_margin * deadline_s:
         return Decision(False, "never", math.inf, alone_s, 0)
+    before = finish_times([a.samples_left for a in admitted], rate)
     after = finish_times([a.samples_left for a in admitted] + [samples], rate)
     finish_s = after[-1]
     late = [i for i, a in enumerate(admitted)
-            if admitted_margin * a.remaining_s < after[i] and not doomed(a.samples_left, a.remaining_s, rate)]
+            if before[i] <= admitted_margin * a.remaining_s < after[i]]
     if finish_s <= new_margin * deadline_s and not late:
         return Decision(True, "ok", finish_s, alone_s, 0)
     # Work that must drain first: the excess of the new request's own finish over its allowance, and for each
