@@ -1,16 +1,22 @@
-"""Soak test of the prediction API: C clients for a fixed time, one malformed request in every ten.
+"""Soak test of the prediction API: C clients for a fixed time, mixed load, one malformed request in every ten.
 
     python -m benchmarks.bench_soak [--classifier-dir runs/demo/classifier] [--clients 16] [--seconds 300]
+    python -m benchmarks.bench_soak --seconds 1800 --warm-up-fraction 0.33   # the 30-minute soak
     python -m benchmarks.bench_soak --quick      # 4 clients for 20 s (the smoke test's setting)
 
 A real server (``transdenoiser serve``, default settings, sigma 0.25) starts on 127.0.0.1, or ``--url`` points
 at one already running (loopback only). Each client sends requests back to back; request kinds rotate
 through ``small`` (1 image, n = 100, JSON), ``batch`` (4 images, n = 500, JSON) and ``png`` (1 PNG upload,
 n = 100), and every tenth request is ``malformed`` (NaN, a boolean pixel, an over-long integer, a wrong shape,
-an undecodable PNG, ``n = "1_000"``, a wrong Content-Type, broken JSON, an oversized body). Pass criteria:
-no 5xx answer, no dropped connection, every malformed request refused with a 4xx and every good one answered
-200, and the worker's resident memory at most 10 % above its value at the end of the warm-up (the first
-fifth of the run). Reports p50/p99 latency per kind. Bounded: no new request after ``--seconds``.
+an undecodable PNG, ``n = "1_000"``, a wrong Content-Type, broken JSON, an oversized body). Unless ``--plain``,
+every 7th request is ``heavy`` (16 images, n = 2,000: 33,600 noisy samples) and every 25th a ``burst``
+(8 bodies of about 1.5 MB at once); these may be refused by admission or by the parsing limit (503 with
+Retry-After), the designed answer under load, as may any request. Pass criteria: no 5xx answer other than 503
+refusals, no dropped connection, every malformed request refused with a 4xx and every other one answered 200 or
+refused with 503 (heavy and burst also 400: too large for the deadline at the measured rate), and the worker's
+resident memory at most 5 % above its value at the end of
+the warm-up (``--warm-up-fraction`` of the run, default a fifth). Reports p50/p99 latency per kind. Bounded: no
+new request after ``--seconds``.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -33,7 +40,10 @@ from benchmarks.serving_common import percentiles, run_record, running_server, w
 from transdenoiser.argtypes import positive_float, positive_int
 
 SMALL_N, BATCH_N, BATCH_IMAGES = 100, 500, 4
-MAX_MEMORY_GROWTH = 0.10
+HEAVY_N, HEAVY_IMAGES, HEAVY_EVERY = 2000, 16, 7
+BURST_BODIES, BURST_EVERY = 8, 25
+MAX_MEMORY_GROWTH = 0.05
+REFUSALS = {"400", "503"}  # admission and the parsing limit: refused at once, by design
 PAYLOAD_LIMIT = 2 * 1024 * 1024  # the default max_payload_bytes
 
 
@@ -62,7 +72,8 @@ def malformed_requests(image: list, payload_limit: int = PAYLOAD_LIMIT) -> list[
 
 
 def run_soak(url: str, images: np.ndarray, clients: int, seconds: float, memory_of=None,
-             warm_up_fraction: float = 0.2, payload_limit: int = PAYLOAD_LIMIT, malformed_every: int = 10) -> dict:
+             warm_up_fraction: float = 0.2, payload_limit: int = PAYLOAD_LIMIT, malformed_every: int = 10,
+             mixed: bool = False) -> dict:
     """Drive ``url`` with ``clients`` threads for ``seconds``; return the figures (see the module docstring).
     Request ``i`` (counted over all clients) is malformed when ``i % malformed_every == malformed_every - 1``."""
     bad = malformed_requests(images[0].tolist(), payload_limit)
@@ -79,6 +90,13 @@ def run_soak(url: str, images: np.ndarray, clients: int, seconds: float, memory_
     def request_for(index: int) -> tuple[str, dict]:
         if index % malformed_every == malformed_every - 1:
             return "malformed", bad[(index // malformed_every) % len(bad)]
+        if mixed and index % BURST_EVERY == BURST_EVERY - 1:
+            padding = " " * int(0.7 * payload_limit)
+            return "burst", {"content": '{"images": [' + json.dumps(images[index % len(images)].tolist()) + "]"
+                                        + padding + "}", "headers": {"content-type": "application/json"}}
+        if mixed and index % HEAVY_EVERY == HEAVY_EVERY - 1:
+            chosen = [images[(index + k) % len(images)].tolist() for k in range(HEAVY_IMAGES)]
+            return "heavy", {"json": {"images": chosen, "n": HEAVY_N}}
         kind = ("small", "batch", "png")[index % 3]
         pick = images[index % len(images)]
         if kind == "small":
@@ -94,20 +112,32 @@ def run_soak(url: str, images: np.ndarray, clients: int, seconds: float, memory_
                 index = next(counter)
                 kind, request = request_for(index)
                 sent = time.perf_counter()
+                copies = BURST_BODIES if kind == "burst" else 1
                 try:
-                    response = http.post("/predict", **request)
+                    if copies == 1:
+                        responses = [http.post("/predict", **request)]
+                    else:
+                        with ThreadPoolExecutor(copies) as pool:
+                            responses = list(pool.map(lambda same: httpx.post(url + "/predict", timeout=300, **same),
+                                                      [request] * copies))
                 except httpx.TransportError as exc:
                     with lock:
                         dropped.append(f"{kind}: {type(exc).__name__}: {exc}")
                     continue
                 elapsed = time.perf_counter() - sent
-                expected_ok = kind != "malformed"
-                good = (response.status_code == 200) if expected_ok else (400 <= response.status_code < 500)
-                with lock:
-                    latencies[kind].append(elapsed)
-                    statuses[kind][str(response.status_code)] += 1
-                    if not good:
-                        unexpected.append(f"{kind} #{index}: {response.status_code} {response.text[:200]}")
+                for response in responses:
+                    status = str(response.status_code)
+                    if kind == "malformed":
+                        good = 400 <= response.status_code < 500
+                    elif kind in ("heavy", "burst"):
+                        good = status == "200" or status in REFUSALS
+                    else:
+                        good = status in ("200", "503")  # 503: refused at once by admission, with Retry-After
+                    with lock:
+                        latencies[kind].append(elapsed)
+                        statuses[kind][status] += 1
+                        if not good:
+                            unexpected.append(f"{kind} #{index}: {status} {response.text[:200]}")
 
     def sample_memory() -> None:
         while not stop.is_set():
@@ -132,7 +162,8 @@ def run_soak(url: str, images: np.ndarray, clients: int, seconds: float, memory_
               "per_kind": {kind: {**percentiles(values), "statuses": dict(statuses[kind])}
                            for kind, values in sorted(latencies.items())},
               "responses_5xx": sum(count for kind in statuses for status, count in statuses[kind].items()
-                                   if status.startswith("5")),
+                                   if status.startswith("5") and status != "503"),
+              "refusals_503": sum(statuses[kind].get("503", 0) for kind in statuses),
               "dropped_connections": len(dropped), "dropped_examples": dropped[:5],
               "unexpected": len(unexpected), "unexpected_examples": unexpected[:5]}
     if memory:
@@ -140,7 +171,9 @@ def run_soak(url: str, images: np.ndarray, clients: int, seconds: float, memory_
         after = [rss for t, rss in memory if t > warm_up_fraction * wall] or [memory[-1][1]]
         result["memory"] = {"rss_end_of_warm_up_mib": warm[-1] / 2**20, "rss_max_after_mib": max(after) / 2**20,
                             "rss_final_mib": memory[-1][1] / 2**20,
-                            "growth_after_warm_up": max(after) / warm[-1] - 1, "samples": len(memory)}
+                            "growth_after_warm_up": max(after) / warm[-1] - 1, "samples": len(memory),
+                            "warm_up_fraction": warm_up_fraction,
+                            "rss_mib_by_minute": [round(rss / 2**20, 1) for t, rss in memory if int(t) % 60 < 2]}
     result["passed"] = (result["responses_5xx"] == 0 and result["dropped_connections"] == 0
                         and result["unexpected"] == 0
                         and ("memory" not in result or result["memory"]["growth_after_warm_up"] <= MAX_MEMORY_GROWTH))
@@ -154,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", default=None, help="a running server on 127.0.0.1 (default: start one)")
     parser.add_argument("--clients", type=positive_int, default=16)
     parser.add_argument("--seconds", type=positive_float, default=300.0, help="no new request after this")
+    parser.add_argument("--warm-up-fraction", type=float, default=0.2,
+                        help="memory growth is measured after this fraction of the run (default 0.2)")
+    parser.add_argument("--plain", action="store_true", help="no heavy requests and no bursts of large bodies")
     parser.add_argument("--quick", action="store_true", help="4 clients for 20 s")
     parser.add_argument("--out", default="runs/bench/soak.json", help="JSON results file")
     args = parser.parse_args(argv)
@@ -167,12 +203,14 @@ def main(argv: list[str] | None = None) -> int:
     images = x[:32].numpy()
     record = run_record(argv, "benchmarks.bench_soak")
     if args.url is not None:
-        result = run_soak(args.url, images, args.clients, args.seconds)
+        result = run_soak(args.url, images, args.clients, args.seconds, warm_up_fraction=args.warm_up_fraction,
+                          mixed=not args.plain)
     else:
         with tempfile.TemporaryDirectory(prefix="bench_soak_") as tmp, \
                 running_server(Path(tmp), args.classifier_dir, args.denoiser_dir, sigma=0.25) as server:
             worker = worker_process(server)
-            result = run_soak(server.url, images, args.clients, args.seconds, lambda: worker.memory_info().rss)
+            result = run_soak(server.url, images, args.clients, args.seconds, lambda: worker.memory_info().rss,
+                              warm_up_fraction=args.warm_up_fraction, mixed=not args.plain)
     result = {**record, **result}
     for kind, figures in result["per_kind"].items():
         print(f"{kind:10s} requests={figures['count']:5d} p50={figures['p50_s']:.3f}s p99={figures['p99_s']:.3f}s "

@@ -17,7 +17,9 @@ def main() -> None:
     index = int(np.flatnonzero(test.labels == 7)[0])
     pixels = test.images[index, 0]  # uint8 (28, 28)
     Image.fromarray(pixels, mode="L").save(out / "digit7.png")
-    image = (pixels.astype(np.float64) / 255.0).round(6)[None].tolist()  # (1, 28, 28), pixels in [0, 1]
+    # (1, 28, 28) in [0, 1]: each value the float32 the server decodes the PNG's pixel to (k / 255 in float32), written
+    # in full, so the JSON request is bit for bit the PNG's image and gets the PNG's certificate
+    image = (pixels.astype(np.float32) / np.float32(255.0))[None].astype(np.float64).tolist()
     (out / "digit7.json").write_text(json.dumps({"images": [image]}) + "\n")
     print(f"wrote {out}/digit7.png and digit7.json (mnist10k test index {index}, label 7)")
 

@@ -44,6 +44,8 @@ TRAIN_REPORTS = ("tests/test_invariants_training.py", "-k", "accountant or repor
 SMIN = ("tests/test_invariants_training.py", "tests/test_smin.py")
 AUTH = ("tests/test_serving.py", "-k", "api_key")
 VALIDATION = ("tests/test_serving.py", "-k", "json_validation")
+SCHEDULER = ("tests/test_serving_scheduler.py", "-k", "largest or waits_one_round or overload or door")
+NOISE_KEY = ("tests/test_serving_scheduler.py", "-k", "noise_key or keyed_seeds or canonical")
 INTEGRITY = ("tests/test_invariants_training.py", "-k", "checkpoint")
 LINE16 = ("tests/test_invariants_training.py", "tests/test_private_train.py::test_line16")
 EMPTY_BATCH = ("tests/test_private_train.py::test_empty_poisson_batch_still_noised_and_counted",)
@@ -132,6 +134,14 @@ MUTANTS: tuple[Mutant, ...] = (
            "if not 1 <= value <= config.max_n:", "if not 1 <= value:", VALIDATION, "n capped at max_n"),
     Mutant("client_seed_allowed", "serving/validation.py", "check_seed",
            "if not config.allow_client_seed:", "if False:", VALIDATION, "client seeds refused unless allowed"),
+    Mutant("scheduler_fewest_left_first", "serving/compute/scheduler.py", "FairScheduler._next_pass",
+           "ticket = self._tickets[0]\n            self._tickets.rotate(-1)",
+           "ticket = min(self._tickets, key=lambda t: t.work.samples_left)\n"
+           "            self._tickets.remove(ticket)\n            self._tickets.append(ticket)", SCHEDULER,
+           "round robin: the largest admitted request keeps receiving passes"),
+    Mutant("noise_key_constant_by_default", "serving/compute/noise.py", "NoiseKey.from_setting",
+           "secrets.token_bytes(KEY_BYTES)", "bytes(KEY_BYTES)", NOISE_KEY,
+           "an unset noise_key is a fresh random secret per start"),
     # ------------------------------------------------------------------ sampling
     Mutant("poisson_fixed_batch", "training/privacy/dp.py", "PoissonSampler.sample",
            "mask = torch.rand(self.num_examples, generator=generator) < self.sample_rate\n"

@@ -88,7 +88,7 @@ def model_card(bundle: ModelBundle, device: str, batching: str, as_run: str | No
             "sigma": config.sigma, "sigma_units": "[0,1]-pixel units",
             "n0": config.n0, "default_n": config.n, "max_n": config.max_n, "alpha": config.alpha,
             "noise": "keyed per image: each image's noise seed is HMAC-SHA256, under a server secret, of the "
-                     "served weights' hashes, the image's exact pixels and the sampling settings; client seeds "
+                     "served weights' hashes, the image on its 8-bit grid and the sampling settings; client seeds "
                      + ("accepted" if config.allow_client_seed else "refused"),
             "guarantee": "each certificate holds with probability >= 1 - alpha over its noise; the same input "
                          "with the same settings always gets the same certificate, so asking again cannot shop "

@@ -49,9 +49,11 @@ class ServingConfig:
     max_latency_ms: int = 120_000  # deadline: a request not answered this long after it arrived stops, 504
     max_request_samples: int = 200_000  # compute budget per request: images x (n0 + n) noisy samples
     max_queued_requests: int = 64  # requests in flight at once; one more is refused with 503 and Retry-After
+    max_parsing_requests: int = 8  # request bodies read and parsed at once; one more is refused with 503 at once
     # secret of the keyed noise (>= 32 characters); unset: random at start-up. Never shown (repr=False).
     noise_key: str | None = field(default=None, repr=False)
     allow_client_seed: bool = False  # accept a client "seed" (reproducible noise); see docs/SERVING.md
+    show_versions: bool = False  # name BentoML's version in /docs.json and uvicorn in the server header
     # how the base classifier is run, part of what is certified (certify.numerics): "fp32", "bf16" or "fp16"
     # autocast, and torch.compile or not
     precision: str = "fp32"
@@ -74,9 +76,9 @@ class ServingConfig:
 
 
 _INT_KEYS = ("n0", "n", "max_n", "batch_size", "chunk_samples", "max_images", "max_payload_bytes", "max_latency_ms",
-             "round_samples", "max_request_samples", "max_queued_requests")
+             "round_samples", "max_request_samples", "max_queued_requests", "max_parsing_requests")
 MIN_NOISE_KEY_CHARS = 32
-_BOOL_KEYS = ("allow_client_seed", "compile")
+_BOOL_KEYS = ("allow_client_seed", "show_versions", "compile")
 PRECISIONS = ("fp32", "bf16", "fp16")  # certify.numerics.PRECISION_CHOICES
 
 

@@ -21,6 +21,7 @@ before the server accepts connections, so ``/readyz`` answers 200 only once the 
 """
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any, Literal
@@ -39,12 +40,17 @@ from serving.compute.engine import CertifyWork, NoiseJob, SequentialWork, VoteCo
 from serving.compute.noise import NoiseKey, client_image_seed, model_identity
 from serving.compute.scheduler import FairScheduler, SchedulerRefusal, Work
 from serving.config import DEVICE_ENV, model_dir_from_env
-from serving.limits import PayloadLimitMiddleware
-from serving.metrics import service_metrics
+from serving.http_errors import JsonErrorMiddleware, json_protocol_errors
+from serving.limits import PayloadLimitMiddleware, release_body_slot
+from serving.metrics import bound_request_labels, service_metrics
 from serving.validation import PredictRequest, RequestError, parse_payload, parse_predict_request
 from training.checkpoint import WEIGHTS
 from transdenoiser.runtime import keep_freed_memory, resolve_device
 
+logger = logging.getLogger(__name__)
+# the service's routes (BentoML's and ours): the only paths that get their own label in BentoML's request metrics
+ROUTES = frozenset({"/", "/predict", "/metadata", "/healthz", "/livez", "/readyz", "/metrics", "/docs.json",
+                    "/schema.json", "/static_content"})
 REQUEST_TIMEOUT_S = 600  # BentoML traffic timeout; the scheduler's deadline (max_latency_ms) stops requests earlier
 
 
@@ -72,6 +78,11 @@ class PredictInput(bentoml.IODescriptor):
                 request, service.config, service.input_shape)
         except RequestError as exc:
             parsed = exc
+        except Exception:  # a bug: answered 500 (and counted) by predict, with the traceback in the log only
+            logger.exception("unexpected error while parsing a predict request")
+            parsed = RequestError(500, "internal error while reading the request (logged on the server)")
+        finally:
+            release_body_slot(request.scope)  # parsed: the next body may be read (serving.limits)
         return cls.model_construct(images=[], n=None, seed=None, radius=None, adaptive=None, parsed=parsed,
                                    disconnected=request.is_disconnected)
 
@@ -109,7 +120,7 @@ class DecidePrediction(_Prediction):
 
     p_lower: float = Field(description="anytime-valid lower bound on pA where the test stopped (Phi(R / sigma) "
                                        "when certified)")
-    radius: float = Field(description="the requested L2 radius R")
+    radius: float = Field(description="the L2 radius R decided: the request's, rounded up to the 0.001 grid")
     certified: bool | None = Field(description="true: certified at R; false: not certified at R; null: the "
                                                "budget was spent without an answer (no claim either way). `label` "
                                                "is the class the n0 selection samples chose in all three cases")
@@ -160,8 +171,9 @@ class TransDenoiser:
         self.metrics = service_metrics()
         share_passes = config.batching_on(self.device.type)
         self.scheduler = FairScheduler(counter, config.round_samples, config.batch_size, share_passes,
-                                       config.max_queued_requests, on_pass=self.metrics.on_pass,
-                                       on_drop=lambda reason: self.metrics.dropped.labels(reason=reason).inc())
+                                       config.max_queued_requests, on_pass=self._on_pass,
+                                       on_drop=lambda reason: self.metrics.dropped.labels(reason=reason).inc(),
+                                       on_refuse=lambda reason: self.metrics.refused.labels(reason=reason).inc())
         weights = [self.bundle.path / config.classifier / WEIGHTS,
                    self.bundle.path / config.denoiser / WEIGHTS if config.denoiser is not None else None]
         self.noise_key = NoiseKey.from_setting(config.noise_key, model_identity(weights))
@@ -177,6 +189,10 @@ class TransDenoiser:
         self.kinds = {"certify": self._certify_work, "decide": self._sequential_work,
                       "estimate": self._sequential_work}
         self._ready = False
+
+    def _on_pass(self, samples_by_kind: dict[str, int], depth: int, queued_samples: int) -> None:
+        self.metrics.on_pass(samples_by_kind, depth, queued_samples)
+        self.metrics.compute_rate.set(self.scheduler.rate)
 
     @bentoml.on_startup
     async def warm_up(self) -> None:
@@ -286,6 +302,9 @@ class TransDenoiser:
         return self.card
 
 
-# Outermost first: refuse unauthenticated requests before reading their bodies.
+# Outermost first: every error answer as our JSON; refuse unauthenticated requests before reading their bodies.
+TransDenoiser.add_asgi_middleware(JsonErrorMiddleware)
 TransDenoiser.add_asgi_middleware(ApiKeyMiddleware)
 TransDenoiser.add_asgi_middleware(PayloadLimitMiddleware)
+bound_request_labels(ROUTES)  # BentoML's request metrics: one label per route, one for every other path
+json_protocol_errors()  # uvicorn's own 400 (an unparsable request) as our JSON

@@ -8,6 +8,14 @@ largest certifiable radius); ``n`` is then the budget of estimation samples, by 
 ``max_n`` (form fields: ``radius`` a plain decimal such as ``0.5``, ``adaptive`` ``true`` or ``false``). Nothing is
 reshaped, resized, converted between colour modes or clipped: anything else is refused with a
 :class:`RequestError` whose message names the problem and the image.
+
+Bounded parsing: a JSON body must be UTF-8, nested at most ``MAX_JSON_DEPTH`` deep (checked on the bytes before
+parsing) and free of duplicate keys; a multipart body may not repeat a field other than ``images``. One question,
+one answer: ``n`` is rounded to the nearest multiple of ``chunk_samples`` (at least one chunk, at most ``max_n``)
+and ``radius`` up to the ``RADIUS_GRID`` (values within 1e-9 of a grid point snap to it), so requests differing
+by a trivial amount ask the same question and get the same certificate; ``radius`` beyond what any request could
+certify (``max_certifiable_radius``) is refused. The answer states the values used. Parsing is synchronous:
+``parse_predict_request`` runs it in a worker thread, off the event loop.
 """
 from __future__ import annotations
 
@@ -15,9 +23,11 @@ import io
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
@@ -30,6 +40,9 @@ MODE_CHANNELS = {"L": 1, "RGB": 3}  # the PIL modes accepted, and their channel 
 JSON_KEYS = ("images", "n", "seed", "radius", "adaptive")
 MAX_INTEGER_DIGITS = 40  # longest integer literal read from a body: n and seed need at most 19 digits
 PLAIN_DECIMAL = re.compile(rf"[0-9]{{1,{MAX_INTEGER_DIGITS}}}", re.ASCII)  # form fields: digits only
+MAX_JSON_DEPTH = 8  # a request needs 5 levels: {"images": [image [C [H [W]]]]}
+RADIUS_GRID = 1e-3  # radii are rounded up to multiples of this ([0,1]-pixel units)
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 PLAIN_DECIMAL_FRACTION = re.compile(rf"[0-9]{{1,{MAX_INTEGER_DIGITS}}}(\.[0-9]{{1,{MAX_INTEGER_DIGITS}}})?",
                                     re.ASCII)  # form radius: digits, optionally a point and more digits
 
@@ -61,15 +74,41 @@ def _bad(message: str) -> RequestError:
     return RequestError(400, message)
 
 
+def n_on_grid(n: int, config: ServingConfig) -> int:
+    """``n`` rounded to the nearest multiple of ``chunk_samples`` (halves up), at least one chunk, at most
+    ``max_n``: the grid of estimation-sample counts this server certifies with."""
+    grid = config.chunk_samples
+    return min(config.max_n, max(grid, (n + grid // 2) // grid * grid))
+
+
 def check_n(value: Any, config: ServingConfig, sequential: bool = False) -> int:
-    """Fixed n (default ``config.n``), or the budget n_max of an adaptive request (default ``config.max_n``)."""
+    """Fixed n (default ``config.n``), or the budget n_max of an adaptive request (default ``config.max_n``);
+    a requested value is put on the grid (``n_on_grid``)."""
     if value is None:
         return config.max_n if sequential else config.n
     if isinstance(value, bool) or not isinstance(value, int):
         raise _bad(f"'n' must be an integer number of noise samples, got {value!r}")
     if not 1 <= value <= config.max_n:
         raise _bad(f"'n' must lie in 1..{config.max_n} (this server's max_n), got {value}")
-    return value
+    return n_on_grid(value, config)
+
+
+def max_certifiable_radius(config: ServingConfig) -> float:
+    """The largest radius any request could certify on this server: sigma * Phi^-1(alpha^(1/max_n)), the radius of
+    max_n votes out of max_n under the one-sided Clopper-Pearson bound at level alpha (the adaptive kinds'
+    confidence sequences are stricter still)."""
+    from scipy.stats import norm
+
+    return float(config.sigma * norm.ppf(config.alpha ** (1.0 / config.max_n)))
+
+
+def radius_on_grid(radius: float) -> float:
+    """``radius`` rounded up to a multiple of ``RADIUS_GRID``; within 1e-9 of a grid point it snaps to it. Rounding
+    up keeps a "certified" answer a claim at least as strong as the question asked."""
+    steps = radius / RADIUS_GRID
+    nearest = round(steps)
+    cells = nearest if abs(steps - nearest) <= 1e-9 / RADIUS_GRID else math.ceil(steps)
+    return round(max(1, cells) * RADIUS_GRID, 12)
 
 
 def check_seed(value: Any, config: ServingConfig) -> int | None:
@@ -83,7 +122,8 @@ def check_seed(value: Any, config: ServingConfig) -> int | None:
     return value
 
 
-def check_radius(value: Any) -> float | None:
+def check_radius(value: Any, config: ServingConfig | None = None) -> float | None:
+    """A finite radius > 0, on the grid (``radius_on_grid``), at most ``max_certifiable_radius(config)``."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -94,6 +134,12 @@ def check_radius(value: Any) -> float | None:
         radius = float("inf")
     if not (math.isfinite(radius) and radius > 0):
         raise _bad(f"'radius' must be a finite number > 0 (an L2 radius in [0,1]-pixel units), got {value!r}")
+    radius = radius_on_grid(radius)
+    if config is not None:
+        largest = max_certifiable_radius(config)
+        if radius > largest:
+            raise _bad(f"'radius' {value!r} exceeds {largest:.4f}, the largest radius any request can certify on "
+                       f"this server (sigma * Phi^-1(alpha^(1/max_n)), all max_n votes for one class)")
     return radius
 
 
@@ -122,9 +168,9 @@ def json_image_array(image: list, index: int, shape: tuple[int, int, int]) -> np
                   f"got ragged or non-numeric data")
     try:
         cells = np.asarray(image, dtype=object)
-    except (ValueError, TypeError):
+        kinds = {type(value) for value in cells.flat}
+    except (ValueError, TypeError, RuntimeError, RecursionError):  # RuntimeError: nested beyond NumPy's 64 dims
         raise ragged from None
-    kinds = {type(value) for value in cells.flat}
     if bool in kinds:
         raise _bad(f"image {index}: contains true/false; pixels must be numbers in [0, 1]")
     if not kinds <= {int, float}:  # strings, nulls, objects, or lists left inside a ragged array
@@ -159,12 +205,38 @@ def _json_int(literal: str) -> int:
     return int(literal)
 
 
+def json_depth(body: bytes) -> int:
+    """How deep ``body``'s arrays and objects nest (brackets inside strings ignored); vectorised, no parsing."""
+    stripped = _JSON_STRING.sub(b'""', body)
+    codes = np.frombuffer(stripped, dtype=np.uint8)
+    if codes.size == 0:
+        return 0
+    steps = (np.isin(codes, (0x5B, 0x7B)).astype(np.int32) - np.isin(codes, (0x5D, 0x7D)).astype(np.int32))
+    return int(np.cumsum(steps).max(initial=0))
+
+
+def _unique_keys(pairs: Sequence[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [key for key, _ in pairs]
+    if len(set(keys)) != len(keys):
+        repeated = sorted({key for key in keys if keys.count(key) > 1})
+        raise _bad(f"duplicate JSON key(s) {', '.join(map(repr, repeated))}: send each field once")
+    return dict(pairs)
+
+
 def parse_json(body: bytes, config: ServingConfig, shape: tuple[int, int, int]) -> PredictRequest:
     try:
-        payload = json.loads(body, parse_int=_json_int)  # NaN/Infinity parse, then are refused by check_pixels
+        text = body.decode("utf-8")  # json.loads would also guess UTF-16 and UTF-32
+    except UnicodeDecodeError:
+        raise _bad("body is not UTF-8: send JSON encoded as UTF-8") from None
+    depth = json_depth(body)
+    if depth > MAX_JSON_DEPTH:
+        raise _bad(f"JSON nested {depth} levels deep; a request needs 5 ({{\"images\": [image [C [H [W]]]]}}), at most "
+                   f"{MAX_JSON_DEPTH} are accepted")
+    try:  # NaN/Infinity parse, then are refused by check_pixels
+        payload = json.loads(text, parse_int=_json_int, object_pairs_hook=_unique_keys)
     except RequestError:
         raise
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
         raise _bad(f"body is not valid JSON ({exc})") from None
     if not isinstance(payload, dict):
         raise _bad('expected a JSON object {"images": [...], "n": N, "seed": S}')
@@ -183,7 +255,7 @@ def parse_payload(payload: dict[str, Any], config: ServingConfig, shape: tuple[i
         raise _bad(f"'images' must be a list of images, each a nested array of shape {list(shape)} (C, H, W); "
                    f"got a list holding non-arrays (to send one image, wrap it: [image])")
     check_count(len(images), config)
-    radius = check_radius(payload.get("radius"))
+    radius = check_radius(payload.get("radius"), config)
     adaptive = check_adaptive(payload.get("adaptive"), radius)
     n = check_n(payload.get("n"), config, sequential=radius is not None or adaptive)
     seed = check_seed(payload.get("seed"), config)
@@ -231,7 +303,7 @@ def form_int(value: Any, key: str) -> int | None:
     return int(value)
 
 
-def form_radius(value: Any) -> float | None:
+def form_radius(value: Any, config: ServingConfig | None = None) -> float | None:
     """A form field holding a plain decimal number (``0.5``, ``2``): ASCII digits with at most one point."""
     if value is None:
         return None
@@ -240,7 +312,7 @@ def form_radius(value: Any) -> float | None:
     if not PLAIN_DECIMAL_FRACTION.fullmatch(value):
         shown = value if len(value) <= 40 else value[:40] + "..."
         raise _bad(f"'radius' must be a plain decimal number such as 0.5 (ASCII digits and one point), got {shown!r}")
-    return check_radius(float(value))
+    return check_radius(float(value), config)
 
 
 def form_bool(value: Any, key: str) -> bool | None:
@@ -273,27 +345,37 @@ async def parse_multipart(request, config: ServingConfig, shape: tuple[int, int,
         unknown = sorted(set(form.keys()) - set(JSON_KEYS))
         if unknown:
             raise _bad(f"unknown form field(s) {', '.join(map(repr, unknown))}; known: {', '.join(JSON_KEYS)}")
+        repeated = sorted({key for key in form.keys() if key != "images" and len(form.getlist(key)) > 1})
+        if repeated:
+            raise _bad(f"form field(s) {', '.join(map(repr, repeated))} sent more than once: send each once")
         files = form.getlist("images")
         check_count(len(files), config)
-        radius = form_radius(form.get("radius"))
+        radius = form_radius(form.get("radius"), config)
         adaptive = check_adaptive(form_bool(form.get("adaptive"), "adaptive"), radius)
         n = check_n(form_int(form.get("n"), "n"), config, sequential=radius is not None or adaptive)
         seed = check_seed(form_int(form.get("seed"), "seed"), config)
-        tensors = []
+        uploads = []
         for index, upload in enumerate(files):
             if not isinstance(upload, UploadFile):
                 raise _bad(f"image {index}: 'images' must be file uploads (PNG or JPEG), got a text field")
-            tensors.append(decode_image(await upload.read(), index, upload.filename or "", shape))
-        return PredictRequest(torch.stack(tensors), n, seed, radius, adaptive)
+            uploads.append((await upload.read(), index, upload.filename or ""))
+        images = await anyio.to_thread.run_sync(
+            lambda: torch.stack([decode_image(data, index, name, shape) for data, index, name in uploads]))
+        return PredictRequest(images, n, seed, radius, adaptive)
     finally:
         await form.close()
 
 
 async def parse_predict_request(request, config: ServingConfig, shape: tuple[int, int, int]) -> PredictRequest:
     """Dispatch on Content-Type; any problem is a RequestError (400, or 415 for an unsupported type)."""
-    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    content_type = request.headers.get("content-type", "")
+    media_type = content_type.split(";")[0].strip().lower()
     if media_type == "application/json":
-        return parse_json(await request.body(), config, shape)
+        charset = re.search(r";\s*charset\s*=\s*\"?([^\s;\"]+)", content_type, re.IGNORECASE)
+        if charset and charset.group(1).lower() not in ("utf-8", "utf8"):
+            raise RequestError(415, f"charset {charset.group(1)!r}: send JSON encoded as UTF-8")
+        body = await request.body()
+        return await anyio.to_thread.run_sync(parse_json, body, config, shape)  # off the event loop
     if media_type == "multipart/form-data":
         return await parse_multipart(request, config, shape)
     raise RequestError(415, f"unsupported Content-Type {media_type or '(none)'!r}: send application/json "

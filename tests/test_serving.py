@@ -138,9 +138,9 @@ def test_json_validation_refuses_with_a_clear_message(payload, message):
 
 def test_json_validation_accepts_and_keeps_values():
     image = np.random.default_rng(0).random(SHAPE)
-    request = parse_payload({"images": [image.tolist()], "n": 7}, CONFIG, SHAPE)
+    request = parse_payload({"images": [image.tolist()], "n": 300}, CONFIG, SHAPE)
     assert request.images.shape == (1, *SHAPE) and request.images.dtype == torch.float32
-    assert request.n == 7 and request.seed is None
+    assert request.n == 300 and request.seed is None
     assert torch.allclose(request.images[0].double(), torch.from_numpy(image), atol=1e-7)
 
 
@@ -227,7 +227,7 @@ def test_api_key_from_env_refuses_short_keys(monkeypatch):
 
 
 def test_payload_limit_middleware():
-    client = _client(PayloadLimitMiddleware(_ok_app, max_bytes=1000))
+    client = _client(PayloadLimitMiddleware(_ok_app, max_bytes=1000, max_parsing=8))
     assert client.post("/predict", content=b"x" * 1000).text == "1000"
     too_big = client.post("/predict", content=b"x" * 1001)
     assert too_big.status_code == 413 and "max_payload_bytes" in too_big.json()["error"]

@@ -136,6 +136,8 @@ def _payload(**extra):
     ({"adaptive": 1}, "'adaptive' must be true or false"),
     ({"adaptive": "true"}, "'adaptive' must be true or false"),
     ({"radius": 0.5, "adaptive": True}, "not both"),
+    ({"radius": 0.7}, r"exceeds 0\.6755, the largest radius any request can certify"),  # sigma 0.25, max_n 2000
+    ({"radius": 1e300}, "the largest radius any request can certify"),
     ({"radius": 0.5, "n": 2001}, r"'n' must lie in 1..2000"),
     ({"adaptive": True, "n": 0}, r"'n' must lie in 1..2000"),
 ])
@@ -146,8 +148,8 @@ def test_adaptive_fields_are_validated(config, extra, message):
 
 
 def test_adaptive_fields_are_read(config):
-    decide = parse_payload(_payload(radius=1), config, SHAPE)
-    assert (decide.kind, decide.radius, decide.n) == ("decide", 1.0, 2000)  # budget defaults to max_n
+    decide = parse_payload(_payload(radius=0.6), config, SHAPE)
+    assert (decide.kind, decide.radius, decide.n) == ("decide", 0.6, 2000)  # budget defaults to max_n
     estimate = parse_payload(_payload(adaptive=True, n=500), config, SHAPE)
     assert (estimate.kind, estimate.n, estimate.radius) == ("estimate", 500, None)
     fixed = parse_payload(_payload(adaptive=False), config, SHAPE)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 import numpy as np
@@ -209,9 +210,13 @@ def test_keyed_seeds_are_one_per_input():
     image = torch.rand(SHAPE, generator=torch.Generator().manual_seed(0))
     seed = key.image_seed(image, SETTINGS)
     assert key.image_seed(image.clone(), SETTINGS) == seed  # same bytes, same seed
+    same_question = image.clone()
+    same_question[0, 3, 4] = torch.nextafter(same_question[0, 3, 4], torch.tensor(2.0))  # one pixel, one ulp
+    same_question[0, 0, 0] = 1e-40 if float(image[0, 0, 0]) < 0.5 / 255 else float(same_question[0, 0, 0])
+    assert key.image_seed(same_question, SETTINGS) == seed  # the same 8-bit image: the same question
     changed = image.clone()
-    changed[0, 3, 4] = torch.nextafter(changed[0, 3, 4], torch.tensor(2.0))  # one pixel, one ulp
-    assert key.image_seed(changed, SETTINGS) != seed
+    changed[0, 3, 4] = (torch.round(changed[0, 3, 4] * 255) + (1 if changed[0, 3, 4] < 0.5 else -1)) / 255
+    assert key.image_seed(changed, SETTINGS) != seed  # one pixel one 8-bit level away
     assert NoiseKey(b"j" * 32, "model-a").image_seed(image, SETTINGS) != seed  # another secret
     assert NoiseKey(b"k" * 32, "model-b").image_seed(image, SETTINGS) != seed  # another model
     for name, value in (("n", 201), ("n0", 21), ("sigma", 0.5), ("alpha", 0.01), ("kind", "radius")):
@@ -220,12 +225,14 @@ def test_keyed_seeds_are_one_per_input():
     assert 0 <= seed < 2**63
 
 
-def test_canonical_bytes_identify_negative_zero_and_float64():
+def test_canonical_bytes_are_the_8_bit_image():
     zeros = torch.zeros(SHAPE)
-    assert canonical_image_bytes(-zeros) == canonical_image_bytes(zeros)
-    assert np.signbit(np.frombuffer(zeros.neg().numpy().tobytes(), "<f4")).all()  # the raw bytes do differ
+    assert canonical_image_bytes(-zeros) == canonical_image_bytes(zeros) == canonical_image_bytes(zeros + 1e-40)
+    levels = torch.arange(256, dtype=torch.float32)
+    assert canonical_image_bytes((levels / 255).reshape(1, 16, 16)) == bytes(range(256))  # a PNG's pixels exactly
     assert canonical_image_bytes(torch.full(SHAPE, 0.5, dtype=torch.float64)) == \
         canonical_image_bytes(torch.full(SHAPE, 0.5))
+    assert canonical_image_bytes(torch.full(SHAPE, 0.5)) != canonical_image_bytes(torch.full(SHAPE, 0.51))
 
 
 def test_client_seeds_differ_per_image():
@@ -239,7 +246,7 @@ def test_duplicates_get_one_certificate_and_a_changed_pixel_fresh_noise(smooth, 
     or another secret: other noise, hence (almost surely) other counts for an ambiguous image."""
     ambiguous = 0.5 * digits[0][0] + 0.5 * digits[0][1]  # a blend of two digits: votes split between classes
     changed = ambiguous.clone()
-    changed[0, 0, 0] = 0.001
+    changed[0, 0, 0] = 0.01  # 8-bit level 3 instead of 0
     scheduler = FairScheduler(VoteCounter(smooth), round_samples=200, pass_samples=1000, share_passes=False,
                               max_queued=8)
 
@@ -271,3 +278,120 @@ def test_a_broken_loop_fails_its_requests_and_restarts():
 
     certificates = asyncio.run(run())
     assert len(certificates) == 1 and certificates[0].n == 100
+
+
+# ------------------------------------------------------------------------------------------------ admission by deadline
+
+def test_processor_sharing_finish_times_and_admission_rules():
+    from serving.compute.admission import Admitted, admission, doomed, finish_times
+
+    left = [300, 100, 100, 50]
+    brute = [sum(min(r, mine) for r in left) / 10 for mine in left]
+    assert finish_times(left, 10) == pytest.approx(brute)
+    assert admission(100, 1.0, [], 0.0).admit  # rate not measured yet
+    assert admission(70, 1.0, [], 100).admit and admission(80, 1.0, [], 100).reason == "never"  # 75 % of alone
+    # two admitted requests fill the next 60 s of a 100 samples/s server; a large newcomer is refused, with a
+    # Retry-After within the admitted deadlines, a small one still fits in the slack
+    admitted = [Admitted(3000, 70), Admitted(3000, 90)]
+    large = admission(5000, 100, admitted, 100)
+    assert not large.admit and large.reason == "busy" and 1 <= large.retry_after_s <= 90
+    assert admission(100, 100, admitted, 100).admit
+    # an admitted request the rate left behind (projected past 90 % of its time) blocks no newcomer; one that cannot
+    # finish even alone is doomed (the scheduler stops it at once)
+    assert admission(100, 100, [Admitted(3000, 32)], 100).admit
+    assert doomed(3000, 20, 100) and not doomed(3000, 32, 100)
+
+
+def test_overload_keeps_goodput_and_answers_small_requests_or_refuses_them_at_once():
+    """4x the work the server can finish within the deadline, all at once: the admitted requests finish (goodput
+    >= 90 %), the rest are refused at once with an honest Retry-After; a small request next to them is answered
+    within 3x its idle time or refused at once. Today's round robin admitted everything and finished nothing."""
+    counter = FakeCounter(seconds_per_sample=1e-4)  # at most 10,000 samples/s, less on a loaded machine
+    scheduler = FairScheduler(counter, round_samples=200, pass_samples=1000, share_passes=False, max_queued=64)
+    deadline_s = 2.0
+
+    async def timed(w, delay=0.0):
+        await asyncio.sleep(delay)
+        started = time.perf_counter()
+        try:
+            await scheduler.run(w, deadline_s, 10**6)
+            return "ok", time.perf_counter() - started
+        except QueueFull as exc:
+            return int(exc.headers["Retry-After"]), time.perf_counter() - started
+        except DeadlineExceeded:
+            return "late", time.perf_counter() - started
+
+    async def run():
+        await scheduler.run(work(1, 1980, seed=500), 10, 10**6)  # measures the rate
+        idle = [(await timed(work(1, 80, seed=600 + k)))[1] for k in range(3)]
+        # scaled to the measured rate: each large request takes half the deadline alone, so the server can finish
+        # about 2 within the deadline; 8 arrive at once (4x)
+        n = int(scheduler.rate * deadline_s / 2) - 20
+        large = [asyncio.create_task(timed(work(1, n, seed=1000 * k))) for k in range(8)]
+        small = [asyncio.create_task(timed(work(1, 80, seed=700 + k), 0.1 + 0.3 * k)) for k in range(4)]
+        return float(np.median(idle)), await asyncio.gather(*large), await asyncio.gather(*small)
+
+    samples_before = 2000 + 3 * 100
+    idle_s, large, small = asyncio.run(run())
+    finished = [r for r in large if r[0] == "ok"]
+    refused = [r for r in large if isinstance(r[0], int)]
+    assert finished and not [r for r in large if r[0] == "late"], large
+    assert len(finished) + len(refused) == 8 and refused
+    assert all(1 <= retry <= math.ceil(deadline_s) and seconds < 0.05 for retry, seconds in refused)  # at once
+    computed = scheduler.stats.samples - samples_before
+    goodput = (scheduler.stats.finished_samples - samples_before) / computed
+    assert goodput >= 0.9, (goodput, large)
+    for outcome, seconds in small:
+        assert (outcome == "ok" and seconds <= max(3 * idle_s, idle_s + 0.02)) or \
+            (isinstance(outcome, int) and seconds < 0.05), (small, idle_s)
+
+
+def test_a_request_that_cannot_finish_alone_is_refused_at_the_door():
+    from serving.compute.scheduler import NeverInTime
+
+    counter = FakeCounter(seconds_per_sample=1e-4)  # 10,000 samples/s
+    scheduler = FairScheduler(counter, round_samples=100, pass_samples=1000, share_passes=False, max_queued=8)
+
+    async def run():
+        await scheduler.run(work(1, 80), 10, 10**6)
+        passes = len(counter.passes)
+        with pytest.raises(NeverInTime, match="max_latency_ms.*lower the number of images or n") as info:
+            await scheduler.run(work(4, 10_000), 1.0, 10**6)  # 40,080 samples, about 4 s alone
+        assert info.value.status == 400 and len(counter.passes) == passes  # nothing computed for it
+
+    asyncio.run(run())
+    assert scheduler.stats.refused == {"never": 1}
+
+
+def test_the_largest_admitted_request_keeps_receiving_passes():
+    """Round robin: a large request keeps getting rounds while small ones keep arriving (a scheduler serving the
+    request with the fewest samples left first would starve it until the small ones stop)."""
+    counter = FakeCounter(seconds_per_sample=1e-5)
+    scheduler = FairScheduler(counter, round_samples=100, pass_samples=1000, share_passes=False, max_queued=16)
+    large_seeds = {job_seed(1, phase, k) for phase in (SELECTION, ESTIMATION) for k in range(100)}
+    done = {}
+
+    async def small_stream(offset):
+        for k in range(15):
+            await scheduler.run(work(1, 180, seed=10_000 + 100 * offset + k), 60, 10**6)
+        done[offset] = len(counter.passes)
+
+    async def run():
+        large = asyncio.create_task(scheduler.run(work(1, 4000, seed=1), 60, 10**6))
+        await asyncio.sleep(0.01)
+        await asyncio.gather(*(small_stream(k) for k in range(3)))
+        await large
+
+    asyncio.run(run())
+    while_small = counter.passes[:min(done.values())]
+    large_passes = sum(any(job.seed in large_seeds for job in jobs) for jobs in while_small)
+    assert large_passes >= len(while_small) / 6, (large_passes, len(while_small))  # about 1/4 with 3 small streams
+
+
+def test_the_default_noise_key_is_random_per_start():
+    """Unset noise_key: each server start draws its own secret, so seeds are not predictable from the code."""
+    image = torch.zeros(SHAPE)
+    seeds = {NoiseKey.from_setting(None, "m").image_seed(image, SETTINGS) for _ in range(3)}
+    assert len(seeds) == 3
+    assert NoiseKey.from_setting("x" * 32, "m").image_seed(image, SETTINGS) == \
+        NoiseKey.from_setting("x" * 32, "m").image_seed(image, SETTINGS)

@@ -3,12 +3,16 @@
 Without a client seed, the noise seed of each image is an HMAC-SHA256, under a server secret, of
 
 - the model's identity (SHA-256 of every served weights file),
-- the image's exact pixels, canonicalised (float32, C-contiguous, little-endian, -0.0 read as 0.0, shape
-  stated), and
-- the sampling settings (request kind, sigma, n0, n, alpha, chunk_samples).
+- the image quantised to its 8-bit grid (each pixel ``round(255 x)`` as one byte, C-contiguous, shape stated):
+  a PNG/JPEG input is exactly on that grid; a float input shares its key with every float image that rounds to
+  the same 8-bit image (a pixel 0 sent as 1e-40 is the same question), and
+- the sampling settings (request kind, sigma, n0, n, alpha, chunk_samples; ``n`` and a decide radius are already
+  on their grids, ``serving.validation``).
 
-The same image under the same settings therefore always gets the same noise and the same certificate, within
-a request (duplicates) and across requests, while an image differing in one pixel, or a different ``n``,
+The model still sees the submitted pixels, so the certificate is about them; two float images in one 8-bit cell
+get the same noise, hence the same votes unless their difference itself moves a vote. The same image under the
+same settings therefore always gets the same noise and the same certificate, within a request (duplicates) and
+across requests, while an image differing by one 8-bit level in one pixel, or an ``n`` on another grid point,
 gets noise no client can predict without the secret. The secret comes from the ``noise_key`` setting or,
 when that is unset, from the operating system's CSPRNG at start-up (then certificates are repeatable only
 until the server restarts). See docs/SERVING.md, "One certificate per input".
@@ -43,9 +47,9 @@ def model_identity(weight_files: Iterable[Path | None]) -> str:
 
 
 def canonical_image_bytes(image: torch.Tensor) -> bytes:
-    """The exact pixels of one (C, H, W) image as float32 little-endian bytes; -0.0 and 0.0 are one value."""
-    array = np.ascontiguousarray(image.detach().cpu().numpy(), dtype="<f4") + np.float32(0.0)  # -0.0 + 0.0 = 0.0
-    return array.tobytes()
+    """One (C, H, W) image in [0, 1] on its 8-bit grid: ``round(255 x)`` per pixel (halves to even), one byte each."""
+    array = np.asarray(image.detach().cpu().numpy(), dtype=np.float64)
+    return np.ascontiguousarray(np.rint(np.clip(array, 0.0, 1.0) * 255.0), dtype=np.uint8).tobytes()
 
 
 class NoiseKey:
@@ -65,7 +69,7 @@ class NoiseKey:
 
     def image_seed(self, image: torch.Tensor, settings: dict[str, object]) -> int:
         """The noise seed of ``image`` (C, H, W) under ``settings`` (kind, sigma, n0, n, alpha, ...)."""
-        header = json.dumps({"model": self.model, "dtype": "float32", "shape": list(image.shape),
+        header = json.dumps({"model": self.model, "grid": "uint8/255", "shape": list(image.shape),
                              "settings": settings}, sort_keys=True).encode()
         message = len(header).to_bytes(8, "big") + header + canonical_image_bytes(image)
         digest = hmac.new(self._secret, message, hashlib.sha256).digest()

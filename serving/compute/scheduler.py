@@ -9,7 +9,10 @@ work. Between passes the loop drops the tickets whose deadline has passed (``Dea
 client has disconnected (``ClientDisconnected``) or whose caller stopped waiting; so a dropped request
 costs at most the one pass already running. New tickets beyond ``max_queued`` are refused at once with
 ``QueueFull`` (a 503 with Retry-After), and a ticket whose work would exceed ``max_samples`` noisy samples
-is refused with ``BudgetExceeded``.
+is refused with ``BudgetExceeded``. Admission is by deadline at the measured rate
+(``serving.compute.admission``): a request is admitted only if it and every admitted request can still finish
+within their deadlines; otherwise ``QueueFull`` at once, with a Retry-After bounded by the admitted deadlines,
+or ``NeverInTime`` when it could not finish within its deadline even alone.
 
 The scheduler changes when samples are computed, never which: every job carries its own seed, so a
 ticket's result is the same whatever it shared passes with (``serving.compute.engine``).
@@ -32,6 +35,7 @@ from typing import Any, Protocol
 import anyio
 import numpy as np
 
+from serving.compute.admission import Admitted, RateMeter, admission, doomed
 from serving.compute.engine import NoiseJob
 
 Disconnected = Callable[[], Awaitable[bool]]
@@ -76,6 +80,10 @@ class BudgetExceeded(SchedulerRefusal):
     status = 400
 
 
+class NeverInTime(SchedulerRefusal):
+    status = 400  # retrying the same request cannot help: it must be smaller
+
+
 class ClientDisconnected(SchedulerRefusal):
     status = 499  # nginx's "client closed request": nobody reads the answer
 
@@ -105,6 +113,8 @@ class SchedulerStats:
     samples: int = 0  # noisy samples computed
     passes: int = 0
     dropped: dict[str, int] = field(default_factory=dict)  # reason -> requests dropped before finishing
+    refused: dict[str, int] = field(default_factory=dict)  # reason -> requests refused at admission
+    finished_samples: int = 0  # noisy samples of requests that finished (goodput's numerator)
     pass_sizes: list[int] = field(default_factory=list)  # tickets served in each of the last passes
 
 
@@ -114,12 +124,14 @@ class FairScheduler:
     ``counter``: evaluates a list of noise jobs, one result (counts or exception) per job (``VoteCounter``).
     ``on_pass``: optional hook called after each pass, and whenever the queue changes, with (kind -> samples
     computed, queue depth, samples still queued); ``on_drop``: optional hook called with the reason of each
-    request dropped unfinished.
+    request dropped unfinished; ``on_refuse``: with the reason of each request refused at admission (``queue``:
+    ``max_queued`` in flight, ``busy``: it would not finish in time next to the admitted work, ``never``: not
+    even alone).
     """
 
     def __init__(self, counter: Callable[[Sequence[NoiseJob]], list], round_samples: int, pass_samples: int,
                  share_passes: bool, max_queued: int, on_pass: Callable[[dict[str, int], int, int], None] | None = None,
-                 on_drop: Callable[[str], None] | None = None,
+                 on_drop: Callable[[str], None] | None = None, on_refuse: Callable[[str], None] | None = None,
                  clock: Callable[[], float] = time.monotonic):
         self.counter = counter
         self.round_samples = round_samples
@@ -128,10 +140,11 @@ class FairScheduler:
         self.max_queued = max_queued
         self.on_pass = on_pass
         self.on_drop = on_drop
+        self.on_refuse = on_refuse
         self.clock = clock
         self.stats = SchedulerStats()
         self._tickets: deque[_Ticket] = deque()
-        self._rate = 0.0  # noisy samples per second, moving average (for Retry-After)
+        self.rate_meter = RateMeter()  # noisy samples per second of busy compute (admission, Retry-After)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
@@ -146,11 +159,43 @@ class FairScheduler:
     def queued_samples(self) -> int:
         return sum(ticket.work.samples_left for ticket in self._tickets)
 
+    @property
+    def rate(self) -> float:
+        """Measured noisy samples per second (0 until the first pass)."""
+        return self.rate_meter.rate
+
     def retry_after_s(self) -> int:
-        """Seconds until the queued work would be done at the measured rate (at least 1)."""
-        if self._rate <= 0:
+        """Seconds until the queued work would be done at the measured rate, at least 1 and at most the time
+        to the last admitted deadline (by then every admitted request has finished or been stopped)."""
+        if self.rate <= 0 or not self._tickets:
             return 1
-        return max(1, math.ceil(self.queued_samples / self._rate))
+        horizon = max(ticket.deadline for ticket in self._tickets) - self.clock()
+        return max(1, min(math.ceil(self.queued_samples / self.rate), math.ceil(horizon)))
+
+    def _refuse(self, reason: str, error: SchedulerRefusal) -> SchedulerRefusal:
+        self.stats.refused[reason] = self.stats.refused.get(reason, 0) + 1
+        if self.on_refuse is not None:
+            self.on_refuse(reason)
+        return error
+
+    def _admit(self, work: Work, deadline_s: float) -> None:
+        """Refuse ``work`` unless it and every admitted request can finish in time (``admission``)."""
+        now = self.clock()
+        admitted = [Admitted(ticket.work.samples_left, ticket.deadline - now) for ticket in self._tickets]
+        decision = admission(work.samples_left, deadline_s, admitted, self.rate)
+        if decision.reason == "never":
+            fits = int(self.rate * deadline_s * 0.75)
+            raise self._refuse("never", NeverInTime(
+                f"the request needs {work.samples_left} noisy samples (images x (n0 + n)), about "
+                f"{decision.alone_s:.0f} s at this server's measured {self.rate:.0f} samples/s, more than its "
+                f"deadline of {deadline_s:g} s (max_latency_ms) allows even alone; lower the number of images "
+                f"or n (about {fits} noisy samples fit), or raise max_latency_ms"))
+        if not decision.admit:
+            retry = decision.retry_after_s
+            raise self._refuse("busy", QueueFull(
+                f"the server is busy: this request would not finish within its deadline of {deadline_s:g} s "
+                f"(max_latency_ms) next to the {len(self._tickets)} requests already admitted, at the measured "
+                f"{self.rate:.0f} samples/s; retry in {retry} s", {"Retry-After": str(retry)}))
 
     async def run(self, work: Work, deadline_s: float, max_samples: int,
                   disconnected: Disconnected | None = None) -> Any:
@@ -160,8 +205,10 @@ class FairScheduler:
                                  f"this server computes at most {max_samples} per request (max_request_samples)")
         if len(self._tickets) >= self.max_queued:
             retry = self.retry_after_s()
-            raise QueueFull(f"the server is busy ({len(self._tickets)} requests in flight, the most it queues: "
-                            f"max_queued_requests); retry in {retry} s", {"Retry-After": str(retry)})
+            raise self._refuse("queue", QueueFull(
+                f"the server is busy ({len(self._tickets)} requests in flight, the most it queues: "
+                f"max_queued_requests); retry in {retry} s", {"Retry-After": str(retry)}))
+        self._admit(work, deadline_s)
         self._start()
         ticket = _Ticket(work, self._loop.create_future(), self.clock() + deadline_s, deadline_s, disconnected,
                          max_samples)
@@ -213,10 +260,11 @@ class FairScheduler:
         for ticket in list(self._tickets):
             if ticket.future.done():
                 self._drop(ticket, None, "abandoned")
-            elif now > ticket.deadline:
+            elif now > ticket.deadline or doomed(ticket.work.samples_left, ticket.deadline - now, self.rate):
                 work = ticket.work
+                when = "passed" if now > ticket.deadline else "could no longer meet"
                 self._drop(ticket, DeadlineExceeded(
-                    f"the request passed its deadline of {ticket.deadline_s:g} s (max_latency_ms) after "
+                    f"the request {when} its deadline of {ticket.deadline_s:g} s (max_latency_ms) after "
                     f"{work.samples_taken} noisy samples (at most {work.planned_samples}); its computation was "
                     "stopped; retry later or with fewer images or a smaller n"), "deadline")
             elif ticket.disconnected is not None and await _gone(ticket.disconnected):
@@ -252,6 +300,7 @@ class FairScheduler:
             return
         try:
             ticket.future.set_result(ticket.work.result())
+            self.stats.finished_samples += ticket.samples_taken
         except Exception as exc:  # noqa: BLE001 - the failure belongs to this request only
             ticket.future.set_exception(exc)
         if ticket in self._tickets:
@@ -269,6 +318,7 @@ class FairScheduler:
 
     async def _compute_forever(self) -> None:
         while True:
+            busy_from = time.perf_counter()  # the loop's own time counts in the measured rate, waiting does not
             await self._prune()
             if not self._tickets:
                 self._wake.clear()
@@ -280,15 +330,12 @@ class FairScheduler:
                     self._finish(ticket)  # works with nothing left to draw
                 await asyncio.sleep(0)
                 continue
-            started = time.perf_counter()
             try:
                 results = await anyio.to_thread.run_sync(self.counter, [job for _, _, job in batch])
             except Exception as exc:  # noqa: BLE001 - a counter that fails as a whole fails this pass's requests
                 results = [exc] * len(batch)
-            elapsed = time.perf_counter() - started
             samples = sum(job.num_samples for _, _, job in batch)
-            if elapsed > 0:
-                self._rate = samples / elapsed if self._rate == 0 else 0.8 * self._rate + 0.2 * samples / elapsed
+            self.rate_meter.add(samples, time.perf_counter() - busy_from)
             by_kind: dict[str, int] = {}
             served = []
             for (ticket, key, job), result in zip(batch, results, strict=True):

@@ -1,0 +1,197 @@
+"""Overload: 4x the work the server can finish within the deadline arrives at once; goodput and small requests.
+
+    python -m benchmarks.bench_overload [--classifier-dir runs/demo/classifier] [--deadline-s 30] [--factor 4]
+    python -m benchmarks.bench_overload --quick      # deadline 10 s
+
+A real server (``transdenoiser serve``, default settings but ``max_latency_ms`` = the deadline, sigma 0.25) starts
+on 127.0.0.1. After an idle phase (small requests: 1 image, n = 100, one after another), the measured rate
+(``transdenoiser_compute_rate``) sizes the overload to this machine: large requests of 16 images, each about half
+of what the server computes within the deadline, ``--factor`` times as much work in all as it can finish within the
+deadline, all sent at once (no retries), while one client keeps sending small requests one after another.
+Figures: goodput (noisy samples of requests answered 200 / noisy samples computed, from /metrics), the large
+requests' statuses and Retry-After values, the time to each refusal, and each small request's latency against
+3x its idle median (or an immediate refusal). Then a burst: ``--burst-bodies`` JSON bodies just under the payload
+limit (2 MB) sent at once while /readyz and /livez are probed back to back: the probes' latency, the bodies'
+statuses and the worker's memory before and after. Bounded: the overload phase ends when every large request is
+answered (at most the deadline plus a margin), the burst when its bodies are answered; loopback only.
+"""
+from __future__ import annotations
+
+import argparse
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+
+from benchmarks import write_result
+from benchmarks.serving_common import percentiles, run_record, running_server
+from transdenoiser.argtypes import positive_float, positive_int
+
+N0, SMALL_N, LARGE_IMAGES = 100, 100, 16
+
+
+def metric_value(http: httpx.Client, name: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(sample.value for family in text_string_to_metric_families(http.get("/metrics").text)
+               for sample in family.samples if sample.name == name)
+
+
+def measure(url: str, images, deadline_s: float, factor: float, idle_requests: int = 5) -> dict:
+    small = {"images": [images[0].tolist()], "n": SMALL_N}
+    with httpx.Client(base_url=url, timeout=deadline_s + 60) as http:
+        idle = []
+        for _ in range(idle_requests + 1):
+            started = time.perf_counter()
+            assert http.post("/predict", json=small).status_code == 200
+            idle.append(time.perf_counter() - started)
+        idle = idle[1:]  # the first warms the HTTP path
+        idle_p50 = percentiles(idle)["p50_s"]
+        rate = metric_value(http, "transdenoiser_compute_rate")
+        per_image = max(SMALL_N, int(rate * deadline_s / 2 / LARGE_IMAGES) - N0) // 100 * 100
+        large_samples = LARGE_IMAGES * (N0 + per_image)
+        count = max(2, round(factor * rate * deadline_s / large_samples))
+        computed_before = metric_value(http, "transdenoiser_noisy_samples_total")
+    large_results: list[tuple[int, float, str | None]] = []
+    small_results: list[tuple[int, float]] = []
+    lock = threading.Lock()
+    done = threading.Event()
+
+    def send_large(index: int) -> None:
+        body = {"images": [images[(index + k) % len(images)].tolist() for k in range(LARGE_IMAGES)], "n": per_image}
+        with httpx.Client(base_url=url, timeout=deadline_s + 60) as client:
+            started = time.perf_counter()
+            response = client.post("/predict", json=body)
+            with lock:
+                large_results.append((response.status_code, time.perf_counter() - started,
+                                      response.headers.get("retry-after")))
+
+    def send_small() -> None:
+        with httpx.Client(base_url=url, timeout=deadline_s + 60) as client:
+            while not done.is_set():
+                started = time.perf_counter()
+                status = client.post("/predict", json=small).status_code
+                small_results.append((status, time.perf_counter() - started))
+                time.sleep(0.2)
+
+    threads = [threading.Thread(target=send_large, args=(i,)) for i in range(count)]
+    small_thread = threading.Thread(target=send_small)
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    small_thread.start()
+    for thread in threads:
+        thread.join(timeout=deadline_s + 90)
+    done.set()
+    small_thread.join(timeout=deadline_s + 60)
+    wall_s = time.perf_counter() - started
+    with httpx.Client(base_url=url, timeout=60) as http:
+        computed = metric_value(http, "transdenoiser_noisy_samples_total") - computed_before
+    answered_large = sum(status == 200 for status, _, _ in large_results)
+    answered_small = sum(status == 200 for status, _ in small_results)
+    good = answered_large * large_samples + answered_small * (N0 + SMALL_N)
+    refused = [(seconds, retry) for status, seconds, retry in large_results if status == 503]
+    small_ok = [seconds for status, seconds in small_results if status == 200]
+    small_refused = [seconds for status, seconds in small_results if status != 200]
+    return {
+        "deadline_s": deadline_s, "factor": factor, "rate_samples_per_s": rate,
+        "large": f"{LARGE_IMAGES} images, n = {per_image} ({large_samples} noisy samples)", "large_requests": count,
+        "offered_samples": count * large_samples, "finishable_samples": rate * deadline_s,
+        "large_statuses": dict(Counter(str(status) for status, _, _ in large_results)),
+        "refusal_s": percentiles([seconds for seconds, _ in refused]) if refused else None,
+        "retry_after_s": sorted(int(retry) for _, retry in refused if retry is not None),
+        "computed_samples": computed, "completed_samples": good,
+        "goodput": good / computed if computed else None,
+        "idle_small": percentiles(idle), "small_answered": percentiles(small_ok) if small_ok else None,
+        "small_statuses": dict(Counter(str(status) for status, _ in small_results)),
+        "small_refusal_max_s": max(small_refused) if small_refused else None,
+        "small_within_3x_idle": sum(seconds <= 3 * idle_p50 for seconds in small_ok), "wall_s": wall_s,
+    }
+
+
+def measure_burst(url: str, bodies: int, body_bytes: int, memory_of=None) -> dict:
+    """``bodies`` JSON bodies of about ``body_bytes`` at once; probes' latency meanwhile."""
+    import json
+
+    import numpy as np
+
+    image = json.dumps(np.full((1, 28, 28), 0.123456789).tolist())
+    body = ('{"images": [' + image + "]" + " " * (body_bytes - len(image) - 20) + "}").encode()
+    statuses: list[int] = []
+    probes: list[float] = []
+    before = memory_of() if memory_of else None
+
+    def post() -> None:
+        with httpx.Client(base_url=url, timeout=300) as client:
+            try:
+                statuses.append(client.post("/predict", content=body,
+                                            headers={"content-type": "application/json"}).status_code)
+            except httpx.TransportError:
+                statuses.append(0)
+
+    threads = [threading.Thread(target=post) for _ in range(bodies)]
+    with httpx.Client(base_url=url, timeout=60) as http:
+        for thread in threads:
+            thread.start()
+        while any(thread.is_alive() for thread in threads):
+            for path in ("/readyz", "/livez"):
+                started = time.perf_counter()
+                http.get(path)
+                probes.append(time.perf_counter() - started)
+    for thread in threads:
+        thread.join()
+    return {"bodies": bodies, "body_bytes": len(body), "statuses": dict(Counter(str(s) for s in statuses)),
+            "probes": percentiles(probes), "probes_over_100ms": sum(p > 0.1 for p in probes),
+            "rss_before_mib": before / 2**20 if before else None,
+            "rss_after_mib": memory_of() / 2**20 if memory_of else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_overload", description=__doc__.split("\n")[0])
+    parser.add_argument("--classifier-dir", default="runs/demo/classifier", help="classifier checkpoint directory")
+    parser.add_argument("--denoiser-dir", default=None, help="optional denoiser checkpoint directory")
+    parser.add_argument("--deadline-s", type=positive_float, default=30.0, help="the server's max_latency_ms, in s")
+    parser.add_argument("--factor", type=positive_float, default=4.0, help="offered work / finishable work")
+    parser.add_argument("--quick", action="store_true", help="deadline 10 s")
+    parser.add_argument("--out", default="runs/bench/overload.json", help="JSON results file")
+    parser.add_argument("--idle-requests", type=positive_int, default=5, help="small requests on the idle server")
+    parser.add_argument("--burst-bodies", type=int, default=100, help="bodies of the burst (0: no burst)")
+    args = parser.parse_args(argv)
+    from training.datasets import load_dataset
+
+    deadline_s = 10.0 if args.quick else args.deadline_s
+    x, _ = load_dataset("mnist10k").test.tensors()
+    record = run_record(argv, "benchmarks.bench_overload")
+    with tempfile.TemporaryDirectory(prefix="bench_overload_") as tmp, \
+            running_server(Path(tmp), args.classifier_dir, args.denoiser_dir, sigma=0.25,
+                           max_latency_ms=int(deadline_s * 1000)) as server:
+        figures = measure(server.url, x[:32].numpy(), deadline_s, args.factor, args.idle_requests)
+        if args.burst_bodies > 0:
+            from benchmarks.serving_common import worker_process
+
+            worker = worker_process(server)
+            figures["burst"] = measure_burst(server.url, args.burst_bodies, 2 * 1024 * 1024 - 4096,
+                                             lambda: worker.memory_info().rss)
+    result = {**record, **figures}
+    print(f"rate {figures['rate_samples_per_s']:.0f} samples/s; {figures['large_requests']} large requests "
+          f"({figures['large']}), {figures['offered_samples'] / figures['finishable_samples']:.1f}x the finishable "
+          f"work; statuses {figures['large_statuses']}; Retry-After {figures['retry_after_s']}")
+    print(f"goodput {figures['goodput']:.3f} ({figures['completed_samples']:.0f} of {figures['computed_samples']:.0f} "
+          f"computed samples); small requests {figures['small_statuses']}, "
+          f"{figures['small_within_3x_idle']} within 3x idle ({figures['idle_small']['p50_s']:.3f} s)")
+    if "burst" in figures:
+        burst = figures["burst"]
+        print(f"burst of {burst['bodies']} bodies of {burst['body_bytes']} bytes: statuses {burst['statuses']}; "
+              f"probes p50 {burst['probes']['p50_s']:.3f}s max {burst['probes']['max_s']:.3f}s, "
+              f"{burst['probes_over_100ms']} of {burst['probes']['count']} over 100 ms; worker RSS "
+              f"{burst['rss_before_mib']:.0f} -> {burst['rss_after_mib']:.0f} MiB")
+    write_result(args.out, result)
+    print(f"results in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

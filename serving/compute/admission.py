@@ -1,0 +1,111 @@
+"""Admission by deadline: admit a request only if it, and every request already admitted, can still finish in time.
+
+The scheduler (``serving.compute.scheduler``) serves its tickets round robin, so while ``k`` requests hold
+tickets each gets about ``1/k`` of the compute: processor sharing. Under processor sharing at ``rate`` noisy
+samples per second, a request with ``r_i`` samples left finishes after ``sum_j min(r_j, r_i) / rate`` seconds
+(every other request ``j`` computes ``min(r_j, r_i)`` samples before ``i`` is done). A new request of ``c``
+samples delays each admitted request ``i`` by ``min(c, r_i) / rate``.
+
+``admission`` checks, at the measured rate:
+
+- the request alone: ``c / rate`` within its deadline; otherwise it can never finish on this server and is
+  refused at once (``never``);
+- the request among the admitted ones: its projected finish within ``new_margin`` of its deadline;
+- every admitted request that was on time stays on time (within ``admitted_margin`` of its remaining time).
+  One already projected beyond it (the rate fell) does not block admission: protecting it would refuse every
+  newcomer, small ones included, while it lasts (measured: most small requests refused under a mixed soak).
+  One that cannot finish even alone (``doomed``) is stopped by the scheduler at once instead of being computed
+  to its deadline.
+
+Otherwise the request is refused (``busy``) with ``retry_after_s``: the time for the admitted work to drain
+enough that the request would fit, never beyond the last admitted deadline (by then every admitted request has
+finished or been stopped). ``new_margin`` < ``admitted_margin`` leaves a slack that small requests use:
+next to large requests admitted up to ``new_margin``, a small one still fits.
+
+``RateMeter``: the noisy samples per second the compute loop achieves while busy (its passes and the loop's own
+time between them), a moving average over about ``window_s`` seconds of busy time.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+NEW_MARGIN = 0.75  # a new request must be projected to finish within 75 % of its deadline
+ADMITTED_MARGIN = 0.9  # and no admitted request may be pushed beyond 90 % of its remaining time
+
+
+@dataclass(frozen=True)
+class Admitted:
+    samples_left: int  # at most (a sequential work may stop early)
+    remaining_s: float  # time left before its deadline
+
+
+@dataclass(frozen=True)
+class Decision:
+    admit: bool
+    reason: str  # "ok", "busy" or "never"
+    finish_s: float  # the new request's projected time to finish among the admitted ones
+    alone_s: float  # its time to finish on an idle server
+    retry_after_s: int  # for "busy": when to retry (at least 1, at most the admitted deadline horizon)
+
+
+def finish_times(samples_left: Sequence[int], rate: float) -> list[float]:
+    """Each request's projected time to finish under processor sharing at ``rate`` samples/s."""
+    ordered = sorted(samples_left)
+    # sum_j min(r_j, r_i) = (sum of the r_j <= r_i) + r_i * (number of r_j > r_i); one pass over the sorted values
+    prefix, sums = 0, {}
+    for position, value in enumerate(ordered):
+        prefix += value
+        sums[value] = prefix + value * (len(ordered) - position - 1)  # the last of equal values sees them all
+    return [sums[value] / rate for value in samples_left]
+
+
+def admission(samples: int, deadline_s: float, admitted: Sequence[Admitted], rate: float,
+              new_margin: float = NEW_MARGIN, admitted_margin: float = ADMITTED_MARGIN) -> Decision:
+    """Whether a request of ``samples`` noisy samples with deadline ``deadline_s`` can be admitted next to
+    ``admitted`` at ``rate`` samples/s (see the module docstring). ``rate`` <= 0 (not measured yet): admit."""
+    if rate <= 0:
+        return Decision(True, "ok", 0.0, 0.0, 0)
+    alone_s = samples / rate
+    if alone_s > new_margin * deadline_s:
+        return Decision(False, "never", math.inf, alone_s, 0)
+    before = finish_times([a.samples_left for a in admitted], rate)
+    after = finish_times([a.samples_left for a in admitted] + [samples], rate)
+    finish_s = after[-1]
+    late = [i for i, a in enumerate(admitted)
+            if before[i] <= admitted_margin * a.remaining_s < after[i]]
+    if finish_s <= new_margin * deadline_s and not late:
+        return Decision(True, "ok", finish_s, alone_s, 0)
+    # Work that must drain first: the excess of the new request's own finish over its allowance, and for each
+    # admitted request it would make late, the delay it would add beyond that request's slack.
+    excess = max(0.0, finish_s - new_margin * deadline_s)
+    for i in late:
+        excess = max(excess, after[i] - admitted_margin * admitted[i].remaining_s)
+    horizon = max((a.remaining_s for a in admitted), default=1.0)
+    retry = min(max(1, math.ceil(excess)), max(1, math.ceil(horizon)))
+    return Decision(False, "busy", finish_s, alone_s, retry)
+
+
+def doomed(samples_left: int, remaining_s: float, rate: float, slack: float = 1.25) -> bool:
+    """Whether a request cannot finish before its deadline even with all the compute: ``samples_left / rate`` over
+    ``slack`` times its remaining time (the slack allows for the rate rising again). ``rate`` <= 0: never."""
+    return rate > 0 and samples_left / rate > slack * max(remaining_s, 0.0)
+
+
+class RateMeter:
+    """Noisy samples per second of busy compute, averaged over about ``window_s`` seconds of busy time."""
+
+    def __init__(self, window_s: float = 2.0):
+        self.window_s = window_s
+        self.rate = 0.0  # 0: not measured yet
+
+    def add(self, samples: int, seconds: float) -> None:
+        if samples <= 0 or seconds <= 0:
+            return
+        measured = samples / seconds
+        if self.rate == 0:
+            self.rate = measured
+            return
+        weight = min(1.0, seconds / self.window_s)
+        self.rate = (1 - weight) * self.rate + weight * measured
