@@ -75,6 +75,8 @@ class GradientCanaries:
         self.times_inserted = torch.zeros(num_canaries, dtype=torch.int64, device=device)
         self.steps = 0
         self.dropped_steps = 0
+        self.full_noise_steps = 0  # steps with a full-noise (xi_up) call: the steps that can carry canaries
+        self._full_noise = False
         self._pending: torch.Tensor | None = None  # canaries sampled this step and not yet delivered
 
     # -------------------------------------------------------------- vectors
@@ -111,6 +113,7 @@ class GradientCanaries:
         self._pending = sampled & self._included_t
         self._noise_projection = torch.zeros(self.m, dtype=torch.float64, device=self._included_t.device)
         self._delivered = torch.zeros(self.m, dtype=torch.bool, device=self._included_t.device)
+        self._full_noise = False
         self.steps += 1
 
     def deliver(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -131,6 +134,7 @@ class GradientCanaries:
         if self._pending is not None and bool(self._pending.any()):
             self.dropped_steps += 1  # sampled but no full-noise call this step: not delivered
         self._pending = None
+        self.full_noise_steps += int(self._full_noise)
         self.update_score += self.project(self.flatten(summed_update))
         self.known_score += self._noise_projection + self.clip_norm * self._delivered.to(torch.float64)
         self.times_inserted += self._delivered.to(torch.int64)
@@ -150,8 +154,10 @@ class _CanaryNoise:
         return getattr(self.inner, name)
 
     def add(self, tensors, noise_multiplier, generator):
-        if self.canaries._pending is not None and noise_multiplier >= self.arm.xi_up:
-            tensors = self.canaries.deliver(tensors)
+        if noise_multiplier >= self.arm.xi_up:
+            self.canaries._full_noise = True
+            if self.canaries._pending is not None:
+                tensors = self.canaries.deliver(tensors)
         noisy = self.inner.add(tensors, noise_multiplier, generator)
         self.canaries.observe_noise(tensors, noisy)
         return noisy
