@@ -45,7 +45,6 @@ from training.privacy.bounds import (
     guess_counts,
     one_run_lower_bounds,
 )
-from training.privacy.consistency import DEFAULT_ALPHA, DEFAULT_SIMULATIONS, check_claimed_noise
 from training.privacy.canaries import (
     WHITEBOX_SCORES,
     GradientCanaries,
@@ -53,6 +52,7 @@ from training.privacy.canaries import (
     audited_arm_class,
     reconstruction_losses,
 )
+from training.privacy.consistency import DEFAULT_ALPHA, DEFAULT_SIMULATIONS, check_claimed_noise
 from training.privacy.membership import DEFAULT_FPR, CalibratedAttack, LossThresholdAttack, attack_metrics
 from training.privacy.power import audit_power
 from training.privacy.report import format_number, json_safe

@@ -40,7 +40,7 @@ def _level_and_sizes(m: int, beta: float, fractions, positive_only) -> tuple[flo
 def attainable_bound(m: int, delta: float, beta: float = DEFAULT_BETA, analysis: str = "steinke",
                      fractions=DEFAULT_GUESS_FRACTIONS, positive_only=POSITIVE_ONLY_FRACTIONS) -> float:
     """The largest epsilon lower bound of ``analysis`` with every guess right, over the guess counts, each at
-    the Bonferroni level beta / K (the same counts and level as :func:`training.privacy.bounds.one_run_lower_bounds`)."""
+    the Bonferroni level beta / K (the counts and level of :func:`training.privacy.bounds.one_run_lower_bounds`)."""
     if analysis not in ANALYSES:
         raise ValueError(f"analysis must be one of {ANALYSES}, got {analysis!r}")
     level, sizes = _level_and_sizes(m, beta, fractions, positive_only)
@@ -51,7 +51,7 @@ def attainable_bound(m: int, delta: float, beta: float = DEFAULT_BETA, analysis:
 
 def attainable_bounds(m: int, delta: float, beta: float = DEFAULT_BETA,
                       fractions=DEFAULT_GUESS_FRACTIONS, positive_only=POSITIVE_ONLY_FRACTIONS) -> dict:
-    """Both analyses' :func:`attainable_bound`: ``{"steinke": eps, "fdp": eps, "guess_counts": K, "level": beta / K}``."""
+    """Both analyses' :func:`attainable_bound`: ``{"steinke", "fdp", "guess_counts": K, "level": beta / K}``."""
     level, _ = _level_and_sizes(m, beta, fractions, positive_only)
     return {**{a: attainable_bound(m, delta, beta, a, fractions, positive_only) for a in ANALYSES},
             "guess_counts": len(guess_counts(m, fractions, positive_only)), "level": level}
