@@ -12,6 +12,7 @@ symmetric counts need as many canaries in as out), which is the safe side for a 
 """
 from __future__ import annotations
 
+import functools
 import math
 
 from training.privacy.bounds import (
@@ -37,13 +38,15 @@ def _level_and_sizes(m: int, beta: float, fractions, positive_only) -> tuple[flo
     return beta / len(counts), sorted({kp + km for kp, km in counts})
 
 
+@functools.lru_cache(maxsize=4096)
 def attainable_bound(m: int, delta: float, beta: float = DEFAULT_BETA, analysis: str = "steinke",
                      fractions=DEFAULT_GUESS_FRACTIONS, positive_only=POSITIVE_ONLY_FRACTIONS) -> float:
     """The largest epsilon lower bound of ``analysis`` with every guess right, over the guess counts, each at
-    the Bonferroni level beta / K (the counts and level of :func:`training.privacy.bounds.one_run_lower_bounds`)."""
+    the Bonferroni level beta / K (the counts and level of :func:`training.privacy.bounds.one_run_lower_bounds`).
+    Memoised (a pure function of hashable arguments: pass the fractions as tuples)."""
     if analysis not in ANALYSES:
         raise ValueError(f"analysis must be one of {ANALYSES}, got {analysis!r}")
-    level, sizes = _level_and_sizes(m, beta, fractions, positive_only)
+    level, sizes = _level_and_sizes(m, beta, tuple(fractions), tuple(positive_only))
     if analysis == "steinke":
         return max(steinke_epsilon_lower_bound(m, r, r, delta, level) for r in sizes)
     return gdp_epsilon_lower(max(fdp_mu_lower_bound(m, r, r, level) for r in sizes), delta)
@@ -53,7 +56,7 @@ def attainable_bounds(m: int, delta: float, beta: float = DEFAULT_BETA,
                       fractions=DEFAULT_GUESS_FRACTIONS, positive_only=POSITIVE_ONLY_FRACTIONS) -> dict:
     """Both analyses' :func:`attainable_bound`: ``{"steinke", "fdp", "guess_counts": K, "level": beta / K}``."""
     level, _ = _level_and_sizes(m, beta, fractions, positive_only)
-    return {**{a: attainable_bound(m, delta, beta, a, fractions, positive_only) for a in ANALYSES},
+    return {**{a: attainable_bound(m, delta, beta, a, tuple(fractions), tuple(positive_only)) for a in ANALYSES},
             "guess_counts": len(guess_counts(m, fractions, positive_only)), "level": level}
 
 
@@ -72,7 +75,7 @@ def canaries_needed(claim: float, delta: float, beta: float = DEFAULT_BETA, anal
         return None
 
     def reaches(m: int) -> bool:
-        return attainable_bound(m, delta, beta, analysis, fractions, positive_only) > claim
+        return attainable_bound(m, delta, beta, analysis, tuple(fractions), tuple(positive_only)) > claim
 
     low = max(2, start)
     if reaches(low):
