@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import logging
 import sys
@@ -76,8 +75,8 @@ def untrained_classifier(directory: Path) -> Path:
 def one_run(values: dict, seed: int, scale: float, canaries: int, classifier, dataset, out: Path, settings_kw):
     import torch
 
-    from training.private_train import TrainConfig
     from training.privacy.audit import AuditSettings, privacy_audit
+    from training.private_train import TrainConfig
 
     config = TrainConfig.from_dict({**values, "seed": seed}, source="bench_audit_seeds")
     settings = AuditSettings(mode="whitebox", num_canaries=canaries, audit_seed=seed, membership=False, **settings_kw)
@@ -100,7 +99,6 @@ def simulate(values: dict, runs: int, scale: float, canaries: int, settings_kw: 
     """The two tests on ``runs`` runs drawn from the exact score model (no training)."""
     import numpy as np
 
-    from training.private_train import TrainConfig, plan
     from training.privacy.bounds import guess_counts
     from training.privacy.consistency import (
         BoundTable,
@@ -110,6 +108,7 @@ def simulate(values: dict, runs: int, scale: float, canaries: int, settings_kw: 
         noise_scale_test,
         simulate_scores,
     )
+    from training.private_train import TrainConfig, plan
 
     schedule = plan(TrainConfig.from_dict(values, source="bench_audit_seeds"), values["train_examples"])
     q, steps, xi = schedule["sample_rate"], schedule["total_steps"], schedule["xi_up"]
