@@ -82,7 +82,7 @@ def one_run(values: dict, seed: int, scale: float, canaries: int, classifier, da
     settings = AuditSettings(mode="whitebox", num_canaries=canaries, audit_seed=seed, membership=False, **settings_kw)
     started = time.perf_counter()
     with scaled_noise(scale):
-        result = privacy_audit(config, dataset, classifier, torch.device("cpu"), settings, out)
+        result = privacy_audit(config, dataset, classifier, device or torch.device("cpu"), settings, out)
     c = result["consistency"]
     return {"seed": seed, "noise_scale": scale, "status": result["verdict"]["status"],
             "claimed_epsilon": min(x["epsilon"] for x in result["claims"]),
@@ -141,6 +141,8 @@ def main(argv=None) -> int:
     parser.add_argument("--null-simulations", type=int, default=1999)
     parser.add_argument("--simulate", type=int, default=0, help="N simulated runs per setting and noise instead")
     parser.add_argument("--classifier", type=Path, default=None)
+    parser.add_argument("--device", default="cpu", help="torch device of the training runs (default: cpu)")
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds FIRST .. FIRST + N - 1 (default: 0)")
     parser.add_argument("--quick", action="store_true", help="smoke test: one tiny setting, one run of each noise")
     args = parser.parse_args(argv)
     logging.getLogger("absl").setLevel(logging.ERROR)
@@ -160,19 +162,19 @@ def main(argv=None) -> int:
     from training.checkpoint import load_checkpoint
     from training.datasets import load_dataset
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    device = torch.device(args.device)
     dataset = load_dataset("mnist10k")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         classifier_dir = args.classifier or untrained_classifier(tmp)
-        classifier = load_checkpoint(classifier_dir, kind="classifier", map_location=torch.device("cpu"))
+        classifier = load_checkpoint(classifier_dir, kind="classifier", map_location=device)
         for name, values in settings.items():
             summary = {}
             for scale, seeds in ((1.0, args.correct_seeds), (args.noise_scale, args.scaled_seeds)):
                 rows = []
-                for seed in range(seeds):
+                for seed in range(args.first_seed, args.first_seed + seeds):
                     row = one_run(values, seed, scale, args.canaries, classifier, dataset,
-                                  tmp / f"{name}-{scale}-{seed}", settings_kw)
+                                  tmp / f"{name}-{scale}-{seed}", settings_kw, device)
                     rows.append(row)
                     print(json.dumps({"setting": name, **row}), flush=True)
                 summary[scale] = {"runs": len(rows), "FAIL": sum(r["status"] == "FAIL" for r in rows),
