@@ -72,7 +72,8 @@ def untrained_classifier(directory: Path) -> Path:
     return save_checkpoint(directory / "classifier", build_model("cnn28", **kwargs), meta)
 
 
-def one_run(values: dict, seed: int, scale: float, canaries: int, classifier, dataset, out: Path, settings_kw):
+def one_run(values: dict, seed: int, scale: float, canaries: int, classifier, dataset, out: Path, settings_kw,
+            device=None):
     import torch
 
     from training.privacy.audit import AuditSettings, privacy_audit
