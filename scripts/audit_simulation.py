@@ -3,7 +3,9 @@
 Each of m canaries is included with probability 1/2; an included canary's score is the number of the T steps it
 was Poisson-sampled into (rate q) plus the projection of the noise, N(0, T xi^2), with xi calibrated to the target
 epsilon by the RDP accountant (as ``--target-epsilon`` does). That is the ``known_others`` score of
-``transdenoiser privacy-audit`` without a model. Prints the lower bounds of both analyses.
+``transdenoiser privacy-audit`` without a model, drawn by the library's own model of it
+(``training.privacy.consistency.simulate_scores``, which the audit's check against the claimed noise uses).
+Prints the lower bounds of both analyses.
 
     python scripts/audit_simulation.py --epsilon 8 --sample-rate 0.5 --steps 20
 """
@@ -20,14 +22,12 @@ def simulate(epsilon: float, sample_rate: float, steps: int, canaries: int, delt
     """Lower bounds of both analyses over ``seeds`` independent simulated runs: median, min and max."""
     from training.privacy.accounting import noise_multiplier_for_epsilon
     from training.privacy.bounds import one_run_lower_bounds
+    from training.privacy.consistency import simulate_scores
 
     xi = noise_multiplier_for_epsilon(epsilon, sample_rate, steps, delta)
     steinke, fdp = [], []
     for seed in range(seeds):
-        rng = np.random.default_rng(seed)
-        included = rng.random(canaries) < 0.5
-        insertions = (rng.random((canaries, steps)) < sample_rate).sum(1) * included
-        scores = insertions + rng.standard_normal(canaries) * xi * np.sqrt(steps)
+        scores, included = simulate_scores(np.random.default_rng(seed), canaries, steps, sample_rate, xi)
         bounds = one_run_lower_bounds(scores, included, delta)
         steinke.append(bounds["epsilon_steinke"])
         fdp.append(bounds["epsilon_fdp"])

@@ -362,6 +362,21 @@ def test_planted_bug_halved_noise_fails_the_consistency_check(tmp_path, classifi
     assert "inconsistent with the claimed noise" in capsys.readouterr().err
 
 
+def test_likelihood_ratio_score_audits_and_is_checked_against_the_claimed_noise(tmp_path, classifier_dir):
+    """The per-step likelihood-ratio score: a valid audit (PASS at the correct noise, log-ratio scores above
+    log(1 - q) = log 0.5 per step), and the check against the claimed noise still runs on the summed
+    known_others score."""
+    status, out = _audit(tmp_path, classifier_dir, "lr", "--arm", "sepdp", "--no-membership",
+                         "--whitebox-score", "likelihood_ratio")
+    assert status == 0
+    private = json.loads((out / "audit.json").read_text())
+    audit = private["summary"]
+    assert audit["details"]["score"] == "likelihood_ratio" and audit["verdict"]["status"] == "PASS"
+    assert audit["consistency"]["applicable"] and audit["consistency"]["consistent"]
+    scores = np.array(private["scores"])
+    assert np.all(np.isfinite(scores)) and np.all(scores > 2 * math.log(0.5)) and len(np.unique(scores)) == 200
+
+
 def test_blackbox_canaries_join_the_private_split(tmp_path, classifier_dir):
     """nodp (no accounting, quick) with black-box canaries, and membership inference with a reference model."""
     status, out = _audit(tmp_path, classifier_dir, "bb", "--arm", "nodp", "--mode", "blackbox", "--canaries", "40",

@@ -167,10 +167,11 @@ def verdict(bounds: dict, claims: list[dict], power: dict | None = None, consist
 def claimed_noise_consistency(config, settings: AuditSettings, canaries, privacy: dict, bounds: dict,
                               counts: list[tuple[int, int]]) -> dict:
     """The check against the claimed noise (:func:`training.privacy.consistency.check_claimed_noise`) where it
-    applies: white-box, ``known_others`` score, an arm with noise, isotropic noise, a step with full noise."""
+    applies: white-box, an arm with noise, isotropic noise, a step with full noise. It always tests the
+    ``known_others`` sum score (computed beside any white-box score but ``update``), the score it can simulate."""
     xi_up = _as_float(privacy.get("xi_up"))
     reasons = [(settings.mode != "whitebox", "black-box canaries: the scores are not simulable"),
-               (settings.whitebox_score != "known_others", "the update score includes the real gradients"),
+               (settings.whitebox_score == "update", "the update score includes the real gradients"),
                (config.arm == "nodp", "nodp claims no noise"),
                (getattr(config, "noise", "isotropic") != "isotropic", "only isotropic noise is simulated"),
                (not xi_up, "no claimed noise multiplier"),
@@ -178,7 +179,10 @@ def claimed_noise_consistency(config, settings: AuditSettings, canaries, privacy
     reason = next((why for bad, why in reasons if bad), None)
     if reason is not None:
         return {"applicable": False, "reason": reason}
-    result = check_claimed_noise(canaries.scores() / config.clip_norm, canaries.included, bounds,
+    known = canaries.known_others_scores() / config.clip_norm
+    if settings.whitebox_score != "known_others":  # the check simulates the known_others score: its own bounds
+        bounds = one_run_lower_bounds(known, canaries.included, config.delta, settings.beta, counts)
+    result = check_claimed_noise(known, canaries.included, bounds,
                                  steps=canaries.full_noise_steps, sample_rate=canaries.sample_rate,
                                  noise_multiplier=xi_up, delta=config.delta, counts=counts, beta=settings.beta,
                                  alpha=settings.consistency_alpha, simulations=settings.null_simulations,
@@ -230,8 +234,15 @@ def privacy_audit(config, dataset, classifier, device: torch.device, settings: A
                                                                      config.activation, config.denoiser_kwargs))
         train_config.validate(len(members))
         rate = min(1.0, config.batch_size / len(members))  # the run's Poisson rate q = B/N (see ``plan``)
+        xi_planned = None
+        if settings.whitebox_score == "likelihood_ratio":
+            from training.private_train import plan
+
+            xi_planned = plan(train_config, len(members))["xi_up"] if config.arm != "nodp" else None
+            if not xi_planned:
+                raise UserError("--whitebox-score likelihood_ratio needs an arm with DP noise (not nodp)")
         canaries = GradientCanaries(shape_model.to(device), m, settings.audit_seed, config.clip_norm, rate,
-                                    settings.whitebox_score)
+                                    settings.whitebox_score, xi_planned)
         audit_dataset = dataclasses.replace(dataset, private=members)
         audited_cls = audited_arm_class(ARM_CLASSES[config.arm], canaries)
 

@@ -70,10 +70,11 @@ def register(subparsers, common) -> None:
     g.add_argument("--canaries", type=positive_int, default=1000, help="number of canaries m (default: 1000)")
     g.add_argument("--audit-seed", type=nonnegative_int, default=0,
                    help="seed of the canaries and their inclusion (not of the training noise) (default: 0)")
-    g.add_argument("--whitebox-score", choices=("known_others", "update"), default="known_others",
+    g.add_argument("--whitebox-score", choices=("known_others", "update", "likelihood_ratio"), default="known_others",
                    help="known_others: the update minus the real examples' clipped sum, projected on the canary "
-                        "(the DP adversary who knows everyone else); update: the noisy update's projection "
-                        "(default: known_others)")
+                        "(the DP adversary who knows everyone else); update: the noisy update's projection; "
+                        "likelihood_ratio: known_others' per-step projections scored by the per-step likelihood "
+                        "ratio of the subsampled Gaussian (stronger at small sample rates) (default: known_others)")
     g.add_argument("--confidence", type=open_unit_interval, default=DEFAULT_CONFIDENCE,
                    help=f"confidence level of the lower bounds, jointly over the guess counts (default: "
                         f"{DEFAULT_CONFIDENCE:g})")
