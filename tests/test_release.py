@@ -355,10 +355,17 @@ def test_train_cli_interrupt_exits_130_with_the_message(classifier_dir, tmp_path
     assert "nothing was saved" in capsys.readouterr().err.strip().splitlines()[-1]
 
 
-def test_train_output_marks_the_private_figures_and_bundle_keeps_them_out(classifier_dir, tmp_path, capsys):
+def test_train_output_marks_the_private_figures_and_bundle_keeps_them_out(tmp_path, capsys):
     """The per-epoch training loss and times are printed as PRIVATE; they are in the private record only, not in
-    the released metadata that `bundle` copies."""
+    the released metadata that `bundle` copies. (An untrained classifier: only the denoiser's files matter.)"""
+    from training.checkpoint import save_checkpoint
+    from training.models import build_model
     from transdenoiser.cli import main
+
+    torch.manual_seed(0)
+    classifier_dir = save_checkpoint(tmp_path / "classifier", build_model("cnn28"), {
+        "kind": "classifier", "architecture": "cnn28", "arch_kwargs": {}, "input_shape": [1, 28, 28],
+        "num_classes": 10, "dataset": {"name": "mnist10k"}})
 
     out = tmp_path / "run"
     assert main(["train", "--arm", "sepdp", "--denoiser", "tiny", "--epochs", "1", "--train-examples", "32",
