@@ -51,6 +51,8 @@ LINE16 = ("tests/test_invariants_training.py", "tests/test_private_train.py::tes
 EMPTY_BATCH = ("tests/test_private_train.py::test_empty_poisson_batch_still_noised_and_counted",)
 NOISE = ("tests/test_invariants_training.py",
          "tests/test_private_train.py::test_noise_std_matches_multiplier_times_clip_norm")
+AUDIT_CONFIDENCE = ("tests/test_privacy_audit.py", "-k", "confidence or correct_sepdp")
+AUDIT_VERDICT = ("tests/test_privacy_audit.py", "-k", "verdict or halved or correct_sepdp")
 CLIPPING = ("tests/test_invariants_training.py", "tests/test_private_train.py::test_clipping_bounds_per_example_norms")
 
 
@@ -252,6 +254,23 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("resume_drops_a_step", "training/private_train.py", "_resume",
            "records = _records_from_tensors(tensors)", "records = _records_from_tensors(tensors)[1:]", TRAIN_REPORTS,
            "resume never loses a step"),
+    # ------------------------------------------------------------------ the privacy audit
+    Mutant("audit_bounds_ignore_confidence", "training/privacy/bounds.py", "one_run_lower_bounds",
+           "level = beta / len(counts)", "level = DEFAULT_BETA / len(counts)", AUDIT_CONFIDENCE,
+           "the lower bounds hold at the confidence asked for (--confidence)"),
+    Mutant("audit_cli_ignores_confidence", "training/privacy/audit_cli.py", "cmd_privacy_audit",
+           "beta=1 - args.confidence", "beta=1 - DEFAULT_CONFIDENCE", AUDIT_CONFIDENCE,
+           "privacy-audit passes --confidence to the bounds"),
+    Mutant("audit_misses_noise_halved", "training/privacy/dp.py", "GaussianNoise.add",
+           "std = noise_multiplier * self.clip_norm", "std = 0.5 * noise_multiplier * self.clip_norm",
+           ("tests/test_privacy_audit.py", "-k", "correct_sepdp"),
+           "the privacy audit fails a run whose DP noise is secretly halved (check against the claimed noise)"),
+    Mutant("audit_consistency_ignored", "training/privacy/audit.py", "verdict",
+           'inconsistent = consistency is not None and consistency.get("applicable") and not consistency["consistent"]',
+           "inconsistent = False", AUDIT_VERDICT, "a run inconsistent with the claimed noise is a FAILURE"),
+    Mutant("audit_power_ignored", "training/privacy/power.py", "audit_power",
+           '"refutable": any(attainable[a] > epsilon for a in ANALYSES)', '"refutable": True', AUDIT_VERDICT,
+           "a claim beyond the audit's reach is INCONCLUSIVE, not PASS"),
     # ------------------------------------------------------------------ checkpoint integrity
     Mutant("checkpoint_hash_unchecked", "training/checkpoint.py", "load_tensors",
            "if hashlib.sha256(data).hexdigest() != expected_sha256:", "if False:", INTEGRITY,

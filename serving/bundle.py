@@ -39,10 +39,13 @@ def write_model_dir(out_dir: str | Path, classifier_dir: str | Path, denoiser_di
 
 
 def _copy_servable(checkpoint_dir: str | Path, destination: Path) -> None:
-    """The weights and metadata only: a training run's optimiser state and step history are not served."""
+    """The weights and metadata only: a training run's optimiser state and step history are not served.
+
+    Contents only (``shutil.copyfile``): the copies get fresh timestamps and permissions, so the bundle does not
+    tell when the training run wrote its files (when training ended)."""
     destination.mkdir(parents=True)
     for name in (WEIGHTS, METADATA):
-        shutil.copy2(Path(checkpoint_dir) / name, destination / name)
+        shutil.copyfile(Path(checkpoint_dir) / name, destination / name)
 
 
 @dataclass

@@ -125,3 +125,20 @@ def test_the_bento_holds_every_module_the_service_runs(checkpoints, tmp_path):
                if file is not None and not Path(file).resolve().is_relative_to(bento.resolve())}
     assert not outside, f"modules the Bento would lack (bentofile.yaml include): {outside}"
     assert "serving.compute.scheduler" in result["modules"] and "certify.sequential" in result["modules"]
+
+
+def test_bundle_copies_contents_without_the_training_runs_timestamps(checkpoints, tmp_path):
+    """The checkpoint's files carry the time training ended; the bundle's copies must not (no copy2)."""
+    import os
+
+    classifier, denoiser = checkpoints
+    for path in (classifier, denoiser):
+        for name in ("weights.safetensors", "metadata.json"):
+            os.utime(path / name, (1_000_000_000, 1_000_000_000))  # 2001: clearly not "now"
+    out = tmp_path / "serve"
+    assert main(["bundle", "--classifier", str(classifier), "--denoiser", str(denoiser), "--out", str(out)]) == 0
+    for sub, source in (("classifier", classifier), ("denoiser", denoiser)):
+        for name in ("weights.safetensors", "metadata.json"):
+            copy = out / sub / name
+            assert copy.read_bytes() == (source / name).read_bytes()
+            assert copy.stat().st_mtime > 1_500_000_000 and copy.stat().st_atime > 1_500_000_000

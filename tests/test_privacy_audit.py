@@ -115,6 +115,127 @@ def test_abstaining_guesses_and_bonferroni():
     assert out["bonferroni_counts"] == 2 and all(c["beta"] == 0.025 for c in out["per_count"])
 
 
+def test_confidence_changes_the_bound():
+    """The bounds are computed at the confidence asked for (a mutant using the default beta must die)."""
+    rng = np.random.default_rng(3)
+    included = rng.random(400) < 0.5
+    scores = included * 2.0 + rng.standard_normal(400)
+    at95 = one_run_lower_bounds(scores, included, 1e-5, beta=0.05)
+    at70 = one_run_lower_bounds(scores, included, 1e-5, beta=0.3)
+    assert at70["confidence"] == pytest.approx(0.7)
+    assert [c["beta"] for c in at70["per_count"]] == pytest.approx([0.3 / at70["bonferroni_counts"]] * 9)
+    assert at70["epsilon_steinke"] > at95["epsilon_steinke"] > 0 and at70["epsilon_fdp"] > at95["epsilon_fdp"] > 0
+
+
+def test_help_states_the_confidence_in_use():
+    import argparse
+
+    from training.privacy import audit_cli, consistency
+    from transdenoiser.cli import build_parser
+
+    parser = build_parser(["privacy-audit", "--help"])
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["privacy-audit"]
+    text = sub.format_help()
+    assert "95% confidence" not in text and f"(default {audit_cli.DEFAULT_CONFIDENCE:g})" in text
+    assert (audit_cli.DEFAULT_ALPHA, audit_cli.DEFAULT_SIMULATIONS) == (consistency.DEFAULT_ALPHA,
+                                                                       consistency.DEFAULT_SIMULATIONS)
+
+
+# ------------------------------------------------------------------------------------------------ power
+
+def test_attainable_bound_is_what_perfect_guesses_reach():
+    """Perfectly separated scores with exactly half included: every guess count is all right, so the audit's
+    own bounds equal the attainable ones; any other outcome stays at or below them."""
+    from training.privacy.power import attainable_bounds
+
+    m = 200
+    included = np.arange(m) < m // 2
+    perfect = one_run_lower_bounds(included.astype(float), included, 1e-5)
+    attainable = attainable_bounds(m, 1e-5)
+    assert perfect["epsilon_steinke"] == pytest.approx(attainable["steinke"], rel=1e-9)
+    assert perfect["epsilon_fdp"] == pytest.approx(attainable["fdp"], rel=1e-9)
+    noisy = one_run_lower_bounds(included + np.random.default_rng(0).standard_normal(m), included, 1e-5)
+    assert noisy["epsilon_steinke"] <= attainable["steinke"] and noisy["epsilon_fdp"] <= attainable["fdp"]
+    # a lower confidence reaches higher
+    assert attainable_bounds(m, 1e-5, beta=0.3)["steinke"] > attainable["steinke"]
+
+
+def test_canaries_needed_reaches_the_claim_and_steinke_is_capped_by_delta():
+    from training.privacy.power import attainable_bound, canaries_needed
+
+    needed = canaries_needed(2.0, 1e-5, analysis="steinke")
+    assert attainable_bound(needed, 1e-5, analysis="steinke") > 2.0
+    assert attainable_bound(int(needed * 0.9), 1e-5, analysis="steinke") <= 2.0
+    needed_fdp = canaries_needed(7.29, 1e-5, analysis="fdp")
+    assert attainable_bound(needed_fdp, 1e-5, analysis="fdp") > 7.29 >= attainable_bound(needed_fdp // 2, 1e-5,
+                                                                                        analysis="fdp")
+    # Steinke et al.'s delta term 2 m delta caps its bound: at delta 1e-5 no canary count reaches 7.29
+    assert canaries_needed(7.29, 1e-5, analysis="steinke") is None
+
+
+def test_verdict_is_inconclusive_when_a_claim_is_beyond_reach():
+    from training.privacy.audit import verdict
+    from training.privacy.power import audit_power
+
+    bounds = {"epsilon_steinke": 1.0, "epsilon_fdp": 1.5}
+    claims = [{"name": "sepdp", "epsilon": 7.29}]
+    small, large = audit_power(100, 1e-5, claims), audit_power(1000, 1e-5, claims)
+    assert not small["claims"][0]["refutable"] and small["claims"][0]["canaries_needed"]["fdp"] > 100
+    assert verdict(bounds, claims, small)["status"] == "INCONCLUSIVE"
+    assert large["claims"][0]["refutable"] and verdict(bounds, claims, large)["status"] == "PASS"
+    inconsistent = {"applicable": True, "consistent": False}
+    assert verdict(bounds, claims, large, inconsistent)["status"] == "FAIL"
+    assert verdict({"epsilon_steinke": 8.0, "epsilon_fdp": 8.0}, claims, small)["status"] == "FAIL"
+
+
+# ------------------------------------------------------------------------------------------------ claimed noise
+
+def test_null_simulation_runs_the_audits_own_analysis():
+    """bounds_of_scores (memoised, used for the null) equals one_run_lower_bounds on the same simulated run."""
+    from training.privacy.consistency import BoundTable, bounds_of_scores, simulate_scores
+
+    rng = np.random.default_rng(5)
+    counts = guess_counts(300)
+    table = BoundTable(300, 1e-5, 0.05 / len(counts))
+    for _ in range(3):
+        scores, included = simulate_scores(rng, 300, 10, 0.5, 1.2)
+        direct = one_run_lower_bounds(scores, included, 1e-5, counts=counts)
+        assert bounds_of_scores(scores, included, table, counts) == pytest.approx(
+            (direct["epsilon_steinke"], direct["epsilon_fdp"]), rel=1e-12)
+
+
+def test_consistency_test_p_value_and_false_alarm_rate():
+    from training.privacy.consistency import consistency_test, noise_scale_test
+
+    null = np.arange(1, 1000, dtype=float)  # 999 simulations
+    assert consistency_test(1000.0, null, 0.001)["p_value"] == pytest.approx(1 / 1000)
+    assert not consistency_test(1000.0, null, 0.001)["consistent"]
+    assert consistency_test(999.0, null, 0.001)["consistent"]  # a tie counts against rejection
+    assert consistency_test(500.0, null, 0.001)["p_value"] == pytest.approx(501 / 1000)
+    # the noise-scale test: uniform p under the claimed noise (false alarms at the nominal rate), power at x0.5
+    rng = np.random.default_rng(6)
+    p = np.array([noise_scale_test(rng.standard_normal(300) * 2.0 * np.sqrt(20), 20, 2.0)["p_value"]
+                  for _ in range(2000)])
+    assert abs((p <= 0.05).mean() - 0.05) < 0.02 and abs((p <= 0.5).mean() - 0.5) < 0.05
+    assert not noise_scale_test(rng.standard_normal(300) * 1.0 * np.sqrt(20), 20, 2.0)["consistent"]
+
+
+def test_null_distribution_is_cached_and_checked(tmp_path):
+    from training.privacy.consistency import cached_null_bounds
+
+    args = (100, 4, 0.5, 1.0, 1e-5, guess_counts(100))
+    first = cached_null_bounds(*args, simulations=30, cache_dir=tmp_path)
+    again = cached_null_bounds(*args, simulations=30, cache_dir=tmp_path)
+    assert not first["cached"] and again["cached"] and again["epsilon_fdp"] == first["epsilon_fdp"]
+    path = tmp_path / first["cache"].rsplit("/", 1)[-1]
+    stored = json.loads(path.read_text())
+    stored["parameters"]["noise_multiplier"] = 9.0  # a file whose parameters differ is never trusted
+    path.write_text(json.dumps(stored))
+    assert not cached_null_bounds(*args, simulations=30, cache_dir=tmp_path)["cached"]
+    other = cached_null_bounds(100, 4, 0.5, 0.5, 1e-5, guess_counts(100), simulations=30, cache_dir=tmp_path)
+    assert np.median(other["epsilon_fdp"]) > np.median(first["epsilon_fdp"])  # less noise, larger bounds
+
+
 # ------------------------------------------------------------------------------------------------ membership metrics
 
 def test_auc_and_tpr_against_brute_force():
@@ -149,6 +270,14 @@ AUDIT_ARGS = ["--denoiser", "tiny", "--denoiser-width", "8", "--activation", "si
               "--delta", "1e-5", "--xi-up", "3", "--canaries", "200", "--device", "cpu"]
 
 
+@pytest.fixture(autouse=True)
+def _null_cache(tmp_path_factory, monkeypatch):
+    """The simulated null distributions go to one temporary cache for this module, never the user's."""
+    from training.privacy.consistency import CACHE_ENV
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path_factory.getbasetemp() / "audit-null-cache"))
+
+
 @pytest.fixture(scope="module")
 def classifier_dir(tmp_path_factory):
     """An untrained cnn28 checkpoint: the audit only evaluates the denoiser, never relies on the classifier's
@@ -174,11 +303,22 @@ def _audit(tmp_path, classifier_dir, name, *extra):
 
 
 def test_correct_sepdp_passes_and_the_report_carries_the_audit(tmp_path, classifier_dir, capsys):
-    status, out = _audit(tmp_path, classifier_dir, "ok", "--arm", "sepdp", "--reference-models", "0")
+    status, out = _audit(tmp_path, classifier_dir, "ok", "--arm", "sepdp", "--reference-models", "0",
+                         "--confidence", "0.9")
     assert status == 0
     meta = json.loads((out / "model" / "metadata.json").read_text())
     audit = meta["audit"]
     assert audit["verdict"]["status"] == "PASS" and "EMPIRICAL LOWER BOUND" in audit["label"]
+    # --confidence reaches the bounds: every guess count is tested at (1 - 0.9) / K
+    assert audit["confidence"] == pytest.approx(0.9) and audit["power"]["confidence"] == pytest.approx(0.9)
+    levels = [c["beta"] for c in json.loads((out / "audit.json").read_text())["per_count"]]
+    assert levels == pytest.approx([0.1 / audit["guess_counts_tried"]] * len(levels))
+    printed = capsys.readouterr()
+    assert "at 90% confidence" in printed.out and "95% confidence" not in printed.out
+    assert "before training, audit power" in printed.err
+    # the claim (1.07) is within reach of 200 canaries; the run is consistent with the claimed noise
+    assert audit["power"]["claims"][0]["refutable"] and audit["consistency"]["applicable"]
+    assert audit["consistency"]["consistent"] and not audit["verdict"]["inconsistent_with_claimed_noise"]
     claim = next(c for c in audit["claims"] if c["name"] == "sepdp")
     assert claim["epsilon"] == pytest.approx(1.07, abs=0.05)
     assert 0 <= audit["epsilon_steinke"] <= claim["epsilon"] and audit["epsilon_fdp"] <= claim["epsilon"]
@@ -203,6 +343,38 @@ def test_planted_bug_noise_off_fails_the_audit(tmp_path, classifier_dir, monkeyp
     audit = json.loads((out / "model" / "metadata.json").read_text())["audit"]
     claimed = next(c["epsilon"] for c in audit["claims"] if c["name"] == "sepdp")
     assert audit["verdict"]["status"] == "FAIL" and audit["epsilon_steinke"] > claimed
+
+
+def test_planted_bug_halved_noise_fails_the_consistency_check(tmp_path, classifier_dir, monkeypatch, capsys):
+    """The reduced-size seeds table: the noise multiplier secretly halved (the claim unchanged). The bound stays
+    below the claim, but the run is inconsistent with the claimed noise: FAILURE, exit 1."""
+    from training.privacy import dp
+
+    original = dp.GaussianNoise.add
+    monkeypatch.setattr(dp.GaussianNoise, "add", lambda self, tensors, multiplier, generator:
+                        original(self, tensors, 0.5 * multiplier, generator))
+    status, out = _audit(tmp_path, classifier_dir, "halved", "--arm", "sepdp", "--no-membership")
+    audit = json.loads((out / "model" / "metadata.json").read_text())["audit"]
+    assert status == 1 and audit["verdict"]["status"] == "FAIL"
+    assert audit["verdict"]["inconsistent_with_claimed_noise"] and not audit["consistency"]["consistent"]
+    noise = audit["consistency"]["noise_test"]
+    assert noise["measured_noise_multiplier"] == pytest.approx(0.5 * noise["claimed_noise_multiplier"], rel=0.25)
+    assert "inconsistent with the claimed noise" in capsys.readouterr().err
+
+
+def test_likelihood_ratio_score_audits_and_is_checked_against_the_claimed_noise(tmp_path, classifier_dir):
+    """The per-step likelihood-ratio score: a valid audit (PASS at the correct noise, log-ratio scores above
+    log(1 - q) = log 0.5 per step), and the check against the claimed noise still runs on the summed
+    known_others score."""
+    status, out = _audit(tmp_path, classifier_dir, "lr", "--arm", "sepdp", "--no-membership",
+                         "--whitebox-score", "likelihood_ratio")
+    assert status == 0
+    private = json.loads((out / "audit.json").read_text())
+    audit = private["summary"]
+    assert audit["details"]["score"] == "likelihood_ratio" and audit["verdict"]["status"] == "PASS"
+    assert audit["consistency"]["applicable"] and audit["consistency"]["consistent"]
+    scores = np.array(private["scores"])
+    assert np.all(np.isfinite(scores)) and np.all(scores > 2 * math.log(0.5)) and len(np.unique(scores)) == 200
 
 
 def test_blackbox_canaries_join_the_private_split(tmp_path, classifier_dir):
@@ -231,3 +403,19 @@ def test_audit_simulation_script_quick(capsys):
     assert module.main(["--quick"]) == 0
     row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert row["seeds"] == 2 and 0 <= row["epsilon_steinke"]["max"] <= 8.0 and 0 <= row["epsilon_fdp"]["max"] <= 8.0
+
+
+def test_bench_audit_seeds_quick_simulation(capsys):
+    """Smoke test of benchmarks/bench_audit_seeds.py in its simulated mode (the exact score model, no training)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_audit_seeds.py"
+    spec = importlib.util.spec_from_file_location("bench_audit_seeds", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--quick", "--simulate", "20", "--null-simulations", "99"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    correct, halved = (next(r for r in rows if r["noise_scale"] == s) for s in (1.0, 0.5))
+    assert correct["runs"] == halved["runs"] == 20
+    assert correct["flagged"]["either"] <= 1 and halved["flagged"]["noise"] >= 18

@@ -353,3 +353,33 @@ def test_train_cli_interrupt_exits_130_with_the_message(classifier_dir, tmp_path
                  "--device", "cpu"])
     assert code == 130
     assert "nothing was saved" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_train_output_marks_the_private_figures_and_bundle_keeps_them_out(tmp_path, capsys):
+    """The per-epoch training loss and times are printed as PRIVATE; they are in the private record only, not in
+    the released metadata that `bundle` copies. (An untrained classifier: only the denoiser's files matter.)"""
+    from training.checkpoint import save_checkpoint
+    from training.models import build_model
+    from transdenoiser.cli import main
+
+    torch.manual_seed(0)
+    classifier_dir = save_checkpoint(tmp_path / "classifier", build_model("cnn28"), {
+        "kind": "classifier", "architecture": "cnn28", "arch_kwargs": {}, "input_shape": [1, 28, 28],
+        "num_classes": 10, "dataset": {"name": "mnist10k"}})
+
+    out = tmp_path / "run"
+    assert main(["train", "--arm", "sepdp", "--denoiser", "tiny", "--epochs", "1", "--train-examples", "32",
+                 "--batch-size", "16", "--eval-examples", "20", "--classifier", str(classifier_dir),
+                 "--out", str(out), "--delta", "1e-3"]) == 0
+    err = capsys.readouterr().err
+    epoch_line = next(line for line in err.splitlines() if line.startswith("epoch "))
+    assert "PRIVATE: train loss" in epoch_line and epoch_line.index("PRIVATE") < epoch_line.index("train loss")
+    assert "figures marked PRIVATE" in err and f"{out}/private/" in err
+    record = json.loads((out / "private" / "record.json").read_text())
+    bundle = tmp_path / "bundle"
+    assert main(["bundle", "--classifier", str(classifier_dir), "--denoiser", str(out), "--out", str(bundle)]) == 0
+    # (the classifier's own metadata may hold its loss: it is trained on the public split)
+    for path in [out / "metadata.json", *(bundle / "denoiser").rglob("*.json"), *bundle.glob("*.toml")]:
+        text = path.read_text()
+        assert "train_loss" not in text and '"seconds"' not in text, path
+    assert "train_loss" in json.dumps(record["epochs"])  # kept, privately

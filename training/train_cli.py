@@ -33,6 +33,13 @@ FLAG_FIELDS = {"arm": "arm", "sigma": "sigma", "clip_norm": "clip_norm", "xi_up"
 FLAG_FIELDS["ema"] = "ema_decay"  # the tuned recipe (training/recipe.py)
 DEFAULT_MIN_STEPS = 200  # --batch-size auto: the largest batch that leaves at least this many steps
 
+# the per-epoch figures computed from the private split or the run itself (losses, times): printed for the trainer,
+# stored only in the private training record, never in the released files `bundle` copies
+PRIVATE_FIGURES_NOTE = ("note: figures marked PRIVATE below (the training loss, computed from the private split "
+                        "without noise, and the epoch times, which tell when training ran) are for you only: they "
+                        "are stored in {private} (never released; `transdenoiser bundle` and serve never copy it) "
+                        "and in no released file; do not paste them into a model card or log you share")
+
 
 def batch_size_or_auto(text: str):
     """``--batch-size``: a positive integer, or ``auto`` (planned for --target-epsilon by training.recipe)."""
@@ -316,10 +323,13 @@ def _train(args, device, group) -> int:
               f"({config.calibration_accountant} accountant); the configured xi_up {config.xi_up:g} is not used",
               file=sys.stderr)
 
+    if writer:
+        print(PRIVATE_FIGURES_NOTE.format(private=f"{args.out}/private/"), file=sys.stderr)
+
     def on_epoch(row: dict) -> None:
-        print(f"epoch {row['epoch']:>3}  loss {row['train_loss']:.3f}  test MSE {row['mse']:.5f}  "
-              f"PSNR {row['psnr']:.2f} dB  classifier acc on g(x+noise) {row['accuracy_denoised']:.4f}  "
-              f"({row['seconds']:.0f} s)", file=sys.stderr, flush=True)
+        print(f"epoch {row['epoch']:>3}  test MSE {row['mse']:.5f}  PSNR {row['psnr']:.2f} dB  classifier acc on "
+              f"g(x+noise) {row['accuracy_denoised']:.4f}  |  PRIVATE: train loss {row['train_loss']:.3f}, "
+              f"{row['seconds']:.0f} s", file=sys.stderr, flush=True)
 
     try:
         model, meta = train_denoiser(config, dataset, classifier, device, track=bar if writer else silent,

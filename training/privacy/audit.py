@@ -10,7 +10,12 @@ drawn as the product draws it: secret unless ``reproducible_noise``). Then:
 2. compare them with every epsilon the run claims (the released report's guarantees and the private
    record's explicit-noise figure): a lower bound above a claim is a FAILURE (a bug in the implementation
    or a false claim);
-3. optionally run membership inference on the trained denoiser (:mod:`training.privacy.membership`).
+3. state the audit's power (:mod:`training.privacy.power`): the largest bound its canaries, guesses and
+   confidence can reach; a claim above it cannot be refuted, and the verdict is then INCONCLUSIVE, not PASS;
+4. white-box ``known_others`` audits of a noised arm: check the bounds and the excluded canaries' scores
+   against the claimed mechanism itself (:mod:`training.privacy.consistency`); a run inconsistent with the
+   claimed noise is a FAILURE even when its bound stays below the claim;
+5. optionally run membership inference on the trained denoiser (:mod:`training.privacy.membership`).
 
 Output directory (NOT a release: the scores and guesses are computed from a model trained on the private
 split, and the canary inclusion is the audit's secret):
@@ -47,7 +52,9 @@ from training.privacy.canaries import (
     audited_arm_class,
     reconstruction_losses,
 )
+from training.privacy.consistency import DEFAULT_ALPHA, DEFAULT_SIMULATIONS, check_claimed_noise
 from training.privacy.membership import DEFAULT_FPR, CalibratedAttack, LossThresholdAttack, attack_metrics
+from training.privacy.power import audit_power
 from training.privacy.report import format_number, json_safe
 from transdenoiser.errors import UserError
 from transdenoiser.progress import Track, silent
@@ -75,6 +82,9 @@ class AuditSettings:
     membership: bool = True
     reference_models: int = 1
     mia_fpr: float = DEFAULT_FPR
+    consistency_alpha: float = DEFAULT_ALPHA  # false-alarm rate of the check against the claimed noise
+    null_simulations: int = DEFAULT_SIMULATIONS
+    cache_dir: str | None = None  # simulated null distributions (None: training.privacy.consistency's default)
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -89,6 +99,9 @@ class AuditSettings:
             (self.loss_draws >= 1, f"loss draws must be >= 1, got {self.loss_draws}"),
             (self.reference_models >= 0, f"reference models must be >= 0, got {self.reference_models}"),
             (0 < self.mia_fpr < 1, f"membership FPR must lie in (0, 1), got {self.mia_fpr}"),
+            (0 < self.consistency_alpha < 1,
+             f"the consistency check's false-alarm rate must lie in (0, 1), got {self.consistency_alpha}"),
+            (self.null_simulations >= 1, f"null simulations must be >= 1, got {self.null_simulations}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -125,8 +138,10 @@ def _as_float(value) -> float | None:
     return float(value)
 
 
-def verdict(bounds: dict, claims: list[dict]) -> dict:
-    """FAIL if a lower bound exceeds a claimed epsilon; else PASS (or NO CLAIM when nothing is claimed)."""
+def verdict(bounds: dict, claims: list[dict], power: dict | None = None, consistency: dict | None = None) -> dict:
+    """FAIL if a lower bound exceeds a claimed epsilon or the run is inconsistent with the claimed noise; else
+    INCONCLUSIVE if a finite claim lies above what the audit can attain (``power``); else PASS (NO CLAIM when
+    nothing finite is claimed)."""
     violations = []
     for claim in claims:
         for analysis in ("epsilon_steinke", "epsilon_fdp"):
@@ -134,10 +149,45 @@ def verdict(bounds: dict, claims: list[dict]) -> dict:
                 violations.append({"claim": claim["name"], "claimed_epsilon": claim["epsilon"],
                                    "analysis": analysis, "lower_bound": bounds[analysis]})
     finite = [c for c in claims if math.isfinite(c["epsilon"])]
-    status = "FAIL" if violations else ("PASS" if finite else "NO CLAIM")
+    inconsistent = consistency is not None and consistency.get("applicable") and not consistency["consistent"]
+    unrefutable = [row["name"] for row in (power or {}).get("claims", [])
+                   if math.isfinite(row["epsilon"]) and not row["refutable"]]
+    if violations or inconsistent:
+        status = "FAIL"
+    elif not finite:
+        status = "NO CLAIM"
+    else:
+        status = "INCONCLUSIVE" if unrefutable else "PASS"
     ratios = {c["name"]: {"steinke": bounds["epsilon_steinke"] / c["epsilon"],
                           "fdp": bounds["epsilon_fdp"] / c["epsilon"]} for c in finite if c["epsilon"] > 0}
-    return {"status": status, "violations": violations, "tightness": ratios}
+    return {"status": status, "violations": violations, "inconsistent_with_claimed_noise": bool(inconsistent),
+            "claims_beyond_reach": unrefutable, "tightness": ratios}
+
+
+def claimed_noise_consistency(config, settings: AuditSettings, canaries, privacy: dict, bounds: dict,
+                              counts: list[tuple[int, int]]) -> dict:
+    """The check against the claimed noise (:func:`training.privacy.consistency.check_claimed_noise`) where it
+    applies: white-box, an arm with noise, isotropic noise, a step with full noise. It always tests the
+    ``known_others`` sum score (computed beside any white-box score but ``update``), the score it can simulate."""
+    xi_up = _as_float(privacy.get("xi_up"))
+    reasons = [(settings.mode != "whitebox", "black-box canaries: the scores are not simulable"),
+               (settings.whitebox_score == "update", "the update score includes the real gradients"),
+               (config.arm == "nodp", "nodp claims no noise"),
+               (getattr(config, "noise", "isotropic") != "isotropic", "only isotropic noise is simulated"),
+               (not xi_up, "no claimed noise multiplier"),
+               (getattr(canaries, "full_noise_steps", 0) < 1, "no step carried the full noise")]
+    reason = next((why for bad, why in reasons if bad), None)
+    if reason is not None:
+        return {"applicable": False, "reason": reason}
+    known = canaries.known_others_scores() / config.clip_norm
+    if settings.whitebox_score != "known_others":  # the check simulates the known_others score: its own bounds
+        bounds = one_run_lower_bounds(known, canaries.included, config.delta, settings.beta, counts)
+    result = check_claimed_noise(known, canaries.included, bounds,
+                                 steps=canaries.full_noise_steps, sample_rate=canaries.sample_rate,
+                                 noise_multiplier=xi_up, delta=config.delta, counts=counts, beta=settings.beta,
+                                 alpha=settings.consistency_alpha, simulations=settings.null_simulations,
+                                 cache_dir=settings.cache_dir)
+    return {"applicable": True, **result}
 
 
 # ------------------------------------------------------------------------------------------------ the audit
@@ -184,8 +234,15 @@ def privacy_audit(config, dataset, classifier, device: torch.device, settings: A
                                                                      config.activation, config.denoiser_kwargs))
         train_config.validate(len(members))
         rate = min(1.0, config.batch_size / len(members))  # the run's Poisson rate q = B/N (see ``plan``)
+        xi_planned = None
+        if settings.whitebox_score == "likelihood_ratio":
+            from training.private_train import plan
+
+            xi_planned = plan(train_config, len(members))["xi_up"] if config.arm != "nodp" else None
+            if not xi_planned:
+                raise UserError("--whitebox-score likelihood_ratio needs an arm with DP noise (not nodp)")
         canaries = GradientCanaries(shape_model.to(device), m, settings.audit_seed, config.clip_norm, rate,
-                                    settings.whitebox_score)
+                                    settings.whitebox_score, xi_planned)
         audit_dataset = dataclasses.replace(dataset, private=members)
         audited_cls = audited_arm_class(ARM_CLASSES[config.arm], canaries)
 
@@ -216,6 +273,10 @@ def privacy_audit(config, dataset, classifier, device: torch.device, settings: A
     bounds = one_run_lower_bounds(scores, canaries.included, config.delta, settings.beta, counts)
     record = load_private_record(model_dir)
     claims = claimed_epsilons(meta["privacy"], record.get("privacy"))
+    power = audit_power(m, config.delta, [c for c in claims if math.isfinite(c["epsilon"])], settings.beta,
+                        settings.guess_fractions)
+    consistency = (claimed_noise_consistency(config, settings, canaries, meta["privacy"], bounds, counts)
+                   if claims else {"applicable": False, "reason": "nothing is claimed"})
     result = {
         "label": AUDIT_LABEL, "note": PRIVATE_NOTE, "arm": config.arm, "mode": settings.mode,
         "num_canaries": m, "audit_seed": settings.audit_seed, "confidence": 1 - settings.beta,
@@ -230,7 +291,8 @@ def privacy_audit(config, dataset, classifier, device: torch.device, settings: A
         "epsilon_steinke": bounds["epsilon_steinke"], "epsilon_fdp": bounds["epsilon_fdp"],
         "mu_fdp": bounds["mu_fdp"],
         "best_steinke": bounds["best_steinke"], "best_fdp": bounds["best_fdp"],
-        "claims": claims, "verdict": verdict(bounds, claims),
+        "claims": claims, "power": power, "consistency": consistency,
+        "verdict": verdict(bounds, claims, power, consistency),
         "private_files": {"audit": AUDIT_FILE, "model": MODEL_DIR},
     }
     if settings.membership:
@@ -311,7 +373,7 @@ def format_audit(result: dict) -> str:
     lines = [f"Privacy audit ({result['mode']}, {result['num_canaries']} canaries, audit seed {result['audit_seed']}, "
              f"noise {result['noise']}): {v['status']}",
              f"  {result['label']}",
-             f"  empirical epsilon lower bound at {100 * result['confidence']:.0f}% confidence, delta "
+             f"  empirical epsilon lower bound at {100 * result['confidence']:g}% confidence, delta "
              f"{result['delta']:g}: Steinke et al. {_fmt(result['epsilon_steinke'])} "
              f"({result['best_steinke']['correct']}/{result['best_steinke']['guesses']} correct); "
              f"f-DP (Gaussian) {_fmt(result['epsilon_fdp'])} (mu {_fmt(result['mu_fdp'])}; "
@@ -324,10 +386,23 @@ def format_audit(result: dict) -> str:
         lines.append(f"  claimed [{claim['name']}] ({where}): epsilon {_fmt(claim['epsilon'])}{tight}")
     if not result["claims"]:
         lines.append("  no epsilon is claimed for this arm: the bound measures its leakage")
+    if result.get("power"):
+        lines += ["  " + line for line in format_power(result["power"]).splitlines()]
+    consistency = result.get("consistency") or {}
+    if consistency.get("applicable"):
+        lines += ["  " + line for line in format_consistency(consistency).splitlines()]
+    elif consistency:
+        lines.append(f"  check against the claimed noise: not applicable ({consistency['reason']})")
     for violation in v["violations"]:
         lines.append(f"  FAILURE: {violation['analysis']} lower bound {_fmt(violation['lower_bound'])} exceeds the "
                      f"claimed [{violation['claim']}] epsilon {_fmt(violation['claimed_epsilon'])}: a bug or a "
                      "false claim")
+    if v.get("inconsistent_with_claimed_noise"):
+        lines.append("  FAILURE: the audit is inconsistent with the claimed noise: the run leaked more, or added less "
+                     "noise, than the mechanism its epsilon is computed for")
+    if v["status"] == "INCONCLUSIVE":
+        lines.append(f"  INCONCLUSIVE: the audit cannot refute [{', '.join(v['claims_beyond_reach'])}] at this size "
+                     "(see the attainable bound above); this is not a PASS")
     mia = result.get("membership_inference")
     if mia:
         for name in ("loss_threshold", "calibrated"):
@@ -339,5 +414,40 @@ def format_audit(result: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["AUDIT_LABEL", "AuditSettings", "MODES", "claimed_epsilons", "format_audit", "membership_inference",
+def _needed(count) -> str:
+    return f"{count:,} canaries" if count is not None else "no canary count up to 100,000 (not at this delta)"
+
+
+def format_power(power: dict) -> str:
+    """The audit's power: attainable bounds, and per claim whether it can be refuted (or how many canaries)."""
+    a = power["attainable"]
+    lines = [f"audit power: with {power['canaries']:,} canaries, {a['guess_counts']} guess counts and "
+             f"{100 * power['confidence']:g}% confidence the largest attainable lower bound (every guess right) is "
+             f"{_fmt(a['steinke'])} (Steinke et al.) / {_fmt(a['fdp'])} (f-DP)"]
+    for row in power["claims"]:
+        if row["refutable"]:
+            lines.append(f"  claim [{row['name']}] epsilon {_fmt(row['epsilon'])}: within reach")
+        else:
+            need = row["canaries_needed"]
+            lines.append(f"  claim [{row['name']}] epsilon {_fmt(row['epsilon'])}: ABOVE the attainable bound: this "
+                         f"audit cannot refute it at this size; it would take {_needed(need['fdp'])} (f-DP), "
+                         f"{_needed(need['steinke'])} (Steinke et al.)")
+    return "\n".join(lines)
+
+
+def format_consistency(c: dict) -> str:
+    b, n = c["bound_test"], c["noise_test"]
+    state = "consistent" if c["consistent"] else "INCONSISTENT"
+    return "\n".join([
+        f"check against the claimed noise (xi {c['noise_multiplier']:.4g}, q {c['sample_rate']:.4g}, "
+        f"T {c['steps']} steps): {state} with it (false-alarm rate <= {c['alpha']:g})",
+        f"  {b['statistic']} {_fmt(b['observed'])} vs its distribution under the claimed mechanism "
+        f"({b['simulations']} simulated runs): median {_fmt(b['null_median'])}, "
+        f"{100 * b['quantile_level']:g}% quantile {_fmt(b['null_quantile'])}, p = {b['p_value']:.3g}",
+        f"  noise measured on the {n['excluded_canaries']} excluded canaries: multiplier "
+        f"{n['measured_noise_multiplier']:.4g} (claimed {n['claimed_noise_multiplier']:.4g}), p = {n['p_value']:.3g}"])
+
+
+__all__ = ["AUDIT_LABEL", "AuditSettings", "MODES", "claimed_epsilons", "claimed_noise_consistency", "format_audit",
+           "format_consistency", "format_power", "membership_inference",
            "privacy_audit", "verdict"]

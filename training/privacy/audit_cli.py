@@ -1,7 +1,8 @@
 """Subcommand ``privacy-audit``: a one-run empirical privacy audit of a training configuration.
 
-Exit status: 0 when every lower bound stays at or below every claimed epsilon (or nothing is claimed),
-1 when a lower bound exceeds a claim (printed loudly: it means a bug or a false claim), 2 on bad input.
+Exit status: 1 when a lower bound exceeds a claim or the run is inconsistent with the claimed noise (printed
+loudly: it means a bug or a false claim); 0 otherwise: PASS, INCONCLUSIVE (a claim beyond the audit's reach,
+said in the report) or NO CLAIM; 2 on bad input.
 """
 from __future__ import annotations
 
@@ -19,6 +20,12 @@ from transdenoiser.argtypes import (
 )
 
 # flag destination -> TrainConfig field (the training flags `train` has that an audit needs)
+DEFAULT_CONFIDENCE = 0.95
+# the library's defaults (training.privacy.consistency; a test checks they agree), repeated here so that
+# building the parser imports neither NumPy nor SciPy
+DEFAULT_ALPHA = 0.001
+DEFAULT_SIMULATIONS = 1999
+
 FLAG_FIELDS = {"arm": "arm", "sigma": "sigma", "clip_norm": "clip_norm", "xi_up": "xi_up", "xi_low": "xi_low",
                "target_epsilon": "target_epsilon", "delta": "delta", "batch_size": "batch_size", "epochs": "epochs",
                "optimizer": "optimizer", "lr": "learning_rate", "denoiser": "denoiser", "activation": "activation",
@@ -34,14 +41,21 @@ def register(subparsers, common) -> None:
         help="train with canaries and measure an empirical epsilon lower bound beside the claimed epsilon",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train a denoiser (any arm) with m canaries, each included with probability 1/2, guess which "
-                    "were included, and report the empirical epsilon LOWER bound at 95% confidence by Steinke, "
+                    "were included, and report the empirical epsilon LOWER bound at the confidence of --confidence "
+                    f"(default {DEFAULT_CONFIDENCE:g}) by Steinke, "
                     "Nasr & Jagielski (2023) and by the Gaussian f-DP analysis of Mahloujifar, Melis & Chaudhuri "
                     "(2025), beside every epsilon the run claims; then membership inference (loss threshold and "
-                    "calibrated against reference models trained on public data).\n"
+                    "calibrated against reference models trained on public data). Before and after training it "
+                    "prints the largest bound the audit can attain (every guess right): a claim above it cannot be "
+                    "refuted, and the verdict is INCONCLUSIVE. White-box known_others audits of a noised arm are "
+                    "also checked against the claimed noise (the bound's simulated distribution under the claimed "
+                    f"mechanism, and the excluded canaries' noise; false-alarm rate --consistency-alpha, default "
+                    f"{DEFAULT_ALPHA:g}).\n"
                     "  whitebox  gradient canaries C*u_j inserted into the summed clipped gradient before the "
                     "arm's noise\n"
                     "  blackbox  canary images added to the private split; score = reconstruction loss\n"
-                    "A lower bound above a claimed epsilon is a FAILURE (exit status 1). The output directory holds "
+                    "A lower bound above a claimed epsilon, or a run inconsistent with the claimed noise, is a "
+                    "FAILURE (exit status 1). The output directory holds "
                     "a model trained with canaries and scores computed from the private split: it is not a "
                     "release. See docs/AUDIT.md.",
         epilog="example: transdenoiser privacy-audit --classifier runs/classifier --arm sepdp --target-epsilon 8 "
@@ -56,11 +70,20 @@ def register(subparsers, common) -> None:
     g.add_argument("--canaries", type=positive_int, default=1000, help="number of canaries m (default: 1000)")
     g.add_argument("--audit-seed", type=nonnegative_int, default=0,
                    help="seed of the canaries and their inclusion (not of the training noise) (default: 0)")
-    g.add_argument("--whitebox-score", choices=("known_others", "update"), default="known_others",
+    g.add_argument("--whitebox-score", choices=("known_others", "update", "likelihood_ratio"), default="known_others",
                    help="known_others: the update minus the real examples' clipped sum, projected on the canary "
-                        "(the DP adversary who knows everyone else); update: the noisy update's projection "
-                        "(default: known_others)")
-    g.add_argument("--confidence", type=open_unit_interval, default=0.95, help="confidence level (default: 0.95)")
+                        "(the DP adversary who knows everyone else); update: the noisy update's projection; "
+                        "likelihood_ratio: known_others' per-step projections scored by the per-step likelihood "
+                        "ratio of the subsampled Gaussian (stronger at small sample rates) (default: known_others)")
+    g.add_argument("--confidence", type=open_unit_interval, default=DEFAULT_CONFIDENCE,
+                   help=f"confidence level of the lower bounds, jointly over the guess counts (default: "
+                        f"{DEFAULT_CONFIDENCE:g})")
+    g.add_argument("--consistency-alpha", type=open_unit_interval, default=DEFAULT_ALPHA,
+                   help="false-alarm rate of the check against the claimed noise: a run that added the claimed noise "
+                        f"fails it with at most this probability (default: {DEFAULT_ALPHA:g})")
+    g.add_argument("--null-simulations", type=positive_int, default=DEFAULT_SIMULATIONS,
+                   help="simulated runs of the claimed mechanism for that check, cached on disk under "
+                        f"$TRANSDENOISER_CACHE or ~/.cache/transdenoiser (default: {DEFAULT_SIMULATIONS})")
     g.add_argument("--guess-fractions", type=float_list, default=None,
                    help="guess counts r = k+ + k- tried, as fractions of m, comma-separated, Bonferroni-corrected "
                         "(default: 0.02,0.05,0.1,0.2,0.5,1)")
@@ -114,7 +137,7 @@ def cmd_privacy_audit(args) -> int:
 
     from training.checkpoint import load_checkpoint
     from training.cli import load_dataset_from_args
-    from training.privacy.audit import AuditSettings, format_audit, privacy_audit
+    from training.privacy.audit import AuditSettings, format_audit, format_power, privacy_audit
     from training.privacy.bounds import DEFAULT_GUESS_FRACTIONS
     from transdenoiser.progress import bar
     from transdenoiser.runtime import hardware_description, resolve_device, seed_everything
@@ -124,7 +147,8 @@ def cmd_privacy_audit(args) -> int:
                              whitebox_score=args.whitebox_score, beta=1 - args.confidence,
                              guess_fractions=tuple(args.guess_fractions or DEFAULT_GUESS_FRACTIONS),
                              loss_draws=args.loss_draws, membership=not args.no_membership,
-                             reference_models=args.reference_models)
+                             reference_models=args.reference_models, consistency_alpha=args.consistency_alpha,
+                             null_simulations=args.null_simulations)
     settings.validate()
     device = resolve_device(args.device)
     seed_everything(config.seed)
@@ -134,18 +158,33 @@ def cmd_privacy_audit(args) -> int:
           f"device {hardware_description(device)}", file=sys.stderr)
     if config.reproducible_noise:
         print("WARNING: --reproducible-noise: the training noise is drawn from --seed", file=sys.stderr)
+    from training.privacy.power import audit_power
+
+    target = ([{"name": "target epsilon", "epsilon": config.target_epsilon}]
+              if config.target_epsilon is not None and config.arm != "nodp" else [])
+    print("before training, " + format_power(audit_power(settings.num_canaries, config.delta, target, settings.beta,
+                                                         settings.guess_fractions)), file=sys.stderr)
     result = privacy_audit(config, dataset, classifier, device, settings, args.out, track=bar)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         print(format_audit(result))
         print(f"audit output (NOT a release): {args.out}")
-    if result["verdict"]["status"] == "FAIL":
+    verdict = result["verdict"]
+    if verdict["status"] == "FAIL":
         bar_line = "!" * 78
-        print(f"{bar_line}\nPRIVACY AUDIT FAILED: an empirical lower bound exceeds a claimed epsilon "
-              f"({len(result['verdict']['violations'])} violation(s)). This means a bug in the implementation or a "
+        why = []
+        if verdict["violations"]:
+            why.append(f"an empirical lower bound exceeds a claimed epsilon ({len(verdict['violations'])} "
+                       "violation(s))")
+        if verdict.get("inconsistent_with_claimed_noise"):
+            why.append("the run is inconsistent with the claimed noise")
+        print(f"{bar_line}\nPRIVACY AUDIT FAILED: {'; '.join(why)}. This means a bug in the implementation or a "
               f"false privacy claim.\n{bar_line}", file=sys.stderr)
         return 1
+    if verdict["status"] == "INCONCLUSIVE":
+        print("privacy audit INCONCLUSIVE: a claimed epsilon lies above the largest bound this audit can attain; "
+              "more canaries are needed to test it (see 'audit power' above)", file=sys.stderr)
     return 0
 
 

@@ -19,6 +19,11 @@ Scores (higher = more likely included), summed over steps:
   example's contribution: given the real examples' batches and input noise (independent of which canaries are
   included), each canary still meets exactly the subsampled Gaussian mechanism the accountant analyses, so the
   claimed epsilon must hold against this score too.
+- ``likelihood_ratio``: the same per-step observation y_t = <noise + canary, u_j> / C, scored by the
+  Neyman-Pearson statistic of one Poisson-subsampled Gaussian step, sum_t log(1 - q + q exp((y_t - 1/2) / xi^2)),
+  with xi the run's planned noise multiplier (public). The sum of projections weighs every step alike; this
+  weighs a step by how strongly it points at an insertion, which matters when q is small. Any score computed
+  without the inclusion is a valid audit; this one is the most powerful per-step test of the claimed mechanism.
 
 For the transdenoiser arm the canaries ride with the step's full-noise (xi_up) noise call; a step that has
 none (every example of the batch credited with input noise) drops its sampled canaries (a dropped canary
@@ -31,11 +36,13 @@ denoiser's reconstruction loss on the canary (mean over fixed input-noise draws)
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from torch import nn
 
-WHITEBOX_SCORES = ("known_others", "update")
+WHITEBOX_SCORES = ("known_others", "update", "likelihood_ratio")
 PATTERN_CELLS = 7
 
 
@@ -47,11 +54,14 @@ class GradientCanaries:
     """m gradient canaries for a model, their inclusion, and the per-canary scores accumulated in training."""
 
     def __init__(self, model: nn.Module, num_canaries: int, audit_seed: int, clip_norm: float,
-                 sample_rate: float, score: str = "known_others"):
+                 sample_rate: float, score: str = "known_others", noise_multiplier: float | None = None):
         if num_canaries < 1:
             raise ValueError("need at least one canary")
         if score not in WHITEBOX_SCORES:
             raise ValueError(f"score must be one of {WHITEBOX_SCORES}, got {score!r}")
+        if score == "likelihood_ratio" and not (noise_multiplier and noise_multiplier > 0):
+            raise ValueError("the likelihood_ratio score needs the run's (positive) noise multiplier")
+        self.noise_multiplier = noise_multiplier
         rng = np.random.default_rng([audit_seed, 1])
         self.names = [k for k, p in model.named_parameters() if p.requires_grad]
         self.shapes = {k: p.shape for k, p in model.named_parameters() if p.requires_grad}
@@ -72,9 +82,12 @@ class GradientCanaries:
         self._included_t = torch.as_tensor(self.included, device=device)
         self.update_score = torch.zeros(num_canaries, dtype=torch.float64, device=device)
         self.known_score = torch.zeros(num_canaries, dtype=torch.float64, device=device)
+        self.ratio_score = torch.zeros(num_canaries, dtype=torch.float64, device=device)
         self.times_inserted = torch.zeros(num_canaries, dtype=torch.int64, device=device)
         self.steps = 0
         self.dropped_steps = 0
+        self.full_noise_steps = 0  # steps with a full-noise (xi_up) call: the steps that can carry canaries
+        self._full_noise = False
         self._pending: torch.Tensor | None = None  # canaries sampled this step and not yet delivered
 
     # -------------------------------------------------------------- vectors
@@ -111,6 +124,7 @@ class GradientCanaries:
         self._pending = sampled & self._included_t
         self._noise_projection = torch.zeros(self.m, dtype=torch.float64, device=self._included_t.device)
         self._delivered = torch.zeros(self.m, dtype=torch.bool, device=self._included_t.device)
+        self._full_noise = False
         self.steps += 1
 
     def deliver(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -131,13 +145,26 @@ class GradientCanaries:
         if self._pending is not None and bool(self._pending.any()):
             self.dropped_steps += 1  # sampled but no full-noise call this step: not delivered
         self._pending = None
+        self.full_noise_steps += int(self._full_noise)
         self.update_score += self.project(self.flatten(summed_update))
-        self.known_score += self._noise_projection + self.clip_norm * self._delivered.to(torch.float64)
+        observed = self._noise_projection + self.clip_norm * self._delivered.to(torch.float64)
+        self.known_score += observed
+        if self.noise_multiplier:
+            q = self.sample_rate
+            y = observed / self.clip_norm
+            self.ratio_score += torch.logaddexp(torch.full_like(y, math.log1p(-q)) if q < 1 else
+                                                torch.full_like(y, -math.inf),
+                                                math.log(q) + (y - 0.5) / self.noise_multiplier ** 2)
         self.times_inserted += self._delivered.to(torch.int64)
 
     def scores(self) -> np.ndarray:
-        chosen = self.known_score if self.score_kind == "known_others" else self.update_score
+        chosen = {"known_others": self.known_score, "update": self.update_score,
+                  "likelihood_ratio": self.ratio_score}[self.score_kind]
         return chosen.cpu().numpy()
+
+    def known_others_scores(self) -> np.ndarray:
+        """The ``known_others`` score whatever the audit's score (the check against the claimed noise uses it)."""
+        return self.known_score.cpu().numpy()
 
 
 class _CanaryNoise:
@@ -150,8 +177,10 @@ class _CanaryNoise:
         return getattr(self.inner, name)
 
     def add(self, tensors, noise_multiplier, generator):
-        if self.canaries._pending is not None and noise_multiplier >= self.arm.xi_up:
-            tensors = self.canaries.deliver(tensors)
+        if noise_multiplier >= self.arm.xi_up:
+            self.canaries._full_noise = True
+            if self.canaries._pending is not None:
+                tensors = self.canaries.deliver(tensors)
         noisy = self.inner.add(tensors, noise_multiplier, generator)
         self.canaries.observe_noise(tensors, noisy)
         return noisy
