@@ -53,9 +53,17 @@ class Check:
                           traceback=traceback.format_exc()[-2000:])
         record["seconds"] = round(time.perf_counter() - start, 2)
         self.steps.append(record)
+        self.save_partial()
         print(f"  {record['status']:<6} {record['seconds']:>7.1f} s  {name}"
               + (f"  ({record['error']})" if record["status"] != "ok" else ""), file=sys.stderr, flush=True)
         return record.get("figures")
+
+    def save_partial(self) -> None:
+        """The steps so far, rewritten after each one (OUT/gpu_check.partial.json), so that a run stopped by a
+        time limit still leaves every finished step's figures."""
+        path = self.out / "gpu_check.partial.json"
+        path.write_text(json.dumps({"format": "transdenoiser-gpu-check", "partial": True, "steps": self.steps},
+                                   indent=2) + "\n")
 
     def cli(self, *argv) -> dict:
         from transdenoiser.cli import main
@@ -268,7 +276,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _commit() -> str | None:
+    """The checkout's commit, or TRANSDENOISER_COMMIT where the tree travelled without its .git."""
+    import os
     import subprocess
+
+    if os.environ.get("TRANSDENOISER_COMMIT"):
+        return os.environ["TRANSDENOISER_COMMIT"]
 
     try:
         return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,

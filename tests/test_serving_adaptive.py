@@ -271,11 +271,13 @@ def test_the_adaptive_api_benchmark_runs_against_a_server(server, digits):
 
 
 def test_a_decide_answer_that_is_not_certified_keeps_its_class(service, smooth, digits):
-    """Asked at a radius no budget can certify, the answer still names the selected class: certified false (or null
+    """Asked at a radius its budget cannot certify, the answer still names the selected class: certified false (or null
     when the budget ran out), radius 0, not an abstention."""
     x, _ = digits
-    answer = service.post("/predict", json={"images": [x[0].tolist()], "radius": 3.0}).json()["predictions"][0]
-    offline = smooth.decide(x[0], 3.0, N0, 2000, ALPHA, smooth.generator(answer["noise_seed"]))
+    # 0.675 is within the server's cap (0.6755 at max_n 2000) but beyond what a budget of 500 can certify (0.55)
+    answer = service.post("/predict", json={"images": [x[0].tolist()], "radius": 0.675, "n": 500}).json()
+    answer = answer["predictions"][0]
+    offline = smooth.decide(x[0], 0.675, N0, answer["n"], ALPHA, smooth.generator(answer["noise_seed"]))
     assert answer["certified"] is not True and answer["outcome"] in ("not_certified", "budget_spent")
     assert answer["label"] == offline.prediction and answer["label"] is not None and answer["class_name"] is not None
     assert answer["abstained"] is False and answer["certified_radius"] == 0.0
