@@ -62,8 +62,9 @@ def _first_true_all(predicate, looks: np.ndarray) -> np.ndarray:
     low, high = np.zeros(len(looks), dtype=np.int64), looks + 1
     while np.any(low < high):
         mid = (low + high) // 2
+        open_ = low < high
         hit = predicate(np.minimum(mid, looks), looks) & (mid <= looks)
-        high, low = np.where(hit, mid, high), np.where(hit, low, mid + 1)
+        high, low = np.where(open_ & hit, mid, high), np.where(open_ & ~hit, mid + 1, low)
     return low
 
 
