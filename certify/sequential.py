@@ -75,7 +75,7 @@ BISECTION_STEPS = 60
 
 
 def geometric_looks(n_max: int, first: int = DEFAULT_FIRST_LOOK, ratio: float = DEFAULT_LOOK_RATIO,
-                    step: int = 1) -> np.ndarray:
+                    step: int = DEFAULT_LOOK_STEP) -> np.ndarray:
     """Sample counts t_1 < ... < t_K = n_max at which the bounds are evaluated: first, then each look at
     max(previous + step, ceil(previous * ratio)), then n_max. The looks below n_max do not depend on n_max:
     a larger budget only adds looks at the end."""
