@@ -2,6 +2,11 @@
 
     python -m benchmarks.bench_sequential                   # about a minute of CPU
     python -m benchmarks.bench_sequential --quick           # seconds: a smoke run
+    python -m benchmarks.bench_sequential --exact           # seconds: exact table (docs/CERTIFY.md)
+
+--exact computes instead, with no simulation error (certify.sequential_exact, dynamic programming over
+the vote counts), each method's mean estimation samples to a decision and its false-certificate
+probability at pA = Phi(2), at alpha 0.001 and the given n_max.
 
 For each construction of certify.sequential (and a deliberately invalid fixed-level Clopper-Pearson
 bound read at every look, as a control), Bernoulli(pA) vote streams run through the same rules and
@@ -51,10 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-max", type=int, default=100_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--exact", action="store_true", help="exact table by dynamic programming (no streams)")
     parser.add_argument("--json", type=Path, default=Path("runs/bench/sequential.json"))
     args = parser.parse_args(argv)
     if args.quick:
         args.streams_cost, args.streams_boundary, args.n_max = 50, 2000, 5000
+    if args.exact:
+        return exact_table(args)
     rng = np.random.default_rng(args.seed)
     threshold = float(norm.cdf(RADIUS / SIGMA))
     result = {"command": "python -m benchmarks.bench_sequential " + " ".join(argv or []), "radius": RADIUS,
@@ -86,6 +94,32 @@ def main(argv: list[str] | None = None) -> int:
     for name, row in result["boundary"].items():
         print(f"boundary {name}: {row['wrong_certified']} wrong of {row['streams']} (rate {row['rate']:.5f}), "
               f"p-value {row['p_value_excess']:.3g}")
+    return 0
+
+
+EXACT_P = (0.98, 0.99, 0.995, 0.999, 1.0)
+
+
+def exact_table(args) -> int:
+    from certify.sequential import METHODS
+    from certify.sequential_exact import boundaries, operating
+
+    threshold = float(norm.cdf(RADIUS / SIGMA))
+    result = {"command": "python -m benchmarks.bench_sequential --exact", "radius": RADIUS, "sigma": SIGMA,
+              "alpha": 0.001, "n_max": args.n_max, "exact": {}}
+    print(f"decide at R {RADIUS}, sigma {SIGMA}, alpha 0.001, n_max {args.n_max}: exact mean estimation samples")
+    print("method".ljust(20) + "".join(f"{p:>10}" for p in EXACT_P) + "   false certificates at Phi(2)")
+    for method in METHODS:
+        start = time.perf_counter()
+        bounds = boundaries(DecideRule(confidence_sequence(method, args.n_max, 0.001), RADIUS, SIGMA))
+        row = {str(p): operating(bounds, p).mean_samples for p in EXACT_P}
+        row["false_certified_at_threshold"] = operating(bounds, threshold).certified
+        row["seconds"] = round(time.perf_counter() - start, 2)
+        result["exact"][method] = row
+        print(method.ljust(20) + "".join(f"{row[str(p)]:>10,.0f}" for p in EXACT_P)
+              + f"   {row['false_certified_at_threshold']:.2e}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=1) + "\n")
     return 0
 
 

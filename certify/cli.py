@@ -15,8 +15,8 @@ from transdenoiser.errors import UserError
 MEMORY_FORMATS = ("auto", "channels_last", "contiguous")  # certify.core.MEMORY_FORMATS
 PRECISIONS = ("fp32", "bf16", "fp16")  # certify.numerics.PRECISION_CHOICES
 SPLITS = ("public", "private", "test")  # training.datasets.SPLITS
-SEQUENTIAL_METHODS = ("union-cp", "beta-mixture")  # certify.sequential.METHODS
-DEFAULT_SEQUENTIAL = "union-cp"  # certify.sequential.DEFAULT_METHOD
+SEQUENTIAL_METHODS = ("one-sided-mixture", "beta-mixture", "union-cp")  # certify.sequential.METHODS
+DEFAULT_SEQUENTIAL = "one-sided-mixture"  # certify.sequential.DEFAULT_METHOD
 DEFAULT_TOLERANCE = 0.05  # certify.sequential.DEFAULT_TOLERANCE
 
 
@@ -139,8 +139,9 @@ def _add_run_args(p: argparse.ArgumentParser, task: str) -> None:
                               help="--adaptive: stop once more samples cannot raise the radius by more than this "
                                    f"(L2, [0,1] pixels; default: {DEFAULT_TOLERANCE})")
         adaptive.add_argument("--sequential", choices=SEQUENTIAL_METHODS, default=DEFAULT_SEQUENTIAL,
-                              help="the confidence sequence (default: %(default)s, the cheaper in samples "
-                                   "as measured in docs/results/certify.md)")
+                              help="the sequential test (default: %(default)s: fewest samples, and n_max only "
+                                   "truncates it, so a re-run with a larger --n-max extends the same test; union-cp "
+                                   "splits alpha by n_max and is valid for one budget only; docs/CERTIFY.md)")
     data = p.add_argument_group("images")
     data.add_argument("--split", choices=SPLITS, default="test", help="which split to use (default: test)")
     data.add_argument("--skip", type=positive_int, default=1, help="use every K-th image (default: 1)")
@@ -153,6 +154,9 @@ def _add_run_args(p: argparse.ArgumentParser, task: str) -> None:
     run = p.add_argument_group("run")
     run.add_argument("--out", type=Path, default=Path(f"runs/{task}"),
                      help=f"run directory (default: runs/{task}); an existing run there is resumed")
+    run.add_argument("--new-test", action="store_true",
+                     help="certify the images of an existing --out again with another --seed or --alpha: a new "
+                          "test that spends its alpha again (refused without this flag; docs/CERTIFY.md)")
     run.add_argument("--threads", type=positive_int, default=None,
                      help="CPU threads for torch (default: torch's choice; on a busy machine 1 can be much faster)")
     run.add_argument("--shard", type=_shard, default=None, metavar="I/K",
@@ -214,7 +218,7 @@ def job_from_args(args, task: str):
                       indices=args.indices, seed=args.seed, batch_size=args.batch_size, workers=args.workers,
                       memory_format=args.memory_format, precision=args.precision, compile=args.compile,
                       device=args.device, shard=args.shard,
-                      allow_sigma_mismatch=args.allow_sigma_mismatch, **adaptive)
+                      allow_sigma_mismatch=args.allow_sigma_mismatch, new_test=args.new_test, **adaptive)
 
 
 def cmd_certify(args) -> int:

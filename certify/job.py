@@ -62,7 +62,7 @@ class CertifyJob:
     adaptive: bool = False
     n_max: int | None = None
     tolerance: float | None = None
-    sequential: str = "union-cp"
+    sequential: str = "one-sided-mixture"
     dataset: str = "mnist10k"
     data_root: Path | str | None = None
     split_seed: int = 0
@@ -79,6 +79,7 @@ class CertifyJob:
     device: str = "cpu"
     shard: Any = None
     allow_sigma_mismatch: bool = False
+    new_test: bool = False
 
     def __post_init__(self) -> None:
         self.classifier = Path(self.classifier)
@@ -195,12 +196,12 @@ def _run_locked(job: CertifyJob, mode: str | None, shard, track: Track, warn: Ca
         pack = adaptive_pack_size(n0, batch) if mode else pack_size((n0 or 0) + n, batch)
         extra: dict[str, Any] = {}
         if mode:
-            from certify.sequential import DEFAULT_FIRST_LOOK, DEFAULT_LOOK_RATIO, DEFAULT_TOLERANCE
+            from certify.sequential import DEFAULT_TOLERANCE, look_settings
 
             extra = {"mode": mode, "radius": job.radius, "sequential_method": job.sequential,
                      "tolerance": (job.tolerance if job.tolerance is not None else DEFAULT_TOLERANCE)
                      if mode == "estimate" else None,
-                     "first_look": DEFAULT_FIRST_LOOK, "look_ratio": DEFAULT_LOOK_RATIO}
+                     **look_settings(job.sequential)}
         fingerprint = split.fingerprint()
         trained = pipeline.classifier_metadata.get("dataset", {})
         if trained.get("fingerprints", {}).get(trained.get("trained_on")) == fingerprint:
@@ -216,7 +217,7 @@ def _run_locked(job: CertifyJob, mode: str | None, shard, track: Track, warn: Ca
             indices=list(job.indices) if job.indices is not None else None, seed=job.seed,
             shards=shard.count if shard else 1, pack=pack, noise_device=device.type,
             memory_format=smooth.memory_format, precision=smooth.precision, compile=smooth.compile, extra=extra)
-        run = RunDirectory(job.out, settings, shard)
+        run = RunDirectory(job.out, settings, shard, new_test=job.new_test)
         return _work(job, run, split, smooth, pipeline, indices, pack, mode, n, extra, device, shard, track)
     finally:
         smooth.close()

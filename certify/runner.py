@@ -10,6 +10,9 @@ needs, which can change float32 rounding in the base model, never the statistics
 
 Run directory (``--out DIR``):
 - ``settings.json``: what the run certifies and how; a second invocation with other settings is refused;
+  another ``seed`` or ``alpha`` is a new test of the same images and is refused without ``--new-test``
+  (each test spends its alpha); with it, the earlier test's files move to ``tests/K/`` and ``tests.json``
+  lists the earlier tests (seed, alpha);
 - ``certify.tsv`` (or ``certify.shard-I-of-K.tsv`` per shard): one row per image, flushed as it is done;
 - ``certify.status.json`` (or ``certify.shard-I-of-K.status.json``): hardware, device, wall time, completeness;
 - after the run (or after the merge of all shards): ``summary.json``, ``report.md``, ``certified_accuracy.png``.
@@ -47,6 +50,10 @@ SETTINGS_FILE = "settings.json"
 MODELS_FILE = "models.json"  # both models' full metadata (the denoiser's includes its privacy report)
 # Settings that change what a run computes; paths are left out (a checkpoint or data folder may move).
 PATH_SETTINGS = ("classifier", "denoiser", "data_root")
+# A second certification of the same images with another of these is a new test (``--new-test``): it spends
+# its alpha again, so a run directory refuses it unless asked, and keeps the earlier test in tests/K/.
+TEST_SETTINGS = ("seed", "alpha")
+TESTS_FOLDER, TESTS_FILE = "tests", "tests.json"
 
 
 # ----------------------------------------------------------------------------------------------- records
@@ -402,11 +409,12 @@ HEARTBEAT_SECONDS = 30.0  # how often a running session's wall time is written t
 class RunDirectory:
     """One run's folder: settings check, rows done so far, this process's rows file and status."""
 
-    def __init__(self, root: Path, settings: RunSettings, shard: Shard | None):
+    def __init__(self, root: Path, settings: RunSettings, shard: Shard | None, new_test: bool = False):
         self.root = Path(root)
         self.settings = settings
         self.shard = shard
         self.task = settings.task
+        self.new_test = new_test
 
     # file names
     def rows_path(self, shard: Shard | None = None) -> Path:
@@ -429,11 +437,37 @@ class RunDirectory:
         if path.exists():
             old = read_json(path, "run settings")
             diffs = _differences(old, new)
-            if diffs:
+            retest = [f"{key} {new.get(key)!r} (was {old.get(key)!r})" for key in TEST_SETTINGS
+                      if old.get(key) != new.get(key)]
+            if retest and not self.new_test:
+                raise UserError(f"--out {self.root} holds a test of these images; certifying them again with "
+                                f"{' and '.join(retest)} is a new test that spends its alpha again "
+                                f"(docs/CERTIFY.md): pass --new-test to start it (the earlier test moves to "
+                                f"{self.root / TESTS_FOLDER}/), or use another --out")
+            if diffs and not retest:
                 raise UserError(f"--out {self.root} holds a run with different settings ({'; '.join(diffs[:3])}): "
                                 f"use another --out")
+            if diffs:
+                self._archive(old)
+                write_json(path, new)
         else:
             write_json(path, new)
+
+    def _archive(self, old: dict[str, Any]) -> None:
+        """Move the earlier test's files into tests/K/ and add it to tests.json (what each test spent)."""
+        folder = self.root / TESTS_FOLDER
+        folder.mkdir(exist_ok=True)
+        number = 1 + sum(1 for entry in folder.iterdir() if entry.is_dir())
+        target = folder / str(number)
+        target.mkdir()
+        for entry in self.root.iterdir():
+            if entry.name not in (TESTS_FOLDER, TESTS_FILE):
+                os.replace(entry, target / entry.name)
+        log_path = self.root / TESTS_FILE
+        log = read_json(log_path, "earlier tests") if log_path.exists() else []
+        log.append({"folder": f"{TESTS_FOLDER}/{number}", "seed": old.get("seed"), "alpha": old.get("alpha"),
+                    "task": old.get("task")})
+        write_json(log_path, log)
 
     def write_models(self, classifier_metadata: dict[str, Any], denoiser_metadata: dict[str, Any] | None) -> None:
         write_json(self.root / MODELS_FILE, {"classifier_metadata": classifier_metadata,

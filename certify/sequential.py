@@ -62,28 +62,35 @@ ESTIMATED = 4  # estimate: stopped; the radius comes from the lower bound
 OUTCOME_NAMES = {CONTINUE: "continue", CERTIFIED: "certified", NOT_CERTIFIED: "not_certified",
                  BUDGET_SPENT: "budget_spent", ESTIMATED: "estimated"}
 
-METHODS = ("union-cp", "beta-mixture")
-DEFAULT_METHOD = "union-cp"  # fewer samples than the mixture on the demo models (docs/results/certify.md)
-DEFAULT_FIRST_LOOK = 64  # estimation samples before the first look
-DEFAULT_LOOK_RATIO = 1.5  # each look at about this many times the samples of the one before
+METHODS = ("one-sided-mixture", "beta-mixture", "union-cp")
+DEFAULT_METHOD = "one-sided-mixture"  # fewest samples, valid across re-runs (docs/CERTIFY.md)
+DEFAULT_FIRST_LOOK = 16  # estimation samples before the first look
+DEFAULT_LOOK_RATIO = 1.01  # each look at about this many times the samples of the one before ...
+DEFAULT_LOOK_STEP = 8  # ... and at least this many samples after it
+UNION_CP_FIRST_LOOK, UNION_CP_LOOK_RATIO = 64, 1.5  # union-cp's own looks (its alpha split depends on n_max)
 DEFAULT_SPENDING = "uniform"
 DEFAULT_TOLERANCE = 0.05  # estimate mode: stop when the radius cannot grow by more than this (L2, [0,1] pixels)
 DEFAULT_PRIOR = (1.0, 0.1)  # Beta(a, b) of the mixture: mass near 1, where the votes of most images lie
 BISECTION_STEPS = 60
 
 
-def geometric_looks(n_max: int, first: int = DEFAULT_FIRST_LOOK, ratio: float = DEFAULT_LOOK_RATIO) -> np.ndarray:
-    """Sample counts t_1 < ... < t_K = n_max at which the bounds are evaluated: first, about first * ratio, ..."""
+def geometric_looks(n_max: int, first: int = DEFAULT_FIRST_LOOK, ratio: float = DEFAULT_LOOK_RATIO,
+                    step: int = DEFAULT_LOOK_STEP) -> np.ndarray:
+    """Sample counts t_1 < ... < t_K = n_max at which the bounds are evaluated: first, then each look at
+    max(previous + step, ceil(previous * ratio)), then n_max. The looks below n_max do not depend on n_max:
+    a larger budget only adds looks at the end."""
     if n_max < 1:
         raise UserError(f"the sample budget must be >= 1, got {n_max}")
     if first < 1:
         raise UserError(f"the first look must be >= 1 sample, got {first}")
     if not ratio > 1:
         raise UserError(f"the look ratio must be > 1, got {ratio}")
+    if step < 1:
+        raise UserError(f"the look step must be >= 1 sample, got {step}")
     looks, t = [], first
     while t < n_max:
         looks.append(t)
-        t = max(t + 1, math.ceil(t * ratio))
+        t = max(t + step, math.ceil(t * ratio))
     looks.append(n_max)
     return np.asarray(looks, dtype=np.int64)
 
@@ -259,12 +266,52 @@ class BetaBinomialMixture(ConfidenceSequence):
         return {**super().describe(), "prior": list(self.prior)}
 
 
-def confidence_sequence(method: str, n_max: int, alpha: float, first_look: int = DEFAULT_FIRST_LOOK,
-                        look_ratio: float = DEFAULT_LOOK_RATIO) -> ConfidenceSequence:
-    """The named construction over the geometric looks up to ``n_max``."""
-    looks = geometric_looks(n_max, first_look, look_ratio)
+class OneSidedMixture(ConfidenceSequence):
+    """One-sided mixture e-processes (:mod:`certify.one_sided`): decide's threshold tests use alternatives spaced
+    by decision time around the threshold; the bounds (estimate mode) a fixed grid. Valid at every sample count,
+    whatever n_max: each side fails with probability <= alpha."""
+
+    name = "one-sided-mixture"
+
+    def __init__(self, looks: np.ndarray, alpha: float):
+        from certify.one_sided import OneSidedMixtureTests
+
+        super().__init__(looks, alpha)
+        self.tests = OneSidedMixtureTests(self.alpha)
+
+    def lower(self, successes: np.ndarray, look: int) -> np.ndarray:
+        return self.tests.lower(successes, int(self.looks[look]))
+
+    def upper(self, successes: np.ndarray, look: int) -> np.ndarray:
+        return self.tests.upper(successes, int(self.looks[look]))
+
+    def lower_at_least(self, successes: np.ndarray, look: int, p: float) -> np.ndarray:
+        """pA >= p shown by decide's test at threshold p (its own mixture, not the bounds': see the module)."""
+        return self.tests.above(successes, int(self.looks[look]), p)
+
+    def upper_below(self, successes: np.ndarray, look: int, p: float) -> np.ndarray:
+        return self.tests.below(successes, int(self.looks[look]), p)
+
+
+def look_settings(method: str) -> dict:
+    """The look schedule of ``method`` (run settings): first look, ratio and least step between looks."""
     if method == "union-cp":
+        return {"first_look": UNION_CP_FIRST_LOOK, "look_ratio": UNION_CP_LOOK_RATIO, "look_step": 1}
+    return {"first_look": DEFAULT_FIRST_LOOK, "look_ratio": DEFAULT_LOOK_RATIO, "look_step": DEFAULT_LOOK_STEP}
+
+
+def confidence_sequence(method: str, n_max: int, alpha: float, first_look: int | None = None,
+                        look_ratio: float | None = None) -> ConfidenceSequence:
+    """The named construction over its looks up to ``n_max``. ``one-sided-mixture`` and ``beta-mixture`` look at
+    the same sample counts whatever n_max (which only truncates them) and hold at every count; ``union-cp``
+    places its looks and splits alpha by n_max: valid for one call, not across calls with other budgets."""
+    if method == "union-cp":
+        looks = geometric_looks(n_max, first_look or UNION_CP_FIRST_LOOK, look_ratio or UNION_CP_LOOK_RATIO)
         return UnionClopperPearson(looks, alpha)
+    looks = geometric_looks(n_max, first_look or DEFAULT_FIRST_LOOK, look_ratio or DEFAULT_LOOK_RATIO,
+                            DEFAULT_LOOK_STEP)
+    if method == "one-sided-mixture":
+        return OneSidedMixture(looks, alpha)
     if method == "beta-mixture":
         return BetaBinomialMixture(looks, alpha)
     raise UserError(f"sequential method must be one of {', '.join(METHODS)}, got {method!r}")

@@ -289,7 +289,7 @@ def test_adaptive_runs_write_samples_resume_shard_merge_and_overlay(tiny_classif
     lines = (single / "certify.tsv").read_text().splitlines()
     assert lines[0].split("\t") == ["idx", "label", "predict", "radius", "correct", "time", "samples"]
     rows = read_rows(single / "certify.tsv", "certify")
-    assert len(rows) == 5 and all(8 + 64 <= r.samples <= 8 + 300 for r in rows)
+    assert len(rows) == 5 and all(8 + 16 <= r.samples <= 8 + 300 for r in rows)  # n0 8, first look 16
     if mode[0] == "--radius":
         # every row keeps the selected class; certified rows have radius R, the others 0 (no abstention in decide)
         assert all(r.radius in (0.1, 0.0) and r.prediction != -1 for r in rows)
@@ -402,3 +402,32 @@ def test_a_killed_session_keeps_its_time_and_is_marked_interrupted(tmp_path, mon
     assert [s["state"] for s in status["sessions"]] == ["interrupted", "finished"]
     assert [s["wall_seconds"] for s in status["sessions"]] == [first["wall_seconds"], 12.5]
     assert status["rows"] == 10 and status["complete"] is True
+
+
+def test_another_seed_or_alpha_is_a_new_test_refused_without_new_test(tmp_path):
+    """Each certification with a fresh seed spends alpha again: the run directory refuses it unless asked, and
+    keeps the earlier test's files and its seed and alpha on record."""
+    import dataclasses
+    import json
+
+    from certify.runner import RunDirectory, RunSettings
+
+    settings = RunSettings(task="certify", classifier="c", classifier_sha256="x", denoiser=None, denoiser_sha256=None,
+                           dataset="mnist10k", data_root=None, split_seed=0, split="test", split_fingerprint="f",
+                           split_size=10, sigma=0.25, n0=10, n=100, alpha=0.001, batch=8, skip=1, max=None,
+                           indices=None, seed=0, shards=1, pack=1, noise_device="cpu", memory_format="auto")
+    out = tmp_path / "run"
+    RunDirectory(out, settings, None).open()
+    (out / "certify.tsv").write_text("idx\tlabel\tpredict\tradius\tcorrect\ttime\n0\t1\t1\t0.5\t1\t0.1\n")
+    for change in ({"seed": 1}, {"alpha": 0.01}):
+        with pytest.raises(UserError, match="new test that spends its alpha again.*--new-test"):
+            RunDirectory(out, dataclasses.replace(settings, **change), None).open()
+    with pytest.raises(UserError, match="different settings"):  # other changes: another --out, as before
+        RunDirectory(out, dataclasses.replace(settings, n=200), None, new_test=True).open()
+    RunDirectory(out, dataclasses.replace(settings, seed=1), None, new_test=True).open()
+    assert json.loads((out / "settings.json").read_text())["seed"] == 1 and not (out / "certify.tsv").exists()
+    assert (out / "tests" / "1" / "certify.tsv").exists()
+    assert json.loads((out / "tests.json").read_text()) == [{"folder": "tests/1", "seed": 0, "alpha": 0.001,
+                                                             "task": "certify"}]
+    RunDirectory(out, dataclasses.replace(settings, seed=1), None, new_test=True).open()  # resumes the new test
+    assert len(json.loads((out / "tests.json").read_text())) == 1

@@ -1,0 +1,155 @@
+"""One-sided mixture confidence sequences for a Bernoulli mean (the default of adaptive certification).
+
+A test of H0: pA <= p against pA > p by a mixture of likelihood ratios. For one alternative q > p,
+
+    L_t(q; p) = (q / p)^S ((1 - q) / (1 - p))^F          (S votes for cA, F others, t = S + F samples)
+
+has E[one more factor] = pA q / p + (1 - pA)(1 - q) / (1 - p) <= 1 whenever pA <= p (linear in pA, 1 at
+pA = p, increasing): it is a nonnegative supermartingale under every pA in H0, with L_0 = 1. So is any
+mixture M_t(p) = sum_j w_j L_t(q_j; p) over alternatives q_j > p with sum_j w_j <= 1, and Ville's
+inequality gives P[exists t: M_t(p) >= 1/alpha] <= alpha under H0: an e-process checked at every sample
+count, whatever the stopping rule and whatever the budget. Nothing here depends on n_max: a larger
+budget only lets the same test run longer. The mirror image (alternatives q < p, failures and
+successes swapped) tests H0': pA >= p.
+
+Two mixtures:
+
+- **decide** (a fixed threshold p* = Phi(R / sigma)): the alternatives are spaced by the sample count
+  at which each would decide. q_0 = 1 (for the test below p*: q_0 = 0), and q_j > p* with
+  KL(q_j || p*) = KL(q_0 || p*) / 2^j, j = 0 .. DECIDE_COMPONENTS - 1: component j settles a stream
+  whose pA is q_j after about ln(1/alpha) / KL(q_j || p*) samples, 2^j times the fewest possible
+  (~301 at p* = Phi(2), alpha 1e-3). Weights proportional to 1 / min(j + 1, 3), summing to 1. The
+  weights and spacing were chosen with the exact sample counts of :mod:`certify.sequential_exact`
+  (docs/CERTIFY.md); the validity above holds for any choice.
+- **bounds** (a lower / upper bound on pA: estimate mode): alternatives on a fixed grid, q = 1 and
+  1 - q = 2^(-k/2) for k = 2 .. 40 (weight BOUND_WEIGHT_ONE on q = 1, the rest shared equally).
+  For a fixed grid, M_t(p) (the q_j above p) is nonincreasing in p below S / t (each ratio is, and
+  fewer q_j exceed p) and below 1/alpha above it, so {p : M_t(p) >= 1/alpha} = [0, lower_t): the bound
+  is found by bisection and pA >= lower_t at every t at once with probability >= 1 - alpha. The upper
+  bound is the mirror image (the q_j below p; only estimate mode's stopping rule reads it).
+
+Arithmetic is in logarithms (scipy's logsumexp); comparisons with the threshold 1/alpha are made on
+ln M_t, and the bisections return the conservative end.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.special import logsumexp
+
+DECIDE_COMPONENTS = 10  # alternatives q_0 .. q_9: decision times ~301 to ~154,000 samples at p* = Phi(2)
+DECIDE_SPACING = 2.0  # each alternative's decision time is this many times the one before
+DECIDE_WEIGHT_CAP = 3  # weights proportional to 1 / min(j + 1, 3)
+BOUND_GRID_STEPS = range(2, 41)  # 1 - q = 2^(-k/2): 0.5 .. 1e-6
+BOUND_WEIGHT_ONE = 0.2  # the bound mixture's weight on q = 1 (all votes for cA)
+BISECTION_STEPS = 60
+
+
+def bernoulli_kl(q: float, p: float) -> float:
+    """KL(Bernoulli(q) || Bernoulli(p)) in nats."""
+    total = 0.0
+    if q > 0:
+        total += q * math.log(q / p)
+    if q < 1:
+        total += (1 - q) * math.log((1 - q) / (1 - p))
+    return total
+
+
+def decide_alternatives(p: float) -> tuple[np.ndarray, np.ndarray]:
+    """The decide mixture's alternatives q_j > p (q_0 = 1) and their weights (summing to 1)."""
+    if not 0 < p < 1:
+        raise ValueError(f"the threshold must lie strictly between 0 and 1, got {p}")
+    top = bernoulli_kl(1.0, p)
+    qs = [1.0]
+    for j in range(1, DECIDE_COMPONENTS):
+        target = top / DECIDE_SPACING ** j
+        low, high = p, 1.0
+        for _ in range(BISECTION_STEPS):  # KL(q || p) increases with q above p
+            mid = (low + high) / 2
+            low, high = (low, mid) if bernoulli_kl(mid, p) > target else (mid, high)
+        qs.append(low)  # KL(low || p) <= target
+    weights = 1.0 / np.minimum(np.arange(1, DECIDE_COMPONENTS + 1), DECIDE_WEIGHT_CAP)
+    return np.asarray(qs), weights / weights.sum()
+
+
+def bound_grid() -> tuple[np.ndarray, np.ndarray]:
+    """The bound mixture's alternatives near 1 (q = 1 first) and their weights (summing to 1)."""
+    rest = np.array([1.0 - 2.0 ** (-k / 2) for k in BOUND_GRID_STEPS])
+    qs = np.concatenate([[1.0], rest])
+    weights = np.concatenate([[BOUND_WEIGHT_ONE], np.full(len(rest), (1 - BOUND_WEIGHT_ONE) / len(rest))])
+    return qs, weights
+
+
+def log_mixture(successes, trials, p, qs: np.ndarray, weights: np.ndarray, above: bool = True) -> np.ndarray:
+    """ln sum_j w_j (q_j / p)^S ((1 - q_j) / (1 - p))^F over the q_j strictly above p (``above``; a test of
+    pA <= p) or strictly below it (a test of pA >= p), elementwise in S, t and p (p may be an array)."""
+    s = np.asarray(successes, dtype=float)[..., None]
+    f = np.asarray(trials, dtype=float)[..., None] - s
+    p = np.asarray(p, dtype=float)[..., None]
+    q = qs.reshape((1,) * (np.ndim(s) - 1) + (-1,))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        success_term = np.where(s > 0, s * (np.log(q) - np.log(p)), 0.0)
+        failure_term = np.where(f > 0, f * (np.log1p(-q) - np.log1p(-p)), 0.0)
+        terms = np.log(weights) + success_term + failure_term
+    terms = np.where(q > p if above else q < p, terms, -np.inf)
+    return logsumexp(terms, axis=-1)
+
+
+def mirror(successes, trials):
+    """Failures as successes: a test of pA >= p is a test of 1 - pA <= 1 - p on the failures."""
+    return np.asarray(trials) - np.asarray(successes)
+
+
+class OneSidedMixtureTests:
+    """The two one-sided tests at a fixed threshold p and the two bounds, at level alpha each."""
+
+    def __init__(self, alpha: float):
+        self.log_threshold = math.log(1.0 / alpha)
+        self._grid = bound_grid()
+
+    def above(self, successes, trials, p: float) -> np.ndarray:
+        """H0: pA <= p rejected (pA > p shown) at this sample count."""
+        qs, weights = decide_alternatives_cached(p)
+        return log_mixture(successes, trials, p, qs, weights) >= self.log_threshold
+
+    def below(self, successes, trials, p: float) -> np.ndarray:
+        """H0: pA >= p rejected (pA < p shown) at this sample count."""
+        qs, weights = decide_alternatives_cached(1.0 - p)
+        return log_mixture(mirror(successes, trials), trials, 1.0 - p, qs, weights) >= self.log_threshold
+
+    def lower(self, successes, trials) -> np.ndarray:
+        """The largest p with M_t(p') >= 1/alpha for every p' < p (0 when there is none)."""
+        s = np.asarray(successes, dtype=float)
+        t = np.broadcast_to(np.asarray(trials, dtype=float), s.shape)
+        qs, weights = self._grid
+        low, high = np.zeros_like(s), np.where(t > 0, s / np.maximum(t, 1), 0.0)
+        for _ in range(BISECTION_STEPS):
+            mid = (low + high) / 2
+            rejected = log_mixture(s, t, mid, qs, weights) >= self.log_threshold
+            low, high = np.where(rejected, mid, low), np.where(rejected, high, mid)
+        return low  # rejected (or 0): conservative
+
+    def upper(self, successes, trials) -> np.ndarray:
+        """The smallest p with M'_t(p') >= 1/alpha for every p' > p (1 when there is none), M' the mixture of
+        the grid's alternatives below p (a test of pA >= p; nondecreasing in p above S / t)."""
+        s = np.asarray(successes, dtype=float)
+        t = np.broadcast_to(np.asarray(trials, dtype=float), s.shape)
+        qs, weights = self._grid
+        low, high = np.where(t > 0, s / np.maximum(t, 1), 1.0), np.ones_like(s)
+        for _ in range(BISECTION_STEPS):
+            mid = (low + high) / 2
+            rejected = log_mixture(s, t, mid, qs, weights, above=False) >= self.log_threshold
+            low, high = np.where(rejected, low, mid), np.where(rejected, mid, high)
+        return high  # rejected (or 1): conservative
+
+
+_DECIDE_CACHE: dict[float, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def decide_alternatives_cached(p: float) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`decide_alternatives` above p, computed once per threshold."""
+    key = float(p)
+    if key not in _DECIDE_CACHE:
+        _DECIDE_CACHE[key] = decide_alternatives(key)
+    return _DECIDE_CACHE[key]
