@@ -1,0 +1,165 @@
+"""Ghost clipping and the clipping engine: the clipped sum equals a plain per-example autograd loop (clip each
+example's gradient to C, sum) for every supported layer type, random shapes, both norm methods, noise draws
+averaged before clipping, the per-layer vmap fallback, vmap chunkings and physical batch pieces."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import training.privacy.ghost_clipping as gc
+from training.privacy.clipping import (
+    AUTO,
+    CPU_CHUNK_SIZE,
+    ClippedGradients,
+    ExecutionPlan,
+    device_chunk_size,
+    parse_size,
+    plan_execution,
+)
+from training.privacy.ghost_clipping import GhostClipping, GhostUnsupported, ghost_layer_kinds
+
+CLIP = 0.5
+
+
+class Scale(nn.Module):
+    """A layer ghost clipping does not know: its parameter gets per-example gradients by vmap."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(channels, 1, 1))
+
+    def forward(self, x):
+        return x * self.w
+
+
+class Twice(nn.Module):
+    """One layer applied twice per forward pass (weight sharing)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.layer(torch.tanh(self.layer(x)))
+
+
+def reference(model, z, x, rows, clip=CLIP):
+    """(per-example norms, sum_i min(1, C/||g_i||) g_i) one example at a time with torch.autograd."""
+    names = [k for k, p in model.named_parameters() if p.requires_grad]
+    params = [p for p in model.parameters() if p.requires_grad]
+    total = {k: torch.zeros_like(p) for k, p in zip(names, params, strict=True)}
+    norms = []
+    for i in range(len(z) // rows):
+        part = slice(i * rows, (i + 1) * rows)
+        loss = (model(z[part]) - x[part]).pow(2).flatten(1).sum(1).mean()
+        grads = torch.autograd.grad(loss, params)
+        norm = torch.sqrt(sum(g.pow(2).sum() for g in grads))
+        norms.append(norm)
+        for k, g in zip(names, grads, strict=True):
+            total[k] += min(1.0, clip / float(norm)) * g
+    return torch.stack(norms), total
+
+
+def data(model, in_shape, n, rows, seed):
+    generator = torch.Generator().manual_seed(seed)
+    z = torch.randn((n * rows, *in_shape), generator=generator)
+    with torch.no_grad():
+        out_shape = model(z[:1]).shape[1:]
+    return z, torch.randn((n * rows, *out_shape), generator=generator)
+
+
+def random_models(seed: int):
+    """Random shapes of every supported layer type (and one unknown layer), with their input shapes."""
+    g = torch.Generator().manual_seed(seed)
+
+    def r(lo, hi):
+        return int(torch.randint(lo, hi + 1, (1,), generator=g))
+
+    groups = r(1, 2)
+    c_in, c_mid = 2 * groups, 3 * groups
+    side = r(5, 9)
+    torch.manual_seed(seed)
+    return [
+        (nn.Sequential(nn.Linear(6, r(2, 5))), (6,)),
+        (nn.Sequential(nn.Linear(5, 4), nn.SiLU(), nn.Linear(4, 3, bias=False)), (r(1, 4), 5)),
+        (nn.Sequential(nn.Conv2d(c_in, c_mid, r(1, 3), stride=r(1, 2), padding=r(0, 2), dilation=r(1, 2),
+                                 groups=groups), nn.SiLU(), nn.Conv2d(c_mid, 2, 3, padding=1)), (c_in, side, side)),
+        (nn.Sequential(nn.ConvTranspose2d(c_in, c_mid, 3, stride=2, padding=1, output_padding=1, groups=groups),
+                       nn.SiLU(), nn.ConvTranspose2d(c_mid, 1, r(2, 3), stride=r(1, 2), dilation=r(1, 2))),
+         (c_in, side, side)),
+        (nn.Sequential(nn.Conv2d(c_in, 4, 3, padding=1), nn.GroupNorm(2, 4), nn.ReLU(), Scale(4)),
+         (c_in, side, side)),
+    ]
+
+
+@pytest.mark.parametrize("seed", [0])
+@pytest.mark.parametrize("discount", [0, 10 ** 9])  # 0: ghost norm (Gram matrices) everywhere; 1e9: instantiation
+@pytest.mark.parametrize("rows", [1, 3])  # input-noise draws per example, averaged before clipping
+def test_ghost_clipped_sum_equals_the_per_example_loop(seed, discount, rows, monkeypatch):
+    monkeypatch.setattr(gc, "GHOST_DISCOUNT", discount)
+    for model, in_shape in random_models(seed):
+        z, x = data(model, in_shape, 4, rows, seed)
+        batch = GhostClipping(model)(z, x, rows)
+        norms, expected = reference(model, z, x, rows)
+        assert torch.allclose(batch.norms, norms, rtol=1e-4), model
+        assert (batch.norms > CLIP).any(), "the test needs clipping to be active"
+        summed = batch.weighted_sum((CLIP / batch.norms).clamp(max=1))
+        for k, v in expected.items():
+            assert torch.allclose(summed[k], v, rtol=1e-4, atol=1e-6), (model, k)
+
+
+def test_layer_kinds_and_unsupported_structures():
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.GroupNorm(1, 2), Scale(2), nn.ConvTranspose2d(2, 1, 3))
+    assert ghost_layer_kinds(model) == {"0": "conv2d", "1": "group_norm", "2": "vmap", "3": "conv_transpose2d"}
+    twice = Twice()
+    with pytest.raises(GhostUnsupported, match="ran 2 times"):
+        GhostClipping(twice)(torch.randn(2, 3), torch.randn(2, 3))
+    inplace = nn.Sequential(nn.Linear(3, 3), nn.ReLU(inplace=True))
+    with pytest.raises(GhostUnsupported, match="in place"):
+        GhostClipping(inplace)(torch.randn(2, 3), torch.randn(2, 3))
+    # the engine falls back to vmap for the whole model, with the same clipped sum
+    plan = ExecutionPlan("ghost", 0, 0)
+    z, x = torch.randn(5, 3), torch.randn(5, 3)
+    sums = ClippedGradients(twice, CLIP, plan)(z, x)
+    assert plan.clipping == "vmap" and "cannot follow" in plan.reasons[-1]
+    _, expected = reference(twice, z, x, 1)
+    for k, v in expected.items():
+        assert torch.allclose(sums.whole()[k], v, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("clipping,chunk,piece", [("vmap", 0, 0), ("vmap", 1, 0), ("vmap", 3, 2), ("ghost", 0, 1),
+                                                  ("ghost", 0, 3), ("ghost", 0, 0)])
+def test_chunkings_and_physical_pieces_give_equal_clipped_sums(clipping, chunk, piece):
+    """Many chunks (1 example each) and physical pieces (1 example each) give the one-call sums."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, stride=2, padding=1), nn.GroupNorm(2, 4), nn.SiLU(),
+                          nn.ConvTranspose2d(4, 1, 3, stride=2, padding=1, output_padding=1))
+    z, x = data(model, (1, 8, 8), 7, 1, 3)
+    split = lambda zp, xp: zp.flatten(1).mean(1) > 0  # noqa: E731  a split by example, as Algorithm 1's
+    sums = ClippedGradients(model, CLIP, ExecutionPlan(clipping, chunk, piece))(z, x, split=split)
+    norms, expected = reference(model, z, x, 1)
+    mask = split(z, x)
+    assert torch.equal(sums.mask, mask)
+    assert torch.allclose(sums.factors, (CLIP / norms).clamp(max=1), rtol=1e-4)
+    for k, v in expected.items():
+        assert torch.allclose(sums.whole()[k], v, rtol=1e-4, atol=1e-6), k
+    _, nonneg = reference(model, z[mask], x[mask], 1)
+    for k, v in nonneg.items():
+        assert torch.allclose(sums.sums["nonneg"][k], v, rtol=1e-4, atol=1e-6), k
+
+
+def test_device_sizing_and_plan():
+    model = nn.Linear(10, 10)
+    assert device_chunk_size(model, torch.device("cpu"), 64) == (CPU_CHUNK_SIZE, device_chunk_size(
+        model, torch.device("cpu"), 64)[1])
+    assert device_chunk_size(model, torch.device("cpu"), 64, 5)[0] == 5
+    plan = plan_execution(nn.Sequential(nn.Conv2d(1, 2, 3, padding=1)), (1, 6, 6), 4, torch.device("cpu"))
+    assert plan.clipping in ("ghost", "vmap") and set(plan.timings) == {"ghost", "vmap"}
+    assert "auto" in plan.describe()
+    forced = plan_execution(model, (10,), 4, torch.device("cpu"), clipping="vmap", grad_chunk_size=3,
+                            physical_batch_size=2)
+    assert (forced.clipping, forced.grad_chunk_size, forced.physical_batch_size) == ("vmap", 3, 2)
+    assert parse_size("auto", "x") == AUTO and parse_size("0", "x") == 0
+    with pytest.raises(ValueError, match="auto or an integer"):
+        parse_size("-2", "--grad-chunk-size")
