@@ -2,7 +2,7 @@
 
 Two engines give the same clipped sums (to float rounding):
 
-- ``vmap``: every per-example gradient with ``torch.func.vmap(grad)`` (:class:`training.privacy.dp.PerExampleGradients`),
+- ``vmap``: every per-example gradient with ``torch.func.vmap(grad)`` (``dp.PerExampleGradients``),
   in chunks of ``chunk_size`` examples;
 - ``ghost``: per-example norms from layer activations and output gradients, and the weighted sums from the
   same tensors (:mod:`training.privacy.ghost_clipping`); no per-example copy of the weights.
@@ -245,6 +245,9 @@ def measure_engines(model: nn.Module, example_shape: tuple[int, ...], batch_size
                 torch.cuda.synchronize(device)
             if attempt:
                 times[name].append(time.perf_counter() - started)
+    for engine in engines.values():
+        if engine.ghost is not None:
+            engine.ghost.close()
     return {name: sorted(t)[len(t) // 2] for name, t in times.items() if t}
 
 
@@ -276,6 +279,30 @@ def plan_execution(model: nn.Module, example_shape: tuple[int, ...], batch_size:
     return plan
 
 
+def plan_for_arm(arm, config, image_shape, device, record: dict | None) -> ExecutionPlan | None:
+    """How a DP arm computes its clipped sums on ``device`` (a DP arm; None for --noise shaped|optimized, which
+    form every per-example gradient): a resumed run keeps its recorded plan (the same engine, so the same
+    float rounding), else :func:`training.privacy.clipping.plan_execution` (``auto`` measures the engines on a
+    synthetic batch). Under torchrun rank 0's plan is used by every rank."""
+    if config.noise != "isotropic":
+        return None
+    saved = (record or {}).get("execution")
+    if saved:
+        arm.execution = ExecutionPlan(saved["clipping"], saved["grad_chunk_size"], saved["physical_batch_size"],
+                                      [*saved.get("reasons", []), "kept from the resumed run"])
+        return arm.execution
+    share = -(-config.batch_size // arm.group.world_size)
+    arm.execution = plan_execution(arm.model, tuple(image_shape), share, torch.device(device),
+                                   clipping=config.clipping, grad_chunk_size=config.grad_chunk_size,
+                                   physical_batch_size=config.physical_batch_size,
+                                   rows_per_example=config.noise_draws)
+    if arm.group.distributed:  # the same engine on every rank
+        choice = arm.group.from_rank_zero(torch.tensor([float(arm.execution.clipping == "ghost")],
+                                                       dtype=torch.float64))
+        arm.execution.clipping = "ghost" if float(choice[0]) > 0.5 else "vmap"
+    return arm.execution
+
+
 def parse_size(text: str, what: str) -> int:
     """``auto`` -> AUTO, else an integer >= 0 (a command-line value)."""
     if text == "auto":
@@ -291,4 +318,4 @@ def parse_size(text: str, what: str) -> int:
 
 __all__ = ["CLIPPING_MODES", "AUTO", "CPU_CHUNK_SIZE", "ClippedSums", "ExecutionPlan", "ClippedGradients",
            "device_chunk_size", "device_physical_batch", "plan_execution", "measure_engines", "parse_size",
-           "parameter_bytes"]
+           "parameter_bytes", "plan_for_arm"]

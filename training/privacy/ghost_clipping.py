@@ -114,7 +114,9 @@ def _pair_norms(p: torch.Tensor, q: torch.Tensor, ghost: bool | None = None) -> 
     n, groups, length, d_p = p.shape
     d_q = q.shape[-1]
     p, q = p.reshape(n * groups, length, d_p), q.reshape(n * groups, length, d_q)
-    if ghost if ghost is not None else length * (d_p + d_q) <= d_p * d_q:  # ghost norm: two T x T Gram matrices per example
+    if ghost is None:
+        ghost = length * (d_p + d_q) <= d_p * d_q
+    if ghost:  # two T x T Gram matrices per example
         squares = (torch.bmm(p, p.transpose(1, 2)) * torch.bmm(q, q.transpose(1, 2))).sum((1, 2))
     else:  # this layer's per-example gradient, then dropped
         squares = torch.bmm(p.transpose(1, 2), q).pow(2).sum((1, 2))
@@ -161,7 +163,8 @@ def _conv_weight_norms(m: nn.Module, transposed: bool, a: torch.Tensor, b: torch
 class GhostClipping:
     """Per-example gradient norms of ``row_loss(model(z), x)`` and weighted sums of the per-example gradients.
 
-    ``batch = GhostClipping(model)(z, x)`` runs one forward pass and one backward pass to the layer outputs; ``batch.norms`` (n,),
+    ``batch = GhostClipping(model)(z, x)`` runs one forward pass and one backward pass to the layer outputs;
+    ``batch.norms`` (n,),
     ``batch.losses`` (n,), ``batch.weighted_sum(w)`` = ``{name: sum_i w_i g_i}``. Raises
     :class:`GhostUnsupported` for a model it cannot follow exactly.
     """
@@ -179,8 +182,13 @@ class GhostClipping:
             raise GhostUnsupported(f"parameters outside the model's modules: {', '.join(missing)}")
         self.names = [k for k, p in model.named_parameters() if p.requires_grad]
         self._capturing = False
-        for layer in self.layers:
-            layer.module.register_forward_hook(self._hook(layer))
+        self._handles = [layer.module.register_forward_hook(self._hook(layer)) for layer in self.layers]
+
+    def close(self) -> None:
+        """Remove the forward hooks from the model."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
 
     def _hook(self, layer: _Layer):
         def save(module, inputs, output):
