@@ -163,3 +163,57 @@ def test_device_sizing_and_plan():
     assert parse_size("auto", "x") == AUTO and parse_size("0", "x") == 0
     with pytest.raises(ValueError, match="auto or an integer"):
         parse_size("-2", "--grad-chunk-size")
+
+
+# ------------------------------------------------------------------------------------------------ the arms
+
+def _arm_gradient(arm_name: str, clipping: str, physical: int, seed: int = 3, **overrides):
+    from training.models import build_model
+    from training.private_train import ARM_CLASSES, TrainConfig
+
+    torch.manual_seed(0)
+    model = build_model("autoencoder", in_channels=1, widths=[4, 8], norm="group", groups=2)
+    config = TrainConfig(arm=arm_name, clip_norm=0.05, clipping=clipping, physical_batch_size=physical,
+                         grad_chunk_size=2, max_smin_dim=1, **overrides)
+    arm = ARM_CLASSES[arm_name](model, config, xi_up=2.0, expected_batch=4.0, total_steps=10)
+    x = torch.rand((7, 1, 8, 8), generator=torch.Generator().manual_seed(seed))
+    grads, record = arm.gradient(x, torch.Generator().manual_seed(seed))
+    assert arm.execution.clipping == clipping
+    return grads, record
+
+
+@pytest.mark.parametrize("arm_name,overrides", [("sepdp", {}), ("sepdp", {"noise_draws": 3}),
+                                                ("transdenoiser", {}),
+                                                ("transdenoiser", {"merge_uncredited_noise": False})])
+def test_arms_release_the_same_update_with_either_engine_and_any_pieces(arm_name, overrides):
+    """The same generator gives the same update (noise included) with vmap, ghost, and ghost in pieces of 2;
+    with noise draws each example's K-draw mean gradient is what is clipped in every engine."""
+    reference, record = _arm_gradient(arm_name, "vmap", 0, **overrides)
+    for clipping, physical in (("ghost", 0), ("ghost", 2), ("vmap", 3)):
+        grads, other = _arm_gradient(arm_name, clipping, physical, **overrides)
+        assert (other.num_nonnegative, other.explicit_multiplier) == (record.num_nonnegative,
+                                                                      record.explicit_multiplier)
+        for k, v in reference.items():
+            assert torch.allclose(grads[k], v, rtol=1e-4, atol=1e-5), (clipping, physical, k)
+
+
+def test_train_cli_flags_reach_the_plan_and_the_private_record(classifier_dir, tmp_path, capsys):
+    import json
+
+    from training.private_train import load_private_record
+    from transdenoiser.cli import build_parser
+
+    out = tmp_path / "run"
+    args = build_parser().parse_args([
+        "train", "--arm", "sepdp", "--denoiser", "tiny", "--denoiser-width", "2", "--epochs", "1",
+        "--batch-size", "16", "--train-examples", "64", "--eval-examples", "20", "--delta", "1e-3",
+        "--clipping", "ghost", "--grad-chunk-size", "3", "--physical-batch-size", "5", "--classifier",
+        str(classifier_dir), "--out", str(out), "--json", "--device", "cpu"])
+    assert args.handler(args) == 0
+    assert "clipping: ghost, pieces of 5" in capsys.readouterr().err
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["config"]["clipping"] == "ghost" and meta["config"]["physical_batch_size"] == 5
+    execution = load_private_record(out)["execution"]
+    assert (execution["clipping"], execution["grad_chunk_size"], execution["physical_batch_size"]) == ("ghost", 3, 5)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--grad-chunk-size", "-3"])

@@ -118,8 +118,8 @@ class TrainConfig:
     # how clipped sums are computed (training/privacy/clipping.py; values change speed and memory only, never the
     # result beyond float rounding): "auto" times ghost clipping and vmap per-example gradients and keeps the
     # faster; vmap chunks of at most grad_chunk_size (-1: sized for the device, 0: one call); physical pieces of
-    # physical_batch_size examples (-1: sized for the device, 0: the whole batch); compile: torch.compile the
-    # ghost forward pass
+    # physical_batch_size examples (-1: sized for the device, 0: the whole batch); compile: torch.compile vmap's
+    # per-example gradient function
     clipping: str = "auto"
     grad_chunk_size: int = -1
     physical_batch_size: int = -1
@@ -337,7 +337,8 @@ class DPArm(Arm):
                 self.execution = plan_execution(
                     self.model, tuple(example_shape), round(self.expected_batch), next(self.model.parameters()).device,
                     clipping=self.config.clipping, grad_chunk_size=self.config.grad_chunk_size,
-                    physical_batch_size=self.config.physical_batch_size, rows_per_example=self.config.noise_draws)
+                    physical_batch_size=self.config.physical_batch_size, rows_per_example=self.config.noise_draws,
+                    compile_model=self.config.compile)
             self._engine = ClippedGradients(self.model, self.config.clip_norm, self.execution,
                                             compile_model=self.config.compile)
         return self._engine

@@ -162,7 +162,8 @@ def register(subparsers, common) -> None:
                    help="process each Poisson batch in pieces of at most N examples, for batches larger than memory "
                         "(0: one piece; auto: from the free GPU memory, one piece on CPU) (default: auto)")
     g.add_argument("--compile", action="store_const", const=True, default=None,
-                   help="torch.compile the forward pass of ghost clipping (default: off)")
+                   help="torch.compile vmap's per-example gradient function (the first steps pay for compiling; "
+                        "ghost clipping stays eager) (default: off)")
     p.add_argument("--json", action="store_true", help="print the final metadata (metrics, privacy report) as JSON")
     p.set_defaults(handler=cmd_train)
 

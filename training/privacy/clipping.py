@@ -159,11 +159,13 @@ class ClippedGradients:
     def __init__(self, model: nn.Module, clip_norm: float, plan: ExecutionPlan, compile_model: bool = False):
         self.model, self.plan = model, plan
         self.clipper = PerExampleClipper(clip_norm)
-        self.vmap = PerExampleGradients(model, chunk_size=plan.grad_chunk_size)
+        # compile: torch.compile of vmap's per-example function. The ghost engine stays eager: it needs the
+        # layer outputs as autograd nodes, which a compiled graph does not expose
+        self.vmap = PerExampleGradients(model, chunk_size=plan.grad_chunk_size, compiled=compile_model)
         self.ghost = None
         if plan.clipping == "ghost":
             try:
-                self.ghost = GhostClipping(model, compiled=compile_model)
+                self.ghost = GhostClipping(model)
             except GhostUnsupported as exc:
                 self._fall_back(exc)
 
@@ -227,12 +229,12 @@ def synthetic_batch(example_shape: tuple[int, ...], batch_size: int, device: tor
 
 
 def measure_engines(model: nn.Module, example_shape: tuple[int, ...], batch_size: int, device: torch.device,
-                    plans: dict[str, ExecutionPlan], repeats: int = 3, rows_per_example: int = 1
-                    ) -> dict[str, float]:
+                    plans: dict[str, ExecutionPlan], repeats: int = 3, rows_per_example: int = 1,
+                    compile_model: bool = False) -> dict[str, float]:
     """Median seconds of one clipped sum per engine on a synthetic batch, the engines interleaved (each
     warmed up once first); an engine that cannot follow the model is left out."""
     z, x = synthetic_batch(example_shape, max(1, batch_size) * rows_per_example, device)
-    engines = {name: ClippedGradients(model, 1.0, plan) for name, plan in plans.items()}
+    engines = {name: ClippedGradients(model, 1.0, plan, compile_model) for name, plan in plans.items()}
     engines = {name: e for name, e in engines.items() if e.plan.clipping == name}
     times: dict[str, list[float]] = {name: [] for name in engines}
     for attempt in range(repeats + 1):
@@ -253,7 +255,7 @@ def measure_engines(model: nn.Module, example_shape: tuple[int, ...], batch_size
 
 def plan_execution(model: nn.Module, example_shape: tuple[int, ...], batch_size: int, device: torch.device, *,
                    clipping: str = "auto", grad_chunk_size: int = AUTO, physical_batch_size: int = AUTO,
-                   rows_per_example: int = 1) -> ExecutionPlan:
+                   rows_per_example: int = 1, compile_model: bool = False) -> ExecutionPlan:
     """The engine, vmap chunk and physical piece size for ``model`` on ``device`` at an expected batch of
     ``batch_size`` examples; ``auto`` clipping measures both engines (:func:`measure_engines`)."""
     if clipping not in CLIPPING_MODES:
@@ -270,7 +272,8 @@ def plan_execution(model: nn.Module, example_shape: tuple[int, ...], batch_size:
     if clipping != "auto":
         plans[clipping].reasons.insert(0, f"clipping {clipping} as configured")
         return plans[clipping]
-    timings = measure_engines(model, example_shape, batch_size, device, plans, rows_per_example=rows_per_example)
+    timings = measure_engines(model, example_shape, batch_size, device, plans, rows_per_example=rows_per_example,
+                              compile_model=compile_model)
     best = min(timings, key=timings.get)
     plan = plans[best]
     shown = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in sorted(timings.items()))
@@ -295,7 +298,7 @@ def plan_for_arm(arm, config, image_shape, device, record: dict | None) -> Execu
     arm.execution = plan_execution(arm.model, tuple(image_shape), share, torch.device(device),
                                    clipping=config.clipping, grad_chunk_size=config.grad_chunk_size,
                                    physical_batch_size=config.physical_batch_size,
-                                   rows_per_example=config.noise_draws)
+                                   rows_per_example=config.noise_draws, compile_model=config.compile)
     if arm.group.distributed:  # the same engine on every rank
         choice = arm.group.from_rank_zero(torch.tensor([float(arm.execution.clipping == "ghost")],
                                                        dtype=torch.float64))

@@ -169,10 +169,8 @@ class GhostClipping:
     :class:`GhostUnsupported` for a model it cannot follow exactly.
     """
 
-    def __init__(self, model: nn.Module, row_loss: RowLoss = squared_error, compiled: bool = False):
+    def __init__(self, model: nn.Module, row_loss: RowLoss = squared_error):
         self.model = model
-        # torch.compile of the forward pass (the hooks run inside it); the norms and sums stay eager
-        self.forward = torch.compile(model) if compiled else model
         self.row_loss = row_loss
         self.layers = [_Layer(name, m, kind) for name, m in model.named_modules()
                        if (kind := _kind(m)) and any(p.requires_grad for p in m.parameters(recurse=False))]
@@ -209,7 +207,7 @@ class GhostClipping:
             layer.inputs, layer.outputs, layer.versions, layer.pq, layer.rows = [], [], [], None, {}
         self._capturing = True
         try:
-            out = self.forward(z)
+            out = self.model(z)
         finally:
             self._capturing = False
         for layer in self.layers:
