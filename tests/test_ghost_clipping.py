@@ -115,9 +115,14 @@ def test_layer_kinds_and_unsupported_structures():
     twice = Twice()
     with pytest.raises(GhostUnsupported, match="ran 2 times"):
         GhostClipping(twice)(torch.randn(2, 3), torch.randn(2, 3))
-    inplace = nn.Sequential(nn.Linear(3, 3), nn.ReLU(inplace=True))
-    with pytest.raises(GhostUnsupported, match="in place"):
-        GhostClipping(inplace)(torch.randn(2, 3), torch.randn(2, 3))
+    # a layer output changed in place by the next module: handed on as a copy, the sum still exact
+    inplace = nn.Sequential(nn.Linear(3, 4), nn.ReLU(inplace=True), nn.Linear(4, 3))
+    z, x = torch.randn(4, 3), torch.randn(4, 3)
+    batch = GhostClipping(inplace)(z, x)
+    norms, expected = reference(inplace, z, x, 1)
+    assert torch.allclose(batch.norms, norms, rtol=1e-4)
+    summed = batch.weighted_sum((CLIP / batch.norms).clamp(max=1))
+    assert all(torch.allclose(summed[k], v, rtol=1e-4, atol=1e-6) for k, v in expected.items())
     # the engine falls back to vmap for the whole model, with the same clipped sum
     plan = ExecutionPlan("ghost", 0, 0)
     z, x = torch.randn(5, 3), torch.randn(5, 3)
@@ -217,3 +222,37 @@ def test_train_cli_flags_reach_the_plan_and_the_private_record(classifier_dir, t
     assert (execution["clipping"], execution["grad_chunk_size"], execution["physical_batch_size"]) == ("ghost", 3, 5)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["train", "--grad-chunk-size", "-3"])
+
+
+@pytest.mark.parametrize("arm", ["securesgd-sct", "securesgd-denoiser"])
+def test_baseline_dpsgd_step_clips_alike_with_ghost_and_vmap(arm):
+    """SecureSGD's DP-SGD step (a model taking an image and its layer noise; cnn28's ReLUs are in place) gives
+    the same clipped sum and norms with ghost clipping as with vmap per-example gradients."""
+    from training.baselines.common import DPSGDStep, example_loss_of
+    from training.baselines.securesgd import _task_loss, _task_row_loss, build_noise_layer_model
+
+    torch.manual_seed(0)
+    model, _, _ = build_noise_layer_model(arm, (1, 28, 28), 10, [0.5], [0.25], [4, 8], "relu")
+    model.eval()  # as train_securesgd: no dropout
+    kind = model.kind
+    generator = torch.Generator().manual_seed(1)
+    x = torch.rand((5, 1, 28, 28), generator=generator)
+    with torch.no_grad():
+        hidden = model.hidden(x)
+    noise = 0.1 * torch.randn(hidden.shape, generator=generator)
+    target = torch.randint(0, 10, (5,), generator=generator) if kind == "classifier" else x
+    results = {}
+    for engine in ("vmap", "ghost"):
+        step = DPSGDStep(model, example_loss_of(model, _task_loss(kind)), 0.01, 1.0, 5.0, row_loss=_task_row_loss(kind))
+        step.engine = engine
+        if engine == "ghost":
+            step._ghost = GhostClipping(model, _task_row_loss(kind))
+        results[engine] = step.clipped_sum((x, noise, target))
+    (vmap_sum, vmap_norms, vmap_losses), (ghost_sum, ghost_norms, ghost_losses) = results["vmap"], results["ghost"]
+    assert torch.allclose(ghost_norms, vmap_norms, rtol=1e-4) and (vmap_norms > 0.01).all()
+    assert torch.allclose(ghost_losses, vmap_losses, rtol=1e-5)
+    for k, v in vmap_sum.items():
+        assert torch.allclose(ghost_sum[k], v, rtol=1e-4, atol=1e-6), k
+    auto = DPSGDStep(model, example_loss_of(model, _task_loss(kind)), 0.01, 1.0, 5.0, row_loss=_task_row_loss(kind))
+    auto.clipped_sum((x, noise, target))
+    assert auto.engine in ("ghost", "vmap")

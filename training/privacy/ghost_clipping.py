@@ -23,8 +23,7 @@ Layers handled this way (p, q per position t):
 
 Any other module that owns trainable parameters gets per-example gradients of ITS OWN parameters with
 ``torch.func.vmap`` over (its input, its output gradient): exact, only costlier. Models this module cannot
-follow (a module called twice per forward, a layer output modified in place, parameters outside any module
-with a single tensor input) raise :class:`GhostUnsupported`; the caller then uses plain vmap per-example
+follow (a module called twice per forward, a module whose input is not one tensor) raise :class:`GhostUnsupported`; the caller then uses plain vmap per-example
 gradients for the whole model.
 
 With ``rows_per_example`` K > 1 (K input-noise draws per example), rows ``i*K .. i*K+K-1`` are one example:
@@ -180,6 +179,7 @@ class GhostClipping:
             raise GhostUnsupported(f"parameters outside the model's modules: {', '.join(missing)}")
         self.names = [k for k, p in model.named_parameters() if p.requires_grad]
         self._capturing = False
+        self._copy_outputs = False
         self._handles = [layer.module.register_forward_hook(self._hook(layer)) for layer in self.layers]
 
     def close(self) -> None:
@@ -197,29 +197,38 @@ class GhostClipping:
             layer.inputs.append(inputs[0].detach())
             layer.outputs.append(output)
             layer.versions.append(output._version)
+            if self._copy_outputs:  # the next layer changes it in place (ReLU(inplace=True)): it gets a copy
+                return output.clone()
         return save
 
-    def __call__(self, z: torch.Tensor, x: torch.Tensor, rows_per_example: int = 1) -> GhostBatch:
-        if len(z) % rows_per_example or len(z) != len(x):
-            raise ValueError(f"{len(z)} rows are not {rows_per_example} rows per example")
-        n = len(z) // rows_per_example
+    def __call__(self, z: torch.Tensor | tuple[torch.Tensor, ...], x: torch.Tensor,
+                 rows_per_example: int = 1) -> GhostBatch:
+        """``z``: the model's input rows (a tuple: several inputs, e.g. an image and its layer noise); ``x``: the
+        target rows of ``row_loss``."""
+        inputs = z if isinstance(z, tuple) else (z,)
+        if len(x) % rows_per_example or any(len(t) != len(x) for t in inputs):
+            raise ValueError(f"{len(x)} rows are not {rows_per_example} rows per example")
+        n = len(x) // rows_per_example
         for layer in self.layers:
             layer.inputs, layer.outputs, layer.versions, layer.pq, layer.rows = [], [], [], None, {}
         self._capturing = True
         try:
-            out = self.model(z)
+            out = self.model(*inputs)
         finally:
             self._capturing = False
         for layer in self.layers:
             if len(layer.outputs) != 1:
                 raise GhostUnsupported(f"module {layer.name!r} ran {len(layer.outputs)} times in one forward pass")
             if layer.outputs[0]._version != layer.versions[0]:
-                raise GhostUnsupported(f"the output of module {layer.name!r} is modified in place")
+                if self._copy_outputs:
+                    raise GhostUnsupported(f"the output of module {layer.name!r} is modified in place")
+                self._copy_outputs = True  # once: from now on every saved output is handed on as a copy
+                return self(z, x, rows_per_example)
         row_losses = self.row_loss(out, x)
         outputs = [layer.outputs[0] for layer in self.layers]
         # the mean over each example's K rows: every output gradient carries the factor 1/K
         grads = torch.autograd.grad(row_losses.sum() / rows_per_example, outputs)
-        squares = torch.zeros(n, dtype=torch.float32, device=z.device)
+        squares = torch.zeros(n, dtype=torch.float32, device=x.device)
         for layer, grad_out in zip(self.layers, grads, strict=True):
             squares = squares + self._prepare(layer, layer.inputs[0], grad_out, n).to(squares.dtype)
             layer.inputs, layer.outputs = [], []
@@ -307,7 +316,7 @@ class GhostBatch:
 
 def ghost_supported(model: nn.Module) -> bool:
     """Whether every trainable parameter of ``model`` is owned by a module (ghost kind or per-layer vmap); a
-    forward pass can still raise :class:`GhostUnsupported` (a module run twice, an output changed in place)."""
+    forward pass can still raise :class:`GhostUnsupported` (e.g. a module run twice)."""
     covered = {id(p) for m in model.modules() for p in m.parameters(recurse=False) if p.requires_grad}
     return all(id(p) in covered for p in model.parameters() if p.requires_grad)
 
