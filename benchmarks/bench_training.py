@@ -271,6 +271,9 @@ def throughput_grid(args, device) -> dict:
     """Every row at every (model, batch) of the grid, interleaved; examples/s medians, fraction of non-private,
     peak memory."""
     grid = QUICK_GRID if args.quick else GRID
+    if args.only:  # e.g. ["autoencoder:64,256", "dncnn:64"]
+        wanted = {name: {int(b) for b in sizes.split(",")} for name, sizes in (item.split(":") for item in args.only)}
+        grid = tuple((d, k, s, tuple(b for b in batches if b in wanted[d])) for d, k, s, batches in grid if d in wanted)
     settings = {"clipping": args.clipping, "compile": args.compile}
     steps, warmup, repeats = (1, 1, 2) if args.quick else (args.steps, args.warmup, args.repeats)
     out = {}
@@ -284,7 +287,7 @@ def throughput_grid(args, device) -> dict:
             for name in ROWS:
                 per_repeat = [a / b for a, b in zip(timed[name]["examples_per_second"], floor, strict=True)]
                 timed[name]["fraction_of_nonprivate"] = statistics.median(per_repeat)
-                if device.type == "cpu" and not args.quick:
+                if device.type == "cpu" and not args.quick and args.peak_memory:
                     timed[name]["peak_rss_bytes"] = peak_rss(name, denoiser, kwargs, shape, batch, "cpu", settings)
             ratio = [a / b for a, b in zip(timed["sepdp"]["examples_per_second"],
                                            timed["opacus_hooks"]["examples_per_second"], strict=True)]
@@ -326,6 +329,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clipping", choices=("auto", "ghost", "vmap"), default="auto",
                         help="our arms' clipping engine (default: auto, as training)")
     parser.add_argument("--compile", action="store_true", help="our arms with --compile")
+    parser.add_argument("--only", nargs="+", default=None, metavar="MODEL:B,B",
+                        help="a part of the grid, e.g. autoencoder:64,256 dncnn:64 (default: all of it)")
+    parser.add_argument("--peak-memory", action=argparse.BooleanOptionalAction, default=True,
+                        help="CPU: each row's peak resident memory in a fresh process (default: on)")
     parser.add_argument("--smin", action="store_true", help="also the S_min cost rows (tiny denoiser)")
     parser.add_argument("--smin-widths", default="1,2,4,8", help="tiny widths for the S_min rows")
     parser.add_argument("--smin-examples", type=int, default=4, help="examples in K for the S_min rows")
