@@ -286,7 +286,8 @@ def plan_for_arm(arm, config, image_shape, device, record: dict | None) -> Execu
     """How a DP arm computes its clipped sums on ``device`` (a DP arm; None for --noise shaped|optimized, which
     form every per-example gradient): a resumed run keeps its recorded plan (the same engine, so the same
     float rounding), else :func:`training.privacy.clipping.plan_execution` (``auto`` measures the engines on a
-    synthetic batch). Under torchrun rank 0's plan is used by every rank."""
+    synthetic batch; with reproducible noise it takes ghost untimed, so that two runs repeat bit for bit).
+    Under torchrun rank 0's plan is used by every rank."""
     if config.noise != "isotropic":
         return None
     saved = (record or {}).get("execution")
@@ -295,10 +296,15 @@ def plan_for_arm(arm, config, image_shape, device, record: dict | None) -> Execu
                                       [*saved.get("reasons", []), "kept from the resumed run"])
         return arm.execution
     share = -(-config.batch_size // arm.group.world_size)
+    clipping = config.clipping
+    if clipping == "auto" and config.reproducible_noise:  # a timed choice could differ between two runs
+        clipping = "ghost"
     arm.execution = plan_execution(arm.model, tuple(image_shape), share, torch.device(device),
-                                   clipping=config.clipping, grad_chunk_size=config.grad_chunk_size,
+                                   clipping=clipping, grad_chunk_size=config.grad_chunk_size,
                                    physical_batch_size=config.physical_batch_size,
                                    rows_per_example=config.noise_draws, compile_model=config.compile)
+    if clipping != config.clipping:
+        arm.execution.reasons[0] = "auto with reproducible noise: ghost, not timed, so that runs repeat bit for bit"
     if arm.group.distributed:  # the same engine on every rank
         choice = arm.group.from_rank_zero(torch.tensor([float(arm.execution.clipping == "ghost")],
                                                        dtype=torch.float64))
