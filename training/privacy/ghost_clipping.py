@@ -23,7 +23,8 @@ Layers handled this way (p, q per position t):
 
 Any other module that owns trainable parameters gets per-example gradients of ITS OWN parameters with
 ``torch.func.vmap`` over (its input, its output gradient): exact, only costlier. Models this module cannot
-follow (a module called twice per forward, a module whose input is not one tensor) raise :class:`GhostUnsupported`; the caller then uses plain vmap per-example
+follow (a module called twice per forward, a module whose input is not one tensor) raise
+:class:`GhostUnsupported`; the caller then uses plain vmap per-example
 gradients for the whole model.
 
 With ``rows_per_example`` K > 1 (K input-noise draws per example), rows ``i*K .. i*K+K-1`` are one example:
