@@ -1,14 +1,18 @@
-"""Training throughput: sepdp vs Opacus DP-SGD, transdenoiser vs sepdp, and the cost of S_min as w grows.
+"""Training throughput: every DP-SGD implementation against non-private SGD on the same model and batch.
 
-    python -m benchmarks.bench_training [--device cpu] [--batch-size 64] [--steps 20] [--repeats 5] [--out FILE]
+    python -m benchmarks.bench_training [--device cpu|cuda] [--quick] [--clipping auto|ghost|vmap] [--compile]
+                                        [--steps 4] [--warmup 3] [--repeats 5] [--smin] [--out FILE]
 
-Prints one JSON object (also written to --out). Examples per second count examples actually processed
-(fixed-size batches of --batch-size, so both DP implementations do identical work). Each implementation is
-built once and warmed up (--warmup steps: the first few dozen steps of either pay for kernel selection and
-allocation, and steady state is what a training run of thousands of steps sees); then --repeats blocks of
---steps timed steps alternate between sepdp, Opacus and the others (order rotated every repeat); the ratio is the
-median of the per-repeat ratios, so a noisy neighbour slows both sides alike. Default run: ~1 min on 2 CPU
-cores.
+Rows: non-private SGD (plain autograd, the floor), sepdp (``SepDPArm.gradient`` + SGD, its clipping planned
+for the device as in training), the transdenoiser arm with S_min not computed (its merged step), Opacus 1.6
+hooks (GradSampleModule + DPOptimizer) and Opacus ghost clipping (its fast-gradient-clipping module, optimiser
+and loss). Grid: autoencoder 1x28x28 at batch 64, 256, 1024; DnCNN-17x64 3x32x32 at 64, 256 (``--quick``: a
+tiny grid, for the test suite). Every row is built once and warmed up; then --repeats blocks of timed steps
+alternate between the rows (order rotated every repeat), and every figure is the median over repeats of the
+per-repeat value (examples/s; fraction of non-private; ratios), so a noisy neighbour slows all rows alike.
+Peak memory: on CUDA the allocator's peak per row; on CPU the peak resident memory of a fresh process running
+that row (torch's own few hundred MB included; not in --quick). Prints one JSON object (also to --out) and a
+markdown table on stderr.
 """
 from __future__ import annotations
 
@@ -27,37 +31,77 @@ from training.private_train import SepDPArm, TrainConfig, TransDenoiserArm
 from transdenoiser.runtime import hardware_description
 
 
-def _images(n: int, device, seed: int = 0) -> torch.Tensor:
-    from training.datasets import load_dataset
-
-    x, _ = load_dataset("mnist10k").private.tensors(device)
-    return x[torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))[:n]]
-
-
-def _time_steps(step, steps: int) -> float:
+def _time_steps(step, steps: int, cuda_device=None) -> float:
     started = time.perf_counter()
     for _ in range(steps):
         step()
+    if cuda_device is not None:
+        torch.cuda.synchronize(cuda_device)
     return time.perf_counter() - started
 
 
-def ours_step(arm_class, denoiser: str, kwargs: dict, x: torch.Tensor, max_smin_dim: int):
-    """One optimiser step of our arm (gradient, then SGD with momentum), as a closure; and the model."""
-    torch.manual_seed(0)
-    model = build_model(denoiser, **kwargs).to(x.device)
-    config = TrainConfig(arm=arm_class.name, denoiser=denoiser, max_smin_dim=max_smin_dim)
-    arm = arm_class(model, config, xi_up=2.0, expected_batch=float(len(x)), total_steps=1000)
+ROWS = ("nonprivate_sgd", "sepdp", "transdenoiser_smin_not_computed", "opacus_hooks", "opacus_ghost")
+GRID = (("autoencoder", {"in_channels": 1}, (1, 28, 28), (64, 256, 1024)),
+        ("dncnn", {"in_channels": 3}, (3, 32, 32), (64, 256)))
+QUICK_GRID = (("autoencoder", {"in_channels": 1}, (1, 28, 28), (8,)),
+              ("dncnn", {"in_channels": 3, "depth": 3, "width": 16}, (3, 32, 32), (4,)))
+
+
+def synthetic_images(n: int, shape: tuple[int, ...], device, seed: int = 0) -> torch.Tensor:
+    """Fixed-seed random pixels in [0, 1] (throughput does not depend on the pixels)."""
+    return torch.rand((n, *shape), generator=torch.Generator().manual_seed(seed)).to(device)
+
+
+def _sgd_step(model, gradient):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    generator = torch.Generator().manual_seed(0)
 
     def step():
-        grads, _ = arm.gradient(x, generator)
+        grads = gradient()
         for name, p in model.named_parameters():
             p.grad = grads[name]
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
+    return step
+
+
+def ours_step(arm_class, denoiser: str, kwargs: dict, x: torch.Tensor, max_smin_dim: int, **settings):
+    """One optimiser step of our arm (gradient, then SGD with momentum), as a closure; and the model. The arm
+    plans its clipping for the device on its first batch (``settings``: TrainConfig fields, e.g. clipping)."""
+    torch.manual_seed(0)
+    model = build_model(denoiser, **kwargs).to(x.device)
+    config = TrainConfig(arm=arm_class.name, denoiser=denoiser, max_smin_dim=max_smin_dim, **settings)
+    arm = arm_class(model, config, xi_up=2.0, expected_batch=float(len(x)), total_steps=1000)
+    generator = torch.Generator().manual_seed(0)
+    step = _sgd_step(model, lambda: arm.gradient(x, generator)[0])
+    step.arm = arm
     return step, model
+
+
+def nonprivate_step(denoiser: str, kwargs: dict, x: torch.Tensor):
+    """Plain autograd SGD on the same model, batch, loss and input noise: the floor."""
+    torch.manual_seed(0)
+    model = build_model(denoiser, **kwargs).to(x.device)
+    params = [p for p in model.parameters()]
+    names = [k for k, _ in model.named_parameters()]
+    generator = torch.Generator().manual_seed(0)
+
+    def gradient():
+        z = x + 0.25 * torch.randn(x.shape, generator=generator).to(x.device)
+        loss = (model(z) - x).pow(2).flatten(1).sum(1).sum()
+        return dict(zip(names, torch.autograd.grad(loss, params), strict=True))
+
+    return _sgd_step(model, gradient)
+
+
+class _SquaredError(torch.nn.Module):
+    """Eq. (1) with a ``reduction`` attribute, as Opacus's fast-gradient-clipping loss wrapper wants."""
+
+    reduction = "sum"
+
+    def forward(self, out, target):
+        per_example = (out - target).pow(2).flatten(1).sum(1)
+        return per_example if self.reduction == "none" else per_example.sum()
 
 
 def opacus_step(denoiser: str, kwargs: dict, x: torch.Tensor, force_functorch: bool = False):
@@ -89,36 +133,67 @@ def opacus_step(denoiser: str, kwargs: dict, x: torch.Tensor, force_functorch: b
     return step
 
 
-def compare(steps_by_name: dict, batch: int, steps: int, warmup: int, repeats: int) -> dict:
-    """Warm every step up, then time ``repeats`` interleaved blocks of ``steps`` steps each (order rotated)."""
+def opacus_ghost_step(denoiser: str, kwargs: dict, x: torch.Tensor):
+    """One Opacus 1.6 ghost-clipping step (GradSampleModuleFastGradientClipping, DPOptimizerFastGradientClipping
+    and DPLossFastGradientClipping: its two backward passes), same loss, noise and optimiser."""
+    import warnings
+
+    from opacus.grad_sample.grad_sample_module_fast_gradient_clipping import GradSampleModuleFastGradientClipping
+    from opacus.optimizers import DPOptimizerFastGradientClipping
+    from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
+
+    torch.manual_seed(0)
+    model = GradSampleModuleFastGradientClipping(build_model(denoiser, **kwargs).to(x.device), max_grad_norm=1.0,
+                                                 use_ghost_clipping=True, loss_reduction="sum")
+    optimizer = DPOptimizerFastGradientClipping(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                                noise_multiplier=2.0, max_grad_norm=1.0,
+                                                expected_batch_size=len(x), loss_reduction="sum")
+    criterion = DPLossFastGradientClipping(model, optimizer, _SquaredError(), loss_reduction="sum")
+    generator = torch.Generator().manual_seed(0)
+
+    def step():
+        z = x + 0.25 * torch.randn(x.shape, generator=generator).to(x.device)
+        optimizer.zero_grad(set_to_none=True)
+        loss = criterion(model(z), x)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def compare(steps_by_name: dict, batch: int, steps: int, warmup: int, repeats: int, device=None) -> dict:
+    """Warm every step up, then time ``repeats`` interleaved blocks of ``steps`` steps each (order rotated).
+    On CUDA each row also gets its peak allocated memory over its blocks (bytes)."""
+    cuda = device is not None and torch.device(device).type == "cuda"
     for step in steps_by_name.values():
         for _ in range(warmup):
             step()
     names = list(steps_by_name)
     seconds: dict[str, list[float]] = {name: [] for name in names}
+    peak: dict[str, int] = {name: 0 for name in names}
     for r in range(repeats):
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
-            seconds[name].append(_time_steps(steps_by_name[name], steps))
+            if cuda:
+                torch.cuda.synchronize(device)
+                torch.cuda.reset_peak_memory_stats(device)
+            seconds[name].append(_time_steps(steps_by_name[name], steps, device if cuda else None))
+            if cuda:
+                peak[name] = max(peak[name], torch.cuda.max_memory_allocated(device))
     return {name: {"examples_per_second": [steps * batch / s for s in seconds[name]],
                    "median_examples_per_second": statistics.median(steps * batch / s for s in seconds[name]),
-                   "seconds": seconds[name], "steps_per_repeat": steps, "warmup_steps": warmup}
+                   "seconds": seconds[name], "steps_per_repeat": steps, "warmup_steps": warmup,
+                   **({"peak_memory_bytes": peak[name]} if cuda else {})}
             for name in names}
-
-
-def bench_ours(arm_class, denoiser: str, kwargs: dict, x: torch.Tensor, steps: int, max_smin_dim: int,
-               warmup: int = 2) -> dict:
-    step, model = ours_step(arm_class, denoiser, kwargs, x, max_smin_dim)
-    row = compare({"ours": step}, len(x), steps, warmup, 1)["ours"]
-    return {"examples_per_second": row["examples_per_second"][0], "seconds": row["seconds"][0], "steps": steps,
-            "num_parameters": count_parameters(model)}
 
 
 def bench_smin(widths: list[int], examples: int, device) -> list[dict]:
     from training.privacy.smin import smin_lower_bound
 
     rows = []
-    x = _images(examples, device, seed=1)
+    x = synthetic_images(examples, (1, 28, 28), device, seed=1)
     for width in widths:
         torch.manual_seed(0)
         model = build_model("tiny", width=width, activation="silu").to(device)
@@ -156,21 +231,119 @@ def activation_study(classifier_dir: Path, activations: list[str], device) -> di
     return rows
 
 
+def build_row(name: str, denoiser: str, kwargs: dict, x: torch.Tensor, settings: dict):
+    if name == "nonprivate_sgd":
+        return nonprivate_step(denoiser, kwargs, x)
+    if name == "opacus_hooks":
+        return opacus_step(denoiser, kwargs, x)
+    if name == "opacus_ghost":
+        return opacus_ghost_step(denoiser, kwargs, x)
+    arm = SepDPArm if name == "sepdp" else TransDenoiserArm
+    # S_min not computed: max_smin_dim below w, so every step takes the merged (sepdp) noise
+    return ours_step(arm, denoiser, kwargs, x, max_smin_dim=1, **settings)[0]
+
+
+def peak_rss(row: str, denoiser: str, kwargs: dict, shape, batch: int, device: str, settings: dict) -> int:
+    """Peak resident memory (bytes) of a fresh process that builds ``row`` and runs 2 steps of it: the process
+    total, torch's own ~0.3-0.5 GB included (CPU; on CUDA the in-process allocator peak is reported instead)."""
+    import subprocess
+
+    spec = json.dumps({"row": row, "denoiser": denoiser, "kwargs": kwargs, "shape": list(shape), "batch": batch,
+                       "device": device, "settings": settings})
+    out = subprocess.run([sys.executable, "-m", "benchmarks.bench_training", "--peak-row", spec],
+                         capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[1])
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def _peak_row_main(spec_text: str) -> int:
+    import resource
+
+    spec = json.loads(spec_text)
+    x = synthetic_images(spec["batch"], tuple(spec["shape"]), torch.device(spec["device"]))
+    step = build_row(spec["row"], spec["denoiser"], spec["kwargs"], x, spec["settings"])
+    for _ in range(2):
+        step()
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    return 0
+
+
+def throughput_grid(args, device) -> dict:
+    """Every row at every (model, batch) of the grid, interleaved; examples/s medians, fraction of non-private,
+    peak memory."""
+    grid = QUICK_GRID if args.quick else GRID
+    if args.only:  # e.g. ["autoencoder:64,256", "dncnn:64"]
+        wanted = {name: {int(b) for b in sizes.split(",")} for name, sizes in (item.split(":") for item in args.only)}
+        grid = tuple((d, k, s, tuple(b for b in batches if b in wanted[d])) for d, k, s, batches in grid if d in wanted)
+    settings = {"clipping": args.clipping, "compile": args.compile}
+    steps, warmup, repeats = (1, 1, 2) if args.quick else (args.steps, args.warmup, args.repeats)
+    out = {}
+    for denoiser, kwargs, shape, batches in grid:
+        for batch in batches:
+            x = synthetic_images(batch, shape, device)
+            rows = {name: build_row(name, denoiser, kwargs, x, settings) for name in ROWS}
+            timed = compare(rows, batch, max(1, steps * 64 // batch) if not args.quick else steps, warmup,
+                            repeats, device)
+            floor = timed["nonprivate_sgd"]["examples_per_second"]
+            for name in ROWS:
+                per_repeat = [a / b for a, b in zip(timed[name]["examples_per_second"], floor, strict=True)]
+                timed[name]["fraction_of_nonprivate"] = statistics.median(per_repeat)
+                if device.type == "cpu" and not args.quick and args.peak_memory:
+                    timed[name]["peak_rss_bytes"] = peak_rss(name, denoiser, kwargs, shape, batch, "cpu", settings)
+            ratio = [a / b for a, b in zip(timed["sepdp"]["examples_per_second"],
+                                           timed["opacus_hooks"]["examples_per_second"], strict=True)]
+            arm_cost = [a / b for a, b in zip(timed["sepdp"]["examples_per_second"],
+                                              timed["transdenoiser_smin_not_computed"]["examples_per_second"],
+                                              strict=True)]
+            plan = rows["sepdp"].arm.execution
+            out[f"{denoiser} {'x'.join(map(str, shape))} batch {batch}"] = {
+                "rows": timed, "sepdp_over_opacus_hooks": statistics.median(ratio),
+                "transdenoiser_cost_over_sepdp": statistics.median(arm_cost),
+                "sepdp_execution": plan.as_dict() if plan is not None else None,
+                "num_parameters": count_parameters(build_model(denoiser, **kwargs))}
+    return out
+
+
+def format_table(grid: dict) -> str:
+    lines = ["| model, batch | " + " | ".join(ROWS) + " | sepdp / Opacus hooks | transdenoiser cost / sepdp |",
+             "|---" * (len(ROWS) + 3) + "|"]
+    for key, entry in grid.items():
+        cells = []
+        for name in ROWS:
+            row = entry["rows"][name]
+            memory = row.get("peak_memory_bytes", row.get("peak_rss_bytes"))
+            mem = f", {memory / 2**20:.0f} MiB" if memory else ""
+            cells.append(f"{row['median_examples_per_second']:.0f} ({row['fraction_of_nonprivate']:.2f}x{mem})")
+        lines.append(f"| {key} | " + " | ".join(cells) + f" | {entry['sepdp_over_opacus_hooks']:.2f} | "
+                     f"{entry['transdenoiser_cost_over_sepdp']:.2f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", help="cpu, cuda or auto (default: cpu)")
-    parser.add_argument("--batch-size", type=int, default=64, help="examples per step (default: 64)")
-    parser.add_argument("--steps", type=int, default=20, help="timed steps per repeat (default: 20)")
-    parser.add_argument("--warmup", type=int, default=30, help="untimed steps per implementation first (default: 30)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: tiny grid, 1 step, 2 repeats (seconds)")
+    parser.add_argument("--steps", type=int, default=4,
+                        help="timed steps per repeat at batch 64 (larger batches: proportionally fewer, at least 1)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per row first (default: 3)")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved timed blocks (default: 5)")
-    parser.add_argument("--denoiser", default="autoencoder", help="denoiser for the throughput rows")
+    parser.add_argument("--clipping", choices=("auto", "ghost", "vmap"), default="auto",
+                        help="our arms' clipping engine (default: auto, as training)")
+    parser.add_argument("--compile", action="store_true", help="our arms with --compile")
+    parser.add_argument("--only", nargs="+", default=None, metavar="MODEL:B,B",
+                        help="a part of the grid, e.g. autoencoder:64,256 dncnn:64 (default: all of it)")
+    parser.add_argument("--peak-memory", action=argparse.BooleanOptionalAction, default=True,
+                        help="CPU: each row's peak resident memory in a fresh process (default: on)")
+    parser.add_argument("--smin", action="store_true", help="also the S_min cost rows (tiny denoiser)")
     parser.add_argument("--smin-widths", default="1,2,4,8", help="tiny widths for the S_min rows")
     parser.add_argument("--smin-examples", type=int, default=4, help="examples in K for the S_min rows")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     parser.add_argument("--activation-study", type=Path, default=None, metavar="CLASSIFIER_DIR",
                         help="instead: the ReLU-vs-smooth S_min study with the tiny denoiser (about 5 min CPU)")
+    parser.add_argument("--peak-row", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
+    if args.peak_row is not None:
+        return _peak_row_main(args.peak_row)
     allocator, device = prepare_process(args.threads, args.device)
     if args.activation_study is not None:
         study = {"hardware": hardware_description(device),
@@ -181,37 +354,17 @@ def main(argv: list[str] | None = None) -> int:
             args.out.write_text(text + "\n")
         print(text)
         return 0
-    x = _images(args.batch_size, device)
-    kwargs = {"in_channels": 1}
     result = {"hardware": hardware_description(device), "allocator": allocator, "device": str(device),
-              "batch_size": args.batch_size,
-              "denoiser": args.denoiser, "command": "python -m benchmarks.bench_training " + " ".join(
+              "command": "python -m benchmarks.bench_training " + " ".join(
                   argv if argv is not None else sys.argv[1:]),
-              "note": "provisional unless run on a quiet machine"}
-    sepdp, model = ours_step(SepDPArm, args.denoiser, kwargs, x, 4096)
-    transdenoiser, _ = ours_step(TransDenoiserArm, args.denoiser, kwargs, x, 4096)
-    rows = compare({"sepdp": sepdp, "opacus_dpsgd": opacus_step(args.denoiser, kwargs, x),
-                    "opacus_dpsgd_functorch": opacus_step(args.denoiser, kwargs, x, force_functorch=True),
-                    "transdenoiser_smin_not_computed": transdenoiser}, len(x), args.steps, args.warmup, args.repeats)
-    result.update(rows)
-    result["num_parameters"] = count_parameters(model)
-    ratios = [a / b for a, b in zip(rows["sepdp"]["examples_per_second"], rows["opacus_dpsgd"]["examples_per_second"],
-                                    strict=True)]
-    result["sepdp_over_opacus_per_repeat"] = ratios
-    result["sepdp_over_opacus"] = statistics.median(ratios)
-    result["sepdp_over_opacus_functorch"] = statistics.median(
-        a / b for a, b in zip(rows["sepdp"]["examples_per_second"],
-                              rows["opacus_dpsgd_functorch"]["examples_per_second"], strict=True))
-    tiny = {"in_channels": 1, "width": 2, "activation": "silu"}
-    small = x[:16]
-    result["tiny_w77_batch16"] = {
-        "sepdp": bench_ours(SepDPArm, "tiny", tiny, small, 3, 4096),
-        "transdenoiser_smin_computed": bench_ours(TransDenoiserArm, "tiny", tiny, small, 3, 4096)}
-    result["smin_cost"] = bench_smin([int(w) for w in args.smin_widths.split(",")], args.smin_examples, device)
+              "grid": throughput_grid(args, device)}
+    if args.smin:
+        result["smin_cost"] = bench_smin([int(w) for w in args.smin_widths.split(",")], args.smin_examples, device)
     text = json.dumps(result, indent=2)
     if args.out:
         args.out.write_text(text + "\n")
     print(text)
+    print(format_table(result["grid"]), file=sys.stderr)
     return 0
 
 

@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PYTEST = ("-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "--timeout=600")
 QUICK = ("cp_two_sided_alpha", "pgd_iterates_unprojected", "api_key_not_compared")
 IMPORT_CHECK = ("certify.core", "certify.attacks", "serving.auth", "serving.validation", "training.privacy.dp",
+                "training.privacy.ghost_clipping", "training.privacy.clipping",
                 "training.private_train", "training.privacy.report", "training.checkpoint", "training.privacy.smin")
 
 CERTIFY = ("tests/test_invariants_certify.py", "tests/test_certify_core.py")
@@ -53,6 +54,7 @@ NOISE = ("tests/test_invariants_training.py",
          "tests/test_private_train.py::test_noise_std_matches_multiplier_times_clip_norm")
 AUDIT_CONFIDENCE = ("tests/test_privacy_audit.py", "-k", "confidence or correct_sepdp")
 AUDIT_VERDICT = ("tests/test_privacy_audit.py", "-k", "verdict or halved or correct_sepdp")
+GHOST = ("tests/test_ghost_clipping.py", "-k", "per_example_loop or chunkings")
 CLIPPING = ("tests/test_invariants_training.py", "tests/test_private_train.py::test_clipping_bounds_per_example_norms")
 
 
@@ -166,10 +168,23 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("clip_at_2c", "training/privacy/dp.py", "PerExampleClipper.factors",
            "(self.clip_norm / (norms + 1e-12))", "(2 * self.clip_norm / (norms + 1e-12))", CLIPPING,
            "per-example gradients clipped to C"),
-    Mutant("sepdp_clipping_skipped", "training/private_train.py", "SepDPArm.gradient",
-           "summed = self.clipper.weighted_sum(grads, factors)",
-           "summed = self.clipper.weighted_sum(grads, torch.ones_like(factors))", TRAIN_NOISE,
+    Mutant("sepdp_clipping_skipped", "training/privacy/clipping.py", "ClippedGradients.__call__",
+           "piece_factors = self.clipper.factors(norms)", "piece_factors = torch.ones_like(norms)", TRAIN_NOISE,
            "sepdp sums clipped gradients"),
+    Mutant("ghost_norm_wrong_activation", "training/privacy/ghost_clipping.py", "GhostClipping._prepare",
+           "normalised = F.group_norm(a, m.num_groups, eps=m.eps)", "normalised = a", GHOST,
+           "GroupNorm's per-example gradient norm from its normalised input"),
+    Mutant("ghost_layer_missing", "training/privacy/ghost_clipping.py", "GhostClipping.__call__",
+           "squares = squares + self._prepare(layer, layer.inputs[0], grad_out, n).to(squares.dtype)",
+           "squares = squares + self._prepare(layer, layer.inputs[0], grad_out, n).to(squares.dtype) * (layer is "
+           "not self.layers[-1])", GHOST, "every layer's share of the per-example norm counted"),
+    Mutant("ghost_norm_sqrt_dropped", "training/privacy/ghost_clipping.py", "GhostClipping.__call__",
+           "GhostBatch(self, squares.sqrt(), losses)", "GhostBatch(self, squares, losses)", GHOST,
+           "the norm is the square root of the summed squares"),
+    Mutant("ghost_conv_norm_unsummed_draws", "training/privacy/ghost_clipping.py", "_conv_weight_norms",
+           "per_row.reshape(n, rows // n, -1).sum(1).pow(2).sum(1)",
+           "per_row.reshape(n, rows // n, -1).pow(2).sum((1, 2))",
+           GHOST, "noise draws averaged before the norm, not after"),
     Mutant("group_weights_ignored", "training/privacy/dp.py", "PerExampleClipper.weighted_sum",
            'torch.einsum("n,n...->...", weights.to(g.dtype), g)', "g.sum(0)", CLIPPING,
            "each example counted once, clipped"),
@@ -204,8 +219,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "record.input_multiplier = (self.config.sigma * math.sqrt(",
            "record.input_multiplier = (2 * self.config.sigma * math.sqrt(", TRAIN_NOISE,
            "m_t = sigma sqrt(T S_min) / C"),
-    Mutant("remainder_tolerance_sign", "training/private_train.py", "TransDenoiserArm.gradient",
-           "nonneg = (remainder >= tolerance)", "nonneg = (remainder >= -tolerance)", TRAIN_NOISE,
+    Mutant("remainder_tolerance_sign", "training/private_train.py", "TransDenoiserArm.nonnegative",
+           "return remainder >= tolerance", "return remainder >= -tolerance", TRAIN_NOISE,
            "rounding only pushes examples to the full-noise side"),
     Mutant("line16_subtracts", "training/private_train.py", "line16_sigma_bar",
            "return math.sqrt(xi_up ** 2 - input_multiplier ** 2)", "return xi_up - input_multiplier", LINE16,

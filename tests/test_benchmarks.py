@@ -32,18 +32,22 @@ def test_bench_certify_refuses_unknown_pipelines_and_precisions(capsys):
     assert "--pipeline: unknown svhn" in err and "--precision: expected fp32, bf16, fp16" in err
 
 
-def test_bench_training_compares_sepdp_with_opacus(tmp_path):
+def test_bench_training_quick_times_every_row_against_nonprivate(tmp_path):
     pytest.importorskip("opacus")
     from benchmarks import bench_training
 
     out = tmp_path / "training.json"
-    assert bench_training.main(["--batch-size", "8", "--steps", "1", "--warmup", "1", "--repeats", "2",
-                                "--smin-widths", "1", "--smin-examples", "2", "--out", str(out)]) == 0
+    assert bench_training.main(["--quick", "--smin", "--smin-widths", "1", "--smin-examples", "2",
+                                "--out", str(out)]) == 0
     result = json.loads(out.read_text())
-    for name in ("sepdp", "opacus_dpsgd", "opacus_dpsgd_functorch", "transdenoiser_smin_not_computed"):
-        assert len(result[name]["examples_per_second"]) == 2
-        assert result[name]["median_examples_per_second"] > 0
-    assert len(result["sepdp_over_opacus_per_repeat"]) == 2 and result["sepdp_over_opacus"] > 0
+    assert len(result["grid"]) == 2
+    for entry in result["grid"].values():
+        assert set(entry["rows"]) == set(bench_training.ROWS)
+        for row in entry["rows"].values():
+            assert len(row["examples_per_second"]) == 2 and row["median_examples_per_second"] > 0
+            assert row["fraction_of_nonprivate"] > 0
+        assert entry["sepdp_over_opacus_hooks"] > 0 and entry["transdenoiser_cost_over_sepdp"] > 0
+        assert entry["sepdp_execution"]["clipping"] in ("ghost", "vmap")
     assert result["smin_cost"][0]["smin"] >= 0
 
 

@@ -44,6 +44,14 @@ from training.datasets import Dataset
 from training.denoisers import ACTIVATIONS, DENOISERS, check_denoiser_fits, denoiser_kwargs
 from training.distributed import RankGroup
 from training.models import build_model, count_parameters
+from training.privacy.clipping import (
+    CLIPPING_MODES,
+    ClippedGradients,
+    ClippedSums,
+    device_chunk_size,
+    plan_execution,
+    plan_for_arm,
+)
 from training.privacy.dp import (
     GaussianNoise,
     PerExampleClipper,
@@ -107,7 +115,15 @@ class TrainConfig:
     eval_noise_seed: int = 12345  # fixed noise for the per-epoch evaluation
     max_smin_dim: int = DEFAULT_MAX_DIM
     smin_chunk_size: int = DEFAULT_CHUNK_SIZE
-    grad_chunk_size: int = 32  # per-example gradients in near-equal chunks of at most this many; 0: one vmap
+    # how clipped sums are computed (training/privacy/clipping.py; values change speed and memory only, never the
+    # result beyond float rounding): "auto" times ghost clipping and vmap per-example gradients and keeps the
+    # faster; vmap chunks of at most grad_chunk_size (-1: sized for the device, 0: one call); physical pieces of
+    # physical_batch_size examples (-1: sized for the device, 0: the whole batch); compile: torch.compile vmap's
+    # per-example gradient function
+    clipping: str = "auto"
+    grad_chunk_size: int = -1
+    physical_batch_size: int = -1
+    compile: bool = False
     seed: int = 0  # initial weights; also the DP noise and Poisson sampling, but only with reproducible_noise
     # False (default): DP noise and Poisson sampling draw from a generator seeded from the OS CSPRNG, a seed that
     # is never written anywhere. True: they draw from ``seed`` (research only: anyone with the seed can subtract
@@ -168,7 +184,13 @@ class TrainConfig:
             (self.eval_examples >= 0, f"eval_examples must be >= 0, got {self.eval_examples}"),
             (self.max_smin_dim >= 1, f"max_smin_dim must be >= 1, got {self.max_smin_dim}"),
             (self.smin_chunk_size >= 1, f"smin_chunk_size must be >= 1, got {self.smin_chunk_size}"),
-            (self.grad_chunk_size >= 0, f"grad_chunk_size must be >= 0, got {self.grad_chunk_size}"),
+            (isinstance(self.grad_chunk_size, int) and self.grad_chunk_size >= -1,
+             f"grad_chunk_size must be -1 (auto) or >= 0, got {self.grad_chunk_size!r}"),
+            (isinstance(self.physical_batch_size, int) and self.physical_batch_size >= -1,
+             f"physical_batch_size must be -1 (auto) or >= 0, got {self.physical_batch_size!r}"),
+            (self.clipping in CLIPPING_MODES,
+             f"clipping must be one of {', '.join(CLIPPING_MODES)}, got {self.clipping!r}"),
+            (isinstance(self.compile, bool), f"compile must be true or false, got {self.compile!r}"),
             (isinstance(self.denoiser_kwargs, dict), "denoiser_kwargs must be a table"),
             (isinstance(self.reproducible_noise, bool),
              f"reproducible_noise must be true or false, got {self.reproducible_noise!r}"),
@@ -300,9 +322,41 @@ class DPArm(Arm):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.per_example = PerExampleGradients(self.model, chunk_size=self.config.grad_chunk_size)
+        device = next(self.model.parameters()).device
+        chunk, _ = device_chunk_size(self.model, device, round(self.expected_batch), self.config.grad_chunk_size)
+        self.per_example = PerExampleGradients(self.model, chunk_size=chunk)  # every per-example gradient: --noise
         self.clipper = PerExampleClipper(self.config.clip_norm)
         self.noise = GaussianNoise(self.config.clip_norm)
+        self.execution = None  # the ExecutionPlan (engine, chunk, pieces): train_denoiser sets it, else first batch
+        self._engine: ClippedGradients | None = None
+
+    def engine(self, example_shape) -> ClippedGradients:
+        """The clipped-sum engine of :attr:`execution` (planned for this device on first use)."""
+        if self._engine is None:
+            if self.execution is None:
+                self.execution = plan_execution(
+                    self.model, tuple(example_shape), round(self.expected_batch), next(self.model.parameters()).device,
+                    clipping=self.config.clipping, grad_chunk_size=self.config.grad_chunk_size,
+                    physical_batch_size=self.config.physical_batch_size, rows_per_example=self.config.noise_draws,
+                    compile_model=self.config.compile)
+            self._engine = ClippedGradients(self.model, self.config.clip_norm, self.execution,
+                                            compile_model=self.config.compile)
+        return self._engine
+
+    def clipped_sums(self, x, generator, split=None) -> ClippedSums:
+        """This rank's share of the batch: losses, clip factors and clipped sums (of the share, or of ``split``'s
+        two groups); :meth:`clipped`'s noise draws and rank shares, without a per-example gradient kept."""
+        draws = self.config.noise_draws
+        share = self.group.share(len(x))
+        repeated = x.repeat_interleave(draws, dim=0) if draws > 1 else x  # example i's draws: rows i*K .. i*K+K-1
+        z = self.noisy(repeated, generator)
+        if share.stop == share.start:  # a share can be empty when the batch is smaller than the world
+            empty = torch.zeros(0, device=x.device)
+            names = ("whole",) if split is None else ("nonneg", "negative")
+            return ClippedSums(empty, empty, {name: self.zeros() for name in names},
+                               None if split is None else empty.bool())
+        rows = slice(share.start * draws, share.stop * draws)
+        return self.engine(x.shape[1:])(z[rows], repeated[rows], draws, split)
 
     def zeros(self) -> dict[str, torch.Tensor]:
         return {k: torch.zeros_like(p) for k, p in self.model.named_parameters() if p.requires_grad}
@@ -350,8 +404,8 @@ class SepDPArm(DPArm):
         if len(x) == 0:
             return self.finish(self.noise.add(self.zeros(), self.xi_up, generator)), StepRecord(
                 0, explicit_multiplier=self.xi_up)
-        _, grads, losses, factors = self.clipped(x, generator)
-        summed = self.clipper.weighted_sum(grads, factors)
+        clipped = self.clipped_sums(x, generator)
+        summed, losses = clipped.whole(), clipped.losses
         mean_loss = float(losses.mean())
         if self.group.distributed:  # the one all-reduce of the step: every rank's clipped sum (and loss sum)
             total = self.group.sum_over_ranks({**{f"grad.{k}": v for k, v in summed.items()},
@@ -395,17 +449,13 @@ class TransDenoiserArm(DPArm):
         if len(x) == 0:  # an empty Poisson batch: full noise, still a step
             return self.finish(self.noise.add(self.zeros(), self.xi_up, generator)), StepRecord(
                 0, explicit_multiplier=self.xi_up)
-        z, grads, losses, factors = self.clipped(x, generator)
-        if len(z):
-            remainder, tolerance = self.remainders(z, self.group.local(x))
-        else:  # torchrun: this rank's share of the batch is empty
-            remainder = tolerance = torch.zeros(0, dtype=torch.float64, device=factors.device)
-        nonneg = (remainder >= tolerance).to(factors.device)  # lines 10-11
+        clipped = self.clipped_sums(x, generator, split=self.nonnegative)
+        losses, factors, nonneg = clipped.losses, clipped.factors, clipped.mask.to(clipped.factors.device)
         mean_loss = float(losses.mean()) if not self.group.distributed else math.nan
         sums = None  # torchrun: both groups' clipped sums over all ranks; one process: computed where needed
         batch_factors = factors  # the whole batch's clip factors (S_min needs every non-negative example's)
         if self.group.distributed:
-            sums, nonneg, batch_factors, mean_loss = self.sum_over_ranks(grads, losses, factors, nonneg, len(x))
+            sums, nonneg, batch_factors, mean_loss = self.sum_over_ranks(clipped, len(x))
         num_nonneg = int(nonneg.sum())
         record = StepRecord(len(x), num_nonnegative=num_nonneg, mean_loss=mean_loss)
         if num_nonneg > 0:  # lines 12-16
@@ -418,46 +468,49 @@ class TransDenoiserArm(DPArm):
             # an uncredited example in this step (no credit, or a negative group): the sepdp step, xi_up once on
             # the whole clipped sum, never more explicit noise than sepdp's
             record.explicit_multiplier = self.xi_up
-            summed = (self.clipper.weighted_sum(grads, factors) if sums is None else sums["whole"] if "whole" in sums
-                      else {k: sums["nonneg"][k] + sums["negative"][k] for k in sums["nonneg"]})
+            summed = clipped.whole() if sums is None else ClippedSums(losses, factors, sums).whole()
             return self.finish(self.noise.add(summed, self.xi_up, generator)), record
         if sums is not None and "whole" in sums:  # sum_over_ranks sent only the whole sum: cannot happen
             raise RuntimeError("a step with input-noise credit although S_min is never computed")
         total = self.zeros()
         explicit_variance = 0.0
         if num_nonneg > 0:  # lines 17-18
-            group = (self.clipper.weighted_sum(grads, factors * nonneg.to(factors.dtype)) if sums is None
-                     else sums["nonneg"])
+            group = clipped.sums["nonneg"] if sums is None else sums["nonneg"]
             group = self.noise.add(group, record.sigma_bar, generator)  # line 17
             total = {k: total[k] + group[k] for k in total}
             explicit_variance += record.sigma_bar ** 2
         if num_nonneg < len(x):  # lines 19-23
-            negative = (~nonneg.bool()).to(factors.dtype)
-            group = self.clipper.weighted_sum(grads, factors * negative) if sums is None else sums["negative"]
+            group = clipped.sums["negative"] if sums is None else sums["negative"]
             group = self.noise.add(group, self.xi_up, generator)  # line 22
             total = {k: total[k] + group[k] for k in total}  # line 24
             explicit_variance += self.xi_up ** 2
         record.explicit_multiplier = math.sqrt(explicit_variance)
         return self.finish(total), record
 
-    def sum_over_ranks(self, grads, losses, factors, nonneg, batch_size):
+    def nonnegative(self, z: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Lines 10-11: which examples' Taylor remainder is non-negative (beyond the rounding tolerance)."""
+        remainder, tolerance = self.remainders(z, x)
+        return remainder >= tolerance
+
+    def sum_over_ranks(self, clipped: ClippedSums, batch_size):
         """torchrun: the step's one all-reduce. Each rank contributes both groups' clipped sums over its share,
         its loss sum, and its share's clip factors and non-negative flags placed in batch-length vectors (zeros
         elsewhere), so every rank ends with the sums of the whole batch and the flags and factors S_min needs.
         When every step is the merged sepdp step (merge_uncredited_noise and S_min never computed: no credit
         is possible), only the whole clipped sum is sent (half the bytes)."""
-        mask = nonneg.to(factors.dtype)
+        factors, losses = clipped.factors, clipped.losses
+        mask = clipped.mask.to(factors.dtype)
         width = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         if self.config.merge_uncredited_noise and width > self.config.max_smin_dim:
-            parts = {"whole": factors}
+            parts = {"whole": clipped.whole()}
         else:
-            parts = {"nonneg": factors * mask, "negative": factors * (1 - mask)}
-        local = {f"{part}.{k}": v for part, weights in parts.items()
-                 for k, v in self.clipper.weighted_sum(grads, weights).items()}
+            parts = {"nonneg": clipped.sums["nonneg"], "negative": clipped.sums["negative"]}
+        names = list(clipped.sums["nonneg"])
+        local = {f"{part}.{k}": v for part, summed in parts.items() for k, v in summed.items()}
         local.update({"loss_sum": losses.sum(), "factors": self.group.place(factors, batch_size),
                       "nonneg": self.group.place(mask, batch_size)})
         total = self.group.sum_over_ranks(local)
-        sums = {part: {k: total[f"{part}.{k}"] for k in grads} for part in parts}
+        sums = {part: {k: total[f"{part}.{k}"] for k in names} for part in parts}
         return sums, total["nonneg"] > 0.5, total["factors"], float(total["loss_sum"]) / batch_size
 
     def smin(self, x_nonneg: torch.Tensor, factors_nonneg: torch.Tensor) -> tuple[float, str]:
@@ -679,7 +732,8 @@ def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint
                    track: Track = silent, *, checkpoint_dir: str | Path | None = None, resume: bool = False,
                    on_epoch: Callable[[dict], None] | None = None,
                    stop_after_epochs: int | None = None,
-                   group: RankGroup | None = None) -> tuple[nn.Module, dict[str, Any]]:
+                   group: RankGroup | None = None,
+                   on_plan: Callable[[str], None] | None = None) -> tuple[nn.Module, dict[str, Any]]:
     """Train a denoiser on ``dataset.private`` in front of the frozen ``classifier``; return (model, metadata).
 
     ``metadata`` is what a release may carry (see :func:`released_metadata`): public settings, the privacy
@@ -693,7 +747,8 @@ def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint
     ``group``: this process's place under torchrun (:func:`training.distributed.rank_group_from_environment`):
     each step's Poisson batch is shared out among the ranks, the clipped sums are added by one all-reduce and
     the same noise is added on every rank; rank 0 writes the checkpoints; every rank returns the same model
-    and metadata. Default: one process.
+    and metadata. Default: one process. ``on_plan(text)``: called once with how the clipped sums are computed
+    (engine, chunk, physical pieces and why; :func:`training.privacy.clipping.plan_for_arm`), for the trainer's console.
     """
     group = group if group is not None else RankGroup(device=torch.device(device))
     train_split = _subset(dataset.split(config.train_on), config.train_examples)
@@ -749,12 +804,19 @@ def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint
         from training.privacy.shaped_noise import attach_noise_shaper
 
         attach_noise_shaper(arm, config, dataset, x_train, start_step=len(records))
+    execution = None
+    if isinstance(arm, DPArm):  # how the clipped sums are computed (the engine, chunks, pieces), or kept on resume
+        execution = plan_for_arm(arm, config, dataset.image_shape, device,
+                                 load_private_record(checkpoint_dir) if resume else None)
+    if execution is not None and on_plan is not None:
+        on_plan(execution.describe())
     sampler = PoissonSampler(num_examples, schedule["sample_rate"]) if config.arm != "nodp" else None
     last_epoch = config.epochs if stop_after_epochs is None else min(config.epochs, stop_after_epochs)
     started = time.perf_counter()
     model.train()
     run = _RunFacts(config, dataset, classifier, schedule, baselines, kwargs, device, count_parameters(model),
                     world_size=group.world_size, init_weights_sha256=init_weights_sha256)
+    run.execution = execution.as_dict() if execution is not None else None
     for epoch in range(epochs_done, last_epoch):
         epoch_started = time.perf_counter()
         if sampler is None:
@@ -874,6 +936,7 @@ class _RunFacts:
             "epochs": [{k: row[k] for k in ("epoch", "train_loss", "seconds")} for row in metrics],
             "epochs_done": epochs_done, "steps_done": len(records), "seconds": seconds,
             "world_size": self.world_size,
+            "execution": getattr(self, "execution", None),
             "privacy": self.full_report(records),
         })
 

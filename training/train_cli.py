@@ -31,6 +31,8 @@ FLAG_FIELDS = {"arm": "arm", "sigma": "sigma", "clip_norm": "clip_norm", "xi_up"
                "noise_draws": "noise_draws", "train_on": "train_on", "init_from": "init_from",
                "noise": "noise", "shape_examples": "shape_examples", "i_understand_unsound": "acknowledge_unsound"}
 FLAG_FIELDS["ema"] = "ema_decay"  # the tuned recipe (training/recipe.py)
+FLAG_FIELDS.update({"clipping": "clipping", "grad_chunk_size": "grad_chunk_size",  # training/privacy/clipping.py
+                    "physical_batch_size": "physical_batch_size", "compile": "compile"})
 DEFAULT_MIN_STEPS = 200  # --batch-size auto: the largest batch that leaves at least this many steps
 
 # the per-epoch figures computed from the private split or the run itself (losses, times): printed for the trainer,
@@ -39,6 +41,16 @@ PRIVATE_FIGURES_NOTE = ("note: figures marked PRIVATE below (the training loss, 
                         "without noise, and the epoch times, which tell when training ran) are for you only: they "
                         "are stored in {private} (never released; `transdenoiser bundle` and serve never copy it) "
                         "and in no released file; do not paste them into a model card or log you share")
+
+
+def size_or_auto(text: str) -> int:
+    """``--grad-chunk-size`` / ``--physical-batch-size``: ``auto`` (sized for the device) or an integer >= 0."""
+    from training.privacy.clipping import parse_size
+
+    try:
+        return parse_size(text, "the value")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def batch_size_or_auto(text: str):
@@ -145,6 +157,20 @@ def register(subparsers, common) -> None:
     g.add_argument("--max-smin-dim", type=positive_int, default=None,
                    help="largest parameter count w for which S_min is computed; above, it is treated as 0 "
                         "(full explicit noise) and reported (default: 4096)")
+    g = p.add_argument_group("speed and memory (the clipped sums are the same to float rounding)")
+    g.add_argument("--clipping", choices=("auto", "ghost", "vmap"), default=None,
+                   help="how per-example gradients are clipped: ghost (norms from layer activations and output "
+                        "gradients, no per-example copy of the weights), vmap (every per-example gradient), auto "
+                        "(the faster on this model and device, timed on a synthetic batch; default)")
+    g.add_argument("--grad-chunk-size", type=size_or_auto, default=None, metavar="N|auto",
+                   help="vmap: per-example gradients in chunks of at most N examples (0: one call; auto: from the "
+                        "free GPU memory, the whole batch when it fits; 32 on CPU) (default: auto)")
+    g.add_argument("--physical-batch-size", type=size_or_auto, default=None, metavar="N|auto",
+                   help="process each Poisson batch in pieces of at most N examples, for batches larger than memory "
+                        "(0: one piece; auto: from the free GPU memory, one piece on CPU) (default: auto)")
+    g.add_argument("--compile", action="store_const", const=True, default=None,
+                   help="torch.compile vmap's per-example gradient function (the first steps pay for compiling; "
+                        "ghost clipping stays eager) (default: off)")
     p.add_argument("--json", action="store_true", help="print the final metadata (metrics, privacy report) as JSON")
     p.set_defaults(handler=cmd_train)
 
@@ -334,7 +360,8 @@ def _train(args, device, group) -> int:
     try:
         model, meta = train_denoiser(config, dataset, classifier, device, track=bar if writer else silent,
                                      checkpoint_dir=args.out, resume=args.resume,
-                                     on_epoch=on_epoch if writer else None, group=group)
+                                     on_epoch=on_epoch if writer else None, group=group,
+                                     on_plan=(lambda text: print(text, file=sys.stderr)) if writer else None)
     except KeyboardInterrupt:
         print(interrupted_message(args.out, config.epochs), file=sys.stderr)
         return 130

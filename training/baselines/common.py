@@ -80,7 +80,8 @@ class DPSGDStep:
     An empty Poisson batch still gets the noise (the step is counted)."""
 
     def __init__(self, model: nn.Module, example_loss: ExampleLoss, clip_norm: float, noise_multiplier: float,
-                 expected_batch_size: float, chunk_size: int = 32):
+                 expected_batch_size: float, chunk_size: int = 32,
+                 row_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None):
         if not noise_multiplier > 0:
             raise UserError(f"the noise multiplier must be > 0, got {noise_multiplier}")
         self.model, self.example_loss = model, example_loss
@@ -89,9 +90,41 @@ class DPSGDStep:
         self.noise_multiplier = noise_multiplier
         self.expected_batch_size = expected_batch_size
         self.chunk_size = chunk_size
+        # ``row_loss(out, targets)``: the same loss per row of a batch. With it the clipped sum may come from
+        # ghost clipping (training/privacy/ghost_clipping.py): chosen on the first batch if it is faster than
+        # vmap on a synthetic batch of the same shapes, exact either way (to float rounding)
+        self.row_loss, self.engine = row_loss, None if row_loss is not None else "vmap"
+
+    def _choose_engine(self, tensors: tuple[torch.Tensor, ...]) -> None:
+        import time
+
+        from training.privacy.ghost_clipping import GhostClipping, GhostUnsupported
+
+        fake = tuple(torch.rand_like(t) if t.is_floating_point() else torch.zeros_like(t) for t in tensors)
+        try:
+            ghost = GhostClipping(self.model, self.row_loss)
+            timings = {}
+            for _ in range(2):  # a warm-up, then one timed call each (the second kept)
+                for name in ("ghost", "vmap"):
+                    started = time.perf_counter()
+                    if name == "ghost":
+                        ghost(fake[:-1], fake[-1])
+                    else:
+                        per_example_gradients(self.model, self.example_loss, fake, self.chunk_size)
+                    timings[name] = time.perf_counter() - started
+        except GhostUnsupported:
+            self.engine = "vmap"
+            return
+        self.engine = min(timings, key=timings.get)
+        self._ghost = ghost if self.engine == "ghost" else ghost.close()
 
     def clipped_sum(self, tensors: tuple[torch.Tensor, ...]) -> tuple[Params, torch.Tensor, torch.Tensor]:
         """(sum of clipped per-example gradients, per-example norms before clipping, losses)."""
+        if self.engine is None:
+            self._choose_engine(tensors)
+        if self.engine == "ghost":
+            batch = self._ghost(tensors[:-1], tensors[-1])
+            return batch.weighted_sum(self.clipper.factors(batch.norms)), batch.norms, batch.losses
         grads, losses = per_example_gradients(self.model, self.example_loss, tensors, self.chunk_size)
         norms = per_example_norms(grads).detach()
         return self.clipper.weighted_sum(grads, self.clipper.factors(norms)), norms, losses

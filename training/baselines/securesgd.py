@@ -273,6 +273,13 @@ def _task_loss(kind: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor
     return lambda out, x: (out - x).pow(2).sum()
 
 
+def _task_row_loss(kind: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """:func:`_task_loss` of each row of a batch (ghost clipping's per-row loss)."""
+    if kind == "classifier":
+        return lambda out, y: F.cross_entropy(out, y, reduction="none")
+    return lambda out, x: (out - x).pow(2).flatten(1).sum(1)
+
+
 def redistribution_vector(model: NoiseLayerModel, x: torch.Tensor, targets: torch.Tensor, sigma: float,
                           mix: float, generator: torch.Generator) -> torch.Tensor:
     """r of the HGM from PUBLIC data: r_grad = |mean over examples of sign(d loss_i / d h_i)| per coordinate of the
@@ -419,7 +426,7 @@ def train_securesgd(config: SecureSGDConfig, dataset: Dataset, device: torch.dev
         p.requires_grad_(kind == "denoiser" or not any(name.startswith(prefix) for prefix in config.frozen))
     example_loss = example_loss_of(model, _task_loss(kind))
     step = DPSGDStep(model, example_loss, config.clip_norm, schedule["noise_multiplier"], float(config.batch_size),
-                     config.grad_chunk_size)
+                     config.grad_chunk_size, row_loss=_task_row_loss(kind))
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = (torch.optim.SGD(params, lr=config.learning_rate, momentum=config.momentum)
                  if config.optimizer == "sgd" else torch.optim.Adam(params, lr=config.learning_rate))

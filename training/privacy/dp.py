@@ -57,15 +57,18 @@ class PerExampleGradients:
 
     ``chunk_size``: a batch of n examples is split into ceil(n / chunk_size) near-equal chunks, each one
     vmapped call (None or 0: the whole batch in one call). Chunks change only speed and memory, never the
-    gradients' values beyond float rounding. On CPU, chunks of at most 32 are about 1.3x faster than the
+    gradients' values beyond float rounding. ``compiled``: ``torch.compile`` the vmapped function. On CPU,
+    chunks of at most 32 are about 1.3x faster than the
     whole batch of 64 for the paper's autoencoder (docs/results/training.md has the sweep).
     """
 
-    def __init__(self, model: nn.Module, chunk_size: int | None = None):
+    def __init__(self, model: nn.Module, chunk_size: int | None = None, compiled: bool = False):
         self.model = model
         self.chunk_size = chunk_size or None
         loss = functional_example_loss(model)
         self._grads = vmap(grad_and_value(loss), in_dims=(None, None, 0, 0))
+        if compiled:  # torch.compile of the vmapped function (the first calls pay for compilation)
+            self._grads = torch.compile(self._grads)
 
     def __call__(self, z: torch.Tensor, x: torch.Tensor) -> tuple[Params, torch.Tensor]:
         """Return ({name: (n, *shape)}, losses (n,)) for noisy inputs ``z`` and clean targets ``x``."""

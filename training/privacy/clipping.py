@@ -1,0 +1,330 @@
+"""Clipped sums of per-example gradients for a batch, by the fastest exact method for the model and device.
+
+Two engines give the same clipped sums (to float rounding):
+
+- ``vmap``: every per-example gradient with ``torch.func.vmap(grad)`` (``dp.PerExampleGradients``),
+  in chunks of ``chunk_size`` examples;
+- ``ghost``: per-example norms from layer activations and output gradients, and the weighted sums from the
+  same tensors (:mod:`training.privacy.ghost_clipping`); no per-example copy of the weights.
+
+``auto`` times both on a synthetic batch of the training batch's shape (fixed-seed random pixels: no private
+data decides the choice) and keeps the faster. A batch may be processed in physical pieces of
+``physical_batch_size`` examples: each piece's clip factors and clipped sums are formed and its tensors freed
+before the next; the sums over pieces equal the one-piece sums (a sum is a sum), so a logical Poisson batch
+larger than memory is exact.
+
+The chunk size of the vmap engine is sized for the device (:func:`device_chunk_size`): on CUDA from the free
+memory and the per-example gradient size (the whole batch in one call when it fits), on CPU the measured
+default (:data:`CPU_CHUNK_SIZE`).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from training.privacy.dp import Params, PerExampleClipper, PerExampleGradients, per_example_norms
+from training.privacy.ghost_clipping import GhostClipping, GhostUnsupported
+
+CLIPPING_MODES = ("auto", "ghost", "vmap")
+AUTO = -1  # grad_chunk_size / physical_batch_size: sized for the device
+# On a 2-core CPU, vmap chunks of at most 32 examples are about 1.3x faster than one call over a batch of 64
+# for the paper's autoencoder (docs/TRAINING.md).
+CPU_CHUNK_SIZE = 32
+# Fraction of the device's free memory a chunk's (or a physical piece's) per-example tensors may take; the rest
+# is left to activations, the optimiser and the allocator's fragmentation.
+MEMORY_FRACTION = 0.5
+# Bytes held per example per byte of its parameter gradient (the gradient, vmap's intermediate copies, and the
+# clipped-sum product): a conservative factor for the chunk-size rule.
+VMAP_FOOTPRINT = 4
+GHOST_FOOTPRINT = 6  # bytes held per example per byte of its layer inputs and outputs (saved tensors + products)
+
+Split = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (noisy rows, clean rows) -> bool mask per example
+
+
+@dataclass
+class ClippedSums:
+    """One batch's per-example clip factors and losses, and the clipped sums of its groups of examples."""
+
+    losses: torch.Tensor  # (n,) per-example loss (mean over its input-noise draws)
+    factors: torch.Tensor  # (n,) min(1, C / ||g_i||)
+    sums: dict[str, Params]  # "whole" (no split) or "nonneg" and "negative": sum_i factor_i g_i over the group
+    mask: torch.Tensor | None = None  # (n,) bool: the split's group "nonneg"
+
+    def whole(self) -> Params:
+        """The clipped sum over every example."""
+        if "whole" in self.sums:
+            return self.sums["whole"]
+        return {k: self.sums["nonneg"][k] + self.sums["negative"][k] for k in self.sums["nonneg"]}
+
+
+@dataclass
+class ExecutionPlan:
+    """How the clipped sums are computed on this device (recorded in the private training record)."""
+
+    clipping: str  # "ghost" or "vmap"
+    grad_chunk_size: int  # vmap chunk; 0: the whole piece in one call
+    physical_batch_size: int  # 0: the whole batch in one piece
+    reasons: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)  # auto: seconds per step of each engine
+
+    def as_dict(self) -> dict:
+        return {"clipping": self.clipping, "grad_chunk_size": self.grad_chunk_size,
+                "physical_batch_size": self.physical_batch_size, "reasons": list(self.reasons),
+                "timings_seconds": dict(self.timings)}
+
+    def describe(self) -> str:
+        chunk = "whole batch" if not self.grad_chunk_size else f"chunks of {self.grad_chunk_size}"
+        piece = "one piece" if not self.physical_batch_size else f"pieces of {self.physical_batch_size}"
+        vmap_part = f", vmap {chunk}" if self.clipping == "vmap" else ""
+        return f"clipping: {self.clipping}{vmap_part}, {piece} ({'; '.join(self.reasons)})"
+
+
+def parameter_bytes(model: nn.Module) -> int:
+    """Bytes of one gradient of the trainable parameters (= one per-example gradient)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Free bytes on a CUDA device (``torch.cuda.mem_get_info``); None elsewhere."""
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free)
+
+
+def device_chunk_size(model: nn.Module, device: torch.device, batch_rows: int, configured: int = AUTO
+                      ) -> tuple[int, str]:
+    """(vmap chunk size, why). ``configured`` >= 0 is used as given (0: one call); AUTO: on CUDA the most
+    examples whose per-example gradients fit in MEMORY_FRACTION of the free memory (0 when the whole batch
+    fits), elsewhere :data:`CPU_CHUNK_SIZE`."""
+    if configured != AUTO:
+        return configured, f"grad_chunk_size {configured} as configured"
+    free = free_memory(torch.device(device))
+    if free is None:
+        return CPU_CHUNK_SIZE, f"CPU default chunk {CPU_CHUNK_SIZE} (measured)"
+    per_example = VMAP_FOOTPRINT * parameter_bytes(model)
+    fits = max(1, int(MEMORY_FRACTION * free // max(1, per_example)))
+    if fits >= batch_rows:
+        return 0, f"whole batch in one vmap call ({batch_rows} x {per_example / 2**20:.1f} MiB fits " \
+                  f"{free / 2**30:.1f} GiB free)"
+    return fits, f"chunks of {fits} ({per_example / 2**20:.1f} MiB per example, {free / 2**30:.1f} GiB free)"
+
+
+def ghost_example_bytes(model: nn.Module, example_shape: tuple[int, ...], device: torch.device) -> int:
+    """Bytes the ghost engine holds per example: GHOST_FOOTPRINT x the inputs and outputs of every module
+    owning parameters, measured by one forward pass of a zero image."""
+    total = 0
+    handles = []
+
+    def count(module, inputs, output):
+        nonlocal total
+        total += sum(t.numel() * t.element_size() for t in (*inputs, output) if isinstance(t, torch.Tensor))
+
+    for m in model.modules():
+        if any(True for _ in m.parameters(recurse=False)):
+            handles.append(m.register_forward_hook(count))
+    try:
+        with torch.no_grad():
+            model(torch.zeros((1, *example_shape), device=device))
+    finally:
+        for h in handles:
+            h.remove()
+    return GHOST_FOOTPRINT * total
+
+
+def device_physical_batch(model: nn.Module, clipping: str, example_shape: tuple[int, ...], device: torch.device,
+                          configured: int = AUTO) -> tuple[int, str]:
+    """(physical piece size, why): as configured (0: the whole batch); AUTO: on CUDA the most examples whose
+    saved tensors fit in MEMORY_FRACTION of the free memory, elsewhere the whole batch."""
+    if configured != AUTO:
+        return configured, ("whole batch in one piece" if not configured else
+                            f"physical pieces of {configured} as configured")
+    free = free_memory(torch.device(device))
+    if free is None:
+        return 0, "whole batch in one piece (CPU)"
+    per_example = (ghost_example_bytes(model, example_shape, device) if clipping == "ghost"
+                   else VMAP_FOOTPRINT * parameter_bytes(model))
+    fits = max(1, int(MEMORY_FRACTION * free // max(1, per_example)))
+    return fits, f"physical pieces of at most {fits} ({per_example / 2**20:.1f} MiB per example, " \
+                 f"{free / 2**30:.1f} GiB free)"
+
+
+class ClippedGradients:
+    """Clipped sums of per-example gradients of ``||model(z) - x||^2`` by the engine of ``plan``."""
+
+    def __init__(self, model: nn.Module, clip_norm: float, plan: ExecutionPlan, compile_model: bool = False):
+        self.model, self.plan = model, plan
+        self.clipper = PerExampleClipper(clip_norm)
+        # compile: torch.compile of vmap's per-example function. The ghost engine stays eager: it needs the
+        # layer outputs as autograd nodes, which a compiled graph does not expose
+        self.vmap = PerExampleGradients(model, chunk_size=plan.grad_chunk_size, compiled=compile_model)
+        self.ghost = None
+        if plan.clipping == "ghost":
+            try:
+                self.ghost = GhostClipping(model)
+            except GhostUnsupported as exc:
+                self._fall_back(exc)
+
+    def _fall_back(self, exc: Exception) -> None:
+        self.ghost = None
+        self.plan.clipping = "vmap"
+        self.plan.reasons.append(f"ghost clipping cannot follow this model ({exc}): vmap")
+
+    def _engine(self, z: torch.Tensor, x: torch.Tensor, rows: int
+                ) -> tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor], Params]]:
+        """(per-example norms, losses, weights -> weighted sum of the per-example gradients) for one piece."""
+        if self.ghost is not None:
+            try:
+                batch = self.ghost(z, x, rows)
+                return batch.norms, batch.losses, batch.weighted_sum
+            except GhostUnsupported as exc:
+                self._fall_back(exc)
+        grads, losses = self.vmap(z, x)
+        if rows > 1:
+            n = len(z) // rows
+            grads = {k: g.reshape(n, rows, *g.shape[1:]).mean(1) for k, g in grads.items()}
+            losses = losses.reshape(n, rows).mean(1)
+        return per_example_norms(grads).detach(), losses, lambda w: self.clipper.weighted_sum(grads, w)
+
+    def __call__(self, z: torch.Tensor, x: torch.Tensor, rows_per_example: int = 1,
+                 split: Split | None = None) -> ClippedSums:
+        """Clip each example's gradient (the mean over its ``rows_per_example`` rows) to C and sum; with
+        ``split`` (a mask per example from its rows), the sums of the masked ("nonneg") and other examples."""
+        n = len(z) // rows_per_example
+        piece = self.plan.physical_batch_size or n
+        losses, factors, masks = [], [], []
+        sums: dict[str, Params] = {}
+        for start in range(0, n, piece):
+            stop = min(n, start + piece)
+            zp = z[start * rows_per_example:stop * rows_per_example]
+            xp = x[start * rows_per_example:stop * rows_per_example]
+            norms, piece_losses, weighted_sum = self._engine(zp, xp, rows_per_example)
+            piece_factors = self.clipper.factors(norms)
+            if split is None:
+                parts = {"whole": piece_factors}
+            else:
+                mask = split(zp, xp).to(piece_factors.device)
+                masks.append(mask)
+                weight = mask.to(piece_factors.dtype)
+                parts = {"nonneg": piece_factors * weight, "negative": piece_factors * (1 - weight)}
+            for name, weights in parts.items():
+                part = weighted_sum(weights)
+                sums[name] = part if name not in sums else {k: sums[name][k] + v for k, v in part.items()}
+            losses.append(piece_losses)
+            factors.append(piece_factors)
+        return ClippedSums(torch.cat(losses), torch.cat(factors), sums, torch.cat(masks) if masks else None)
+
+
+def synthetic_batch(example_shape: tuple[int, ...], batch_size: int, device: torch.device,
+                    sigma: float = 0.25) -> tuple[torch.Tensor, torch.Tensor]:
+    """(noisy, clean) images of fixed-seed random pixels: what ``auto`` times the engines on (no private data)."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.rand((batch_size, *example_shape), generator=generator)
+    z = x + sigma * torch.randn(x.shape, generator=generator)
+    return z.to(device), x.to(device)
+
+
+def measure_engines(model: nn.Module, example_shape: tuple[int, ...], batch_size: int, device: torch.device,
+                    plans: dict[str, ExecutionPlan], repeats: int = 3, rows_per_example: int = 1,
+                    compile_model: bool = False) -> dict[str, float]:
+    """Median seconds of one clipped sum per engine on a synthetic batch, the engines interleaved (each
+    warmed up once first); an engine that cannot follow the model is left out."""
+    z, x = synthetic_batch(example_shape, max(1, batch_size) * rows_per_example, device)
+    engines = {name: ClippedGradients(model, 1.0, plan, compile_model) for name, plan in plans.items()}
+    engines = {name: e for name, e in engines.items() if e.plan.clipping == name}
+    times: dict[str, list[float]] = {name: [] for name in engines}
+    for attempt in range(repeats + 1):
+        for name, engine in engines.items():
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            started = time.perf_counter()
+            engine(z, x, rows_per_example)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if attempt:
+                times[name].append(time.perf_counter() - started)
+    for engine in engines.values():
+        if engine.ghost is not None:
+            engine.ghost.close()
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items() if t}
+
+
+def plan_execution(model: nn.Module, example_shape: tuple[int, ...], batch_size: int, device: torch.device, *,
+                   clipping: str = "auto", grad_chunk_size: int = AUTO, physical_batch_size: int = AUTO,
+                   rows_per_example: int = 1, compile_model: bool = False) -> ExecutionPlan:
+    """The engine, vmap chunk and physical piece size for ``model`` on ``device`` at an expected batch of
+    ``batch_size`` examples; ``auto`` clipping measures both engines (:func:`measure_engines`)."""
+    if clipping not in CLIPPING_MODES:
+        raise ValueError(f"clipping must be one of {', '.join(CLIPPING_MODES)}, got {clipping!r}")
+    device = torch.device(device)
+    rows = max(1, batch_size) * rows_per_example
+    chunk, chunk_reason = device_chunk_size(model, device, rows, grad_chunk_size)
+    candidates = ("ghost", "vmap") if clipping == "auto" else (clipping,)
+    plans = {}
+    for name in candidates:
+        piece, piece_reason = device_physical_batch(model, name, example_shape, device, physical_batch_size)
+        reasons = [chunk_reason] if name == "vmap" else []
+        plans[name] = ExecutionPlan(name, chunk, piece, reasons + [piece_reason])
+    if clipping != "auto":
+        plans[clipping].reasons.insert(0, f"clipping {clipping} as configured")
+        return plans[clipping]
+    timings = measure_engines(model, example_shape, batch_size, device, plans, rows_per_example=rows_per_example,
+                              compile_model=compile_model)
+    best = min(timings, key=timings.get)
+    plan = plans[best]
+    shown = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in sorted(timings.items()))
+    plan.reasons.insert(0, f"auto: the faster on a synthetic batch of {batch_size} ({shown})")
+    plan.timings = timings
+    return plan
+
+
+def plan_for_arm(arm, config, image_shape, device, record: dict | None) -> ExecutionPlan | None:
+    """How a DP arm computes its clipped sums on ``device`` (a DP arm; None for --noise shaped|optimized, which
+    form every per-example gradient): a resumed run keeps its recorded plan (the same engine, so the same
+    float rounding), else :func:`training.privacy.clipping.plan_execution` (``auto`` measures the engines on a
+    synthetic batch; with reproducible noise it takes ghost untimed, so that two runs repeat bit for bit).
+    Under torchrun rank 0's plan is used by every rank."""
+    if config.noise != "isotropic":
+        return None
+    saved = (record or {}).get("execution")
+    if saved:
+        arm.execution = ExecutionPlan(saved["clipping"], saved["grad_chunk_size"], saved["physical_batch_size"],
+                                      [*saved.get("reasons", []), "kept from the resumed run"])
+        return arm.execution
+    share = -(-config.batch_size // arm.group.world_size)
+    clipping = config.clipping
+    if clipping == "auto" and config.reproducible_noise:  # a timed choice could differ between two runs
+        clipping = "ghost"
+    arm.execution = plan_execution(arm.model, tuple(image_shape), share, torch.device(device),
+                                   clipping=clipping, grad_chunk_size=config.grad_chunk_size,
+                                   physical_batch_size=config.physical_batch_size,
+                                   rows_per_example=config.noise_draws, compile_model=config.compile)
+    if clipping != config.clipping:
+        arm.execution.reasons[0] = "auto with reproducible noise: ghost, not timed, so that runs repeat bit for bit"
+    if arm.group.distributed:  # the same engine on every rank
+        choice = arm.group.from_rank_zero(torch.tensor([float(arm.execution.clipping == "ghost")],
+                                                       dtype=torch.float64))
+        arm.execution.clipping = "ghost" if float(choice[0]) > 0.5 else "vmap"
+    return arm.execution
+
+
+def parse_size(text: str, what: str) -> int:
+    """``auto`` -> AUTO, else an integer >= 0 (a command-line value)."""
+    if text == "auto":
+        return AUTO
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{what} must be auto or an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise ValueError(f"{what} must be auto or an integer >= 0, got {text!r}")
+    return value
+
+
+__all__ = ["CLIPPING_MODES", "AUTO", "CPU_CHUNK_SIZE", "ClippedSums", "ExecutionPlan", "ClippedGradients",
+           "device_chunk_size", "device_physical_batch", "plan_execution", "measure_engines", "parse_size",
+           "parameter_bytes", "plan_for_arm"]

@@ -1,0 +1,326 @@
+"""Per-example gradient norms and clipped sums without a per-example copy of every weight ("ghost clipping").
+
+For a layer whose weight gradient is a sum over positions t of outer products, one example's gradient is
+``G_i = sum_t p_it q_it^T`` (p: output gradients or input activations, q: the other one, per position), so
+
+    ||G_i||_F^2 = sum_{t,s} (p_it . p_is)(q_it . q_is)            (ghost norm: Li et al. 2022, Goodfellow 2015)
+                = ||P_i^T Q_i||_F^2                                (instantiating G_i for this layer only)
+
+whichever is cheaper: T^2 (d_p + d_q) against T d_p d_q multiply-adds per example (Bu et al. 2022, "mixed
+ghost clipping"). Both need only the layer's inputs (saved by a forward hook) and the gradients at its output,
+obtained by ONE backward pass of the summed loss with respect to the layer outputs (no parameter gradient is
+formed). The clipped sum ``sum_i w_i G_i`` is then formed from the same saved tensors as one matrix product
+per layer with the examples weighted by w_i (Bu et al. 2023, "book-keeping"): equal to one backward pass of
+the w-weighted loss, without running it.
+
+Layers handled this way (p, q per position t):
+
+- ``Linear``: output gradient, input (every leading dimension but the batch is a position);
+- ``Conv2d`` (stride, padding, dilation, groups; zero padding): output gradient, unfolded input patches;
+- ``ConvTranspose2d`` (stride, padding, output padding, dilation, groups): input, unfolded OUTPUT-gradient
+  patches (a transposed convolution is the adjoint of a convolution with the same weight);
+- ``GroupNorm`` (affine): per-example gradients of its 2C parameters are formed directly.
+
+Any other module that owns trainable parameters gets per-example gradients of ITS OWN parameters with
+``torch.func.vmap`` over (its input, its output gradient): exact, only costlier. Models this module cannot
+follow (a module called twice per forward, a module whose input is not one tensor) raise
+:class:`GhostUnsupported`; the caller then uses plain vmap per-example
+gradients for the whole model.
+
+With ``rows_per_example`` K > 1 (K input-noise draws per example), rows ``i*K .. i*K+K-1`` are one example:
+its gradient is the MEAN of its K row gradients (the loss is scaled by 1/K and the rows' positions are
+concatenated), so the norm computed is that of the averaged gradient, which is what is clipped.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, vjp, vmap
+
+Params = dict[str, torch.Tensor]
+RowLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (model output, target) -> per-row loss
+
+
+# a grouped convolution-backward call forms per-example gradients several times faster per multiply-add than
+# the batched matrix products of the ghost norm (2-core CPU); the ghost norm is used where it is this much cheaper
+GHOST_DISCOUNT = 4
+
+
+class GhostUnsupported(ValueError):
+    """The model has a structure ghost clipping cannot follow exactly; use vmap per-example gradients."""
+
+
+def squared_error(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Eq. (1) per row: ``||g(z) - x||^2`` summed over pixels."""
+    return (out - target).pow(2).flatten(1).sum(1)
+
+
+def _kind(module: nn.Module) -> str:
+    """How a module's own parameters are handled: a ghost kind, or "vmap" (the per-layer fallback)."""
+    kind = type(module)  # exact types only: a subclass may override forward
+    if kind is nn.Linear:
+        return "linear"
+    if kind is nn.Conv2d and module.padding_mode == "zeros" and not isinstance(module.padding, str):
+        return "conv2d"
+    if kind is nn.ConvTranspose2d and module.padding_mode == "zeros":
+        return "conv_transpose2d"
+    if kind is nn.GroupNorm and module.affine:
+        return "group_norm"
+    return "vmap"
+
+
+def ghost_layer_kinds(model: nn.Module) -> dict[str, str]:
+    """{module name: kind} for every module owning trainable parameters ("vmap": per-layer fallback)."""
+    return {name: _kind(m) for name, m in model.named_modules()
+            if any(p.requires_grad for p in m.parameters(recurse=False))}
+
+
+class _Layer:
+    """One module owning trainable parameters: what its forward hook saved, and its per-example pieces."""
+
+    def __init__(self, name: str, module: nn.Module, kind: str):
+        self.name, self.module, self.kind = name, module, kind
+        self.params = {k: p for k, p in module.named_parameters(recurse=False) if p.requires_grad}
+        self.inputs: list[torch.Tensor] = []
+        self.outputs: list[torch.Tensor] = []
+        self.versions: list[int] = []
+        # filled by GhostClipping.__call__
+        self.pq: tuple[torch.Tensor, torch.Tensor] | None = None  # (n, G, T, d_p), (n, G, T, d_q)
+        self.rows: Params = {}  # per-example gradients formed directly: {param name: (n, *shape)}
+
+    def full(self, key: str) -> str:
+        return f"{self.name}.{key}" if self.name else key
+
+
+def _positions(t: torch.Tensor, n: int, groups: int) -> torch.Tensor:
+    """(n*K, groups*d, L) -> (n, groups, K*L, d): each example's rows and positions as one set of positions."""
+    rows, channels, length = t.shape
+    k = rows // n
+    t = t.reshape(n, k, groups, channels // groups, length).permute(0, 2, 1, 4, 3)
+    return t.reshape(n, groups, k * length, channels // groups)
+
+
+def _per_example_sum(t: torch.Tensor, n: int) -> torch.Tensor:
+    """(n*K, C, ...) -> (n, C): summed over the rows of each example and every position."""
+    return t.reshape(n, -1, t.shape[1], *t.shape[2:]).sum(dim=(1, *range(3, t.dim() + 1)))
+
+
+def _pair_norms(p: torch.Tensor, q: torch.Tensor, ghost: bool | None = None) -> torch.Tensor:
+    """||P_i^T Q_i||_F^2 summed over groups, shape (n,), by the cheaper of ghost norm and instantiation."""
+    n, groups, length, d_p = p.shape
+    d_q = q.shape[-1]
+    p, q = p.reshape(n * groups, length, d_p), q.reshape(n * groups, length, d_q)
+    if ghost is None:
+        ghost = length * (d_p + d_q) <= d_p * d_q
+    if ghost:  # two T x T Gram matrices per example
+        squares = (torch.bmm(p, p.transpose(1, 2)) * torch.bmm(q, q.transpose(1, 2))).sum((1, 2))
+    else:  # this layer's per-example gradient, then dropped
+        squares = torch.bmm(p.transpose(1, 2), q).pow(2).sum((1, 2))
+    return squares.reshape(n, groups).sum(1)
+
+
+def _conv_weight_grad(m: nn.Module, transposed: bool, a: torch.Tensor, b: torch.Tensor, shape: torch.Size,
+                      groups: int) -> torch.Tensor:
+    """The weight gradient of a (transposed) convolution for input ``a`` and output gradient ``b``."""
+    output_padding = list(m.output_padding) if transposed else [0, 0]
+    return torch.ops.aten.convolution_backward(
+        b, a, torch.empty(shape, dtype=a.dtype, device=a.device), None, list(m.stride), list(m.padding),
+        list(m.dilation), transposed, output_padding, groups, [False, True, False])[1]
+
+
+def _conv_weight_norms(m: nn.Module, transposed: bool, a: torch.Tensor, b: torch.Tensor, n: int) -> torch.Tensor:
+    """||dW_i||^2 per example, (n,). Small output maps (T (d_p + d_q) <= d_p d_q / GHOST_DISCOUNT): ghost norm
+    over unfolded patches; otherwise each row's weight gradient by ONE grouped convolution-backward call with
+    the rows as groups (the rows' gradients of this layer only, then summed per example and dropped)."""
+    rows = len(a)
+    if transposed:  # P: input positions, Q: unfolded output-gradient patches
+        d_p, d_q = a.shape[1] // m.groups, b.shape[1] // m.groups * math.prod(m.kernel_size)
+        length = a.shape[2] * a.shape[3]
+    else:  # P: output-gradient positions, Q: unfolded input patches
+        d_p, d_q = b.shape[1] // m.groups, a.shape[1] // m.groups * math.prod(m.kernel_size)
+        length = b.shape[2] * b.shape[3]
+    if length * (d_p + d_q) * GHOST_DISCOUNT <= d_p * d_q:
+        if transposed:
+            patches = F.unfold(b, m.kernel_size, dilation=m.dilation, padding=m.padding, stride=m.stride)
+            if patches.shape[-1] != length:
+                raise GhostUnsupported("a transposed convolution whose output size is not set by its input size")
+            p, q = _positions(a.flatten(2), n, m.groups), _positions(patches, n, m.groups)
+        else:
+            patches = F.unfold(a, m.kernel_size, dilation=m.dilation, padding=m.padding, stride=m.stride)
+            p, q = _positions(b.flatten(2), n, m.groups), _positions(patches, n, m.groups)
+        return _pair_norms(p, q, ghost=True)
+    weight = m.weight
+    grouped = (rows * weight.shape[0], *weight.shape[1:])
+    per_row = _conv_weight_grad(m, transposed, a.reshape(1, -1, *a.shape[2:]), b.reshape(1, -1, *b.shape[2:]),
+                                torch.Size(grouped), rows * m.groups)
+    return per_row.reshape(n, rows // n, -1).sum(1).pow(2).sum(1)
+
+
+class GhostClipping:
+    """Per-example gradient norms of ``row_loss(model(z), x)`` and weighted sums of the per-example gradients.
+
+    ``batch = GhostClipping(model)(z, x)`` runs one forward pass and one backward pass to the layer outputs;
+    ``batch.norms`` (n,),
+    ``batch.losses`` (n,), ``batch.weighted_sum(w)`` = ``{name: sum_i w_i g_i}``. Raises
+    :class:`GhostUnsupported` for a model it cannot follow exactly.
+    """
+
+    def __init__(self, model: nn.Module, row_loss: RowLoss = squared_error):
+        self.model = model
+        self.row_loss = row_loss
+        self.layers = [_Layer(name, m, kind) for name, m in model.named_modules()
+                       if (kind := _kind(m)) and any(p.requires_grad for p in m.parameters(recurse=False))]
+        covered = {id(p) for layer in self.layers for p in layer.params.values()}
+        missing = [k for k, p in model.named_parameters() if p.requires_grad and id(p) not in covered]
+        if missing:
+            raise GhostUnsupported(f"parameters outside the model's modules: {', '.join(missing)}")
+        self.names = [k for k, p in model.named_parameters() if p.requires_grad]
+        self._capturing = False
+        self._copy_outputs = False
+        self._handles = [layer.module.register_forward_hook(self._hook(layer)) for layer in self.layers]
+
+    def close(self) -> None:
+        """Remove the forward hooks from the model."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def _hook(self, layer: _Layer):
+        def save(module, inputs, output):
+            if not self._capturing:
+                return
+            if len(inputs) != 1 or not isinstance(inputs[0], torch.Tensor) or not isinstance(output, torch.Tensor):
+                raise GhostUnsupported(f"module {layer.name!r} does not map one tensor to one tensor")
+            layer.inputs.append(inputs[0].detach())
+            layer.outputs.append(output)
+            layer.versions.append(output._version)
+            if self._copy_outputs:  # the next layer changes it in place (ReLU(inplace=True)): it gets a copy
+                return output.clone()
+        return save
+
+    def __call__(self, z: torch.Tensor | tuple[torch.Tensor, ...], x: torch.Tensor,
+                 rows_per_example: int = 1) -> GhostBatch:
+        """``z``: the model's input rows (a tuple: several inputs, e.g. an image and its layer noise); ``x``: the
+        target rows of ``row_loss``."""
+        inputs = z if isinstance(z, tuple) else (z,)
+        if len(x) % rows_per_example or any(len(t) != len(x) for t in inputs):
+            raise ValueError(f"{len(x)} rows are not {rows_per_example} rows per example")
+        n = len(x) // rows_per_example
+        for layer in self.layers:
+            layer.inputs, layer.outputs, layer.versions, layer.pq, layer.rows = [], [], [], None, {}
+        self._capturing = True
+        try:
+            out = self.model(*inputs)
+        finally:
+            self._capturing = False
+        for layer in self.layers:
+            if len(layer.outputs) != 1:
+                raise GhostUnsupported(f"module {layer.name!r} ran {len(layer.outputs)} times in one forward pass")
+            if layer.outputs[0]._version != layer.versions[0]:
+                if self._copy_outputs:
+                    raise GhostUnsupported(f"the output of module {layer.name!r} is modified in place")
+                self._copy_outputs = True  # once: from now on every saved output is handed on as a copy
+                return self(z, x, rows_per_example)
+        row_losses = self.row_loss(out, x)
+        outputs = [layer.outputs[0] for layer in self.layers]
+        # the mean over each example's K rows: every output gradient carries the factor 1/K
+        grads = torch.autograd.grad(row_losses.sum() / rows_per_example, outputs)
+        squares = torch.zeros(n, dtype=torch.float32, device=x.device)
+        for layer, grad_out in zip(self.layers, grads, strict=True):
+            squares = squares + self._prepare(layer, layer.inputs[0], grad_out, n).to(squares.dtype)
+            layer.inputs, layer.outputs = [], []
+        losses = row_losses.detach().reshape(n, rows_per_example).mean(1)
+        return GhostBatch(self, squares.sqrt(), losses)
+
+    def _prepare(self, layer: _Layer, a: torch.Tensor, b: torch.Tensor, n: int) -> torch.Tensor:
+        """Save what the layer's weighted sums need; return its per-example squared gradient norms (n,)."""
+        m, kind, rows = layer.module, layer.kind, {}
+        squares = torch.zeros(n, dtype=b.dtype, device=b.device)
+        if kind == "linear":
+            p = b.reshape(n, 1, -1, b.shape[-1])
+            q = a.reshape(n, 1, -1, a.shape[-1])
+            if "bias" in layer.params:
+                rows["bias"] = p.sum(2).squeeze(1)
+            if "weight" in layer.params:
+                layer.pq = (p, q)
+                squares = squares + _pair_norms(p, q)
+        elif kind in ("conv2d", "conv_transpose2d"):
+            if "bias" in layer.params:
+                rows["bias"] = _per_example_sum(b, n)
+            if "weight" in layer.params:
+                layer.pq = (a, b)
+                squares = squares + _conv_weight_norms(m, kind == "conv_transpose2d", a, b, n)
+        elif kind == "group_norm":
+            normalised = F.group_norm(a, m.num_groups, eps=m.eps)
+            if "weight" in layer.params:
+                rows["weight"] = _per_example_sum(b * normalised, n)
+            if "bias" in layer.params:
+                rows["bias"] = _per_example_sum(b, n)
+        else:
+            rows = self._vmap_rows(layer, a, b, n)
+        rows = {k: v for k, v in rows.items() if k in layer.params}
+        layer.rows = rows
+        for g in rows.values():
+            squares = squares + g.reshape(n, -1).pow(2).sum(1)
+        return squares
+
+    def _vmap_rows(self, layer: _Layer, a: torch.Tensor, b: torch.Tensor, n: int) -> Params:
+        """Per-example gradients of this module's own parameters: vjp of one row's forward, vmapped."""
+        params = {k: p.detach() for k, p in layer.params.items()}
+
+        def row_grad(a_row, b_row):
+            _, pull = vjp(lambda prm: functional_call(layer.module, prm, (a_row.unsqueeze(0),)), params)
+            return pull(b_row.unsqueeze(0))[0]
+
+        per_row = vmap(row_grad)(a, b)
+        return {k: g.reshape(n, -1, *g.shape[1:]).sum(1) for k, g in per_row.items()}
+
+
+class GhostBatch:
+    """What one :class:`GhostClipping` pass leaves: per-example norms and losses, and the saved layer tensors
+    from which any weighted sum of the per-example gradients is formed."""
+
+    def __init__(self, owner: GhostClipping, norms: torch.Tensor, losses: torch.Tensor):
+        self.norms, self.losses = norms, losses
+        self.names = owner.names
+        self.layers = [(layer, layer.pq, layer.rows) for layer in owner.layers]
+
+    def __len__(self) -> int:
+        return len(self.norms)
+
+    def weighted_sum(self, weights: torch.Tensor) -> Params:
+        """``{name: sum_i weights_i g_i}`` for every trainable parameter (weights 0 drop an example)."""
+        out: Params = {}
+        for layer, pq, rows in self.layers:
+            for key, g in rows.items():
+                out[layer.full(key)] = torch.einsum("n,n...->...", weights.to(g.dtype), g)
+            if pq is None:
+                continue
+            weight = layer.params["weight"]
+            if layer.kind == "linear":
+                p, q = pq
+                n, _, length, d_p = p.shape
+                pw = (p * weights.to(p.dtype).reshape(n, 1, 1, 1)).reshape(n * length, d_p)
+                out[layer.full("weight")] = pw.transpose(0, 1) @ q.reshape(n * length, q.shape[-1])
+            else:  # the convolution's own weight-gradient kernel, output gradients weighted by example
+                a, b = pq
+                rows_per_example = len(b) // len(weights)
+                w = weights.to(b.dtype).repeat_interleave(rows_per_example).reshape(-1, 1, 1, 1)
+                out[layer.full("weight")] = _conv_weight_grad(layer.module, layer.kind == "conv_transpose2d", a,
+                                                              b * w, weight.shape, layer.module.groups)
+        return {k: out[k] for k in self.names}
+
+
+def ghost_supported(model: nn.Module) -> bool:
+    """Whether every trainable parameter of ``model`` is owned by a module (ghost kind or per-layer vmap); a
+    forward pass can still raise :class:`GhostUnsupported` (e.g. a module run twice)."""
+    covered = {id(p) for m in model.modules() for p in m.parameters(recurse=False) if p.requires_grad}
+    return all(id(p) in covered for p in model.parameters() if p.requires_grad)
+
+
+__all__ = ["GhostClipping", "GhostBatch", "GhostUnsupported", "ghost_layer_kinds", "ghost_supported",
+           "squared_error"]
