@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from transdenoiser.errors import UserError
+
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT_CPU_SECONDS = 1.0
 HEAVY = ("torch", "scipy", "bentoml")
@@ -134,3 +136,16 @@ def test_unwritable_output_folders_are_refused_before_anything_runs(tmp_path, ca
         check_output_folder(out)
     check_output_folder(tmp_path / "new" / "run")  # a folder that can be made is fine, and nothing is left behind
     assert list(tmp_path.glob("**/.transdenoiser-write-check-*")) == [] and not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("command", ["train", "privacy-audit"])
+def test_denoiser_architecture_names_are_not_taken_for_paths(command, tmp_path):
+    """``train`` and ``privacy-audit`` take ``--denoiser`` as an architecture name (``tiny``), not a checkpoint."""
+    from types import SimpleNamespace
+
+    from transdenoiser.preflight import check_paths
+
+    args = SimpleNamespace(denoiser="tiny", out=tmp_path / "out")
+    check_paths(command, args)  # no error: "tiny" is not looked up on disk
+    with pytest.raises(UserError, match="--denoiser tiny: no such directory"):
+        check_paths("certify", args)

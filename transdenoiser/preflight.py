@@ -28,8 +28,8 @@ INPUTS: dict[str, tuple[str, str]] = {
     "config": ("--config", "file"),
     "weights": ("--weights", "file"),
 }
-# commands whose arguments of those names are not paths to read (none at present)
-NOT_INPUTS: dict[str, frozenset[str]] = {}
+# commands whose arguments of those names are not paths to read: there --denoiser names an architecture
+NOT_INPUTS: dict[str, frozenset[str]] = {"train": frozenset({"denoiser"}), "privacy-audit": frozenset({"denoiser"})}
 
 
 def _check_input(flag: str, kind: str, value: Any) -> None:
