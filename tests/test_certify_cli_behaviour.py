@@ -178,6 +178,7 @@ def test_report_has_a_privacy_table_rounded_numbers_legends_and_the_radius_cap(m
 def test_merge_is_refused_while_a_run_writes_into_the_folder(tmp_path, capsys):
     from transdenoiser.lock import RunLock
 
+    (tmp_path / "run").mkdir()  # exists, so the command's path check passes and the lock is what refuses
     with RunLock(tmp_path / "run"):
         assert main(["certify-merge", str(tmp_path / "run")]) == 2
     assert "being written by process" in capsys.readouterr().err

@@ -70,7 +70,8 @@ def test_attack_refuses_an_out_another_process_writes(tmp_path, holder, capsys):
     line naming the holder, exit status 2, and nothing is written."""
     from transdenoiser.cli import main
 
-    code = main(["attack", "--classifier", str(tmp_path / "no-such-classifier"), "--attack", "pgd", "--eps", "0.5",
+    (tmp_path / "classifier").mkdir()  # a folder, so the path check passes; the lock refuses before it is loaded
+    code = main(["attack", "--classifier", str(tmp_path / "classifier"), "--attack", "pgd", "--eps", "0.5",
                  "--out", str(tmp_path / "run")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and f"process {holder.pid} (certify --out run)" in err and "\n" not in err
