@@ -14,7 +14,7 @@ import pytest
 
 from transdenoiser import cli
 
-HELP_BOUND_SECONDS = 3.0  # generous: about 0.1 s on an idle 2-core machine (docs/RESULTS.md, "Start-up")
+HELP_BOUND_SECONDS = 3.0  # generous: about 0.1 s on an idle 2-core machine (RESULTS.md section 9)
 
 
 def test_help_is_fast_and_imports_neither_torch_nor_numpy():

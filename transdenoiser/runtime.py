@@ -73,7 +73,7 @@ def keep_freed_memory() -> bool:
     By default glibc serves each large block (the activations and per-example gradients of a step)
     with a fresh mmap and unmaps it when torch frees it, so every step page-faults its memory in
     again: measured on 2 CPU cores, a third of per-example-gradient time went to the kernel and
-    throughput rose 1.3-1.5x with this set (docs/RESULTS.md, section 2). Blocks up to 32 MiB then
+    throughput rose 1.3-1.5x with this set (docs/results/training.md). Blocks up to 32 MiB then
     come from the heap and up to 1 GiB of free heap is kept. Only the process's memory reuse
     changes, never a computed value. Nothing is done (returns False) off glibc, when the user set
     ``MALLOC_*``/``GLIBC_TUNABLES``/``LD_PRELOAD`` (their choice wins), or with
