@@ -299,9 +299,10 @@ def test_a_disconnected_client_stops_computing(servers, client, digits):
 
 def test_a_full_queue_answers_503_with_retry_after(servers, client, digits):
     x, _ = digits
-    # 10 requests of 4,040 samples: within their deadline together (at 450 samples/s or more), so admission by
-    # deadline admits them all and the queue bound is what refuses the 11th
-    socks = [_raw_predict(servers["open"].url, {"images": x[:2].tolist(), "n": 2000, "seed": i}) for i in range(10)]
+    # 10 requests of 8,080 samples: within their 120 s deadline together (at 700 samples/s or more), so admission
+    # by deadline admits them all and the queue bound is what refuses the 11th; large enough that the first ones
+    # are still computing when the tenth is admitted, on a quiet machine too
+    socks = [_raw_predict(servers["open"].url, {"images": x[:4].tolist(), "n": 2000, "seed": i}) for i in range(10)]
     try:
         deadline = time.monotonic() + 30
         while metric(metric_values(client), "transdenoiser_queue_depth") < 10 and time.monotonic() < deadline:
