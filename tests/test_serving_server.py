@@ -39,7 +39,7 @@ def servers(classifier_dir, tmp_path_factory):
     # covers shared passes); rounds of 150 samples in jobs of 50: a 1-image n = 100 request is one round
     model_dir = write_model_dir(root / "model", classifier_dir, sigma=0.25, n0=20, n=100, max_n=2000, max_images=4,
                                 max_payload_bytes=200_000, allow_client_seed=True, max_queued_requests=10,
-                                round_samples=150, chunk_samples=50)
+                                round_samples=150, chunk_samples=50, max_latency_ms=600_000)
     started = []
     try:
         started.append(ServerProcess(model_dir, root / "open.log", api_key=None))
@@ -299,9 +299,9 @@ def test_a_disconnected_client_stops_computing(servers, client, digits):
 
 def test_a_full_queue_answers_503_with_retry_after(servers, client, digits):
     x, _ = digits
-    # 10 requests of 8,080 samples: within their 120 s deadline together (at 700 samples/s or more), so admission
-    # by deadline admits them all and the queue bound is what refuses the 11th; large enough that the first ones
-    # are still computing when the tenth is admitted, on a quiet machine too
+    # 10 requests of 8,080 samples: within the fixture's 600 s deadline together at any rate this machine reaches
+    # (180 samples/s with admission's margin), so admission by deadline admits them all and the queue bound is what
+    # refuses the 11th; large enough that the first ones are still computing when the tenth is admitted
     socks = [_raw_predict(servers["open"].url, {"images": x[:4].tolist(), "n": 2000, "seed": i}) for i in range(10)]
     try:
         deadline = time.monotonic() + 30
