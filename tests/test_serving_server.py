@@ -302,11 +302,15 @@ def test_a_full_queue_answers_503_with_retry_after(servers, client, digits):
     # 10 requests of 8,080 samples: within the fixture's 600 s deadline together at any rate this machine reaches
     # (180 samples/s with admission's margin), so admission by deadline admits them all and the queue bound is what
     # refuses the 11th; large enough that the first ones are still computing when the tenth is admitted
-    socks = [_raw_predict(servers["open"].url, {"images": x[:4].tolist(), "n": 2000, "seed": i}) for i in range(10)]
+    # sent one at a time, each once the one before holds its ticket, so none waits for a parsing slot
+    socks = []
     try:
-        deadline = time.monotonic() + 30
-        while metric(metric_values(client), "transdenoiser_queue_depth") < 10 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        for i in range(10):
+            socks.append(_raw_predict(servers["open"].url, {"images": x[:4].tolist(), "n": 2000, "seed": i}))
+            deadline = time.monotonic() + 30
+            while metric(metric_values(client), "transdenoiser_queue_depth") < i + 1 and time.monotonic() < deadline:
+                time.sleep(0.02)
+        assert metric(metric_values(client), "transdenoiser_queue_depth") == 10
         refused = client.post("/predict", json={"images": [x[0].tolist()], "n": 100})
         assert refused.status_code == 503 and "max_queued_requests" in refused.json()["error"]
         assert int(refused.headers["retry-after"]) >= 1
