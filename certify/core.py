@@ -30,96 +30,33 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 
 import numpy as np
 import torch
-from scipy.stats import binomtest, norm
-from statsmodels.stats.proportion import proportion_confint
 from torch import nn
 
 from certify import numerics
+from certify.adaptive import AdaptiveCertificate, adaptive_certificate, adaptive_many, sequential_rule
+from certify.decisions import (
+    ABSTAIN,
+    Certificate,
+    certificate_from_counts,
+    clopper_pearson_lower,
+    image_seed,
+    max_certifiable_radius,
+    prediction_from_counts,
+    radius_from_p_lower,
+    validate_sampling,
+)
 from transdenoiser.errors import UserError
 
-ABSTAIN = -1
+__all__ = ["ABSTAIN", "AdaptiveCertificate", "Certificate", "Smooth", "adaptive_certificate", "adaptive_many",
+           "certificate_from_counts", "clopper_pearson_lower", "image_seed", "max_certifiable_radius",
+           "prediction_from_counts", "radius_from_p_lower", "sequential_rule", "validate_sampling"]
+
 NOISE_PIECE_ELEMENTS = 1 << 20  # noise is drawn per image in pieces of about this many numbers (4 MiB of float32)
 MEMORY_FORMATS = ("auto", "channels_last", "contiguous")
 MAX_AUTO_WORKERS = 8  # ``workers="auto"`` on CPU: one worker per torch thread, at most this many
-
-
-@dataclass(frozen=True)
-class Certificate:
-    """Result of :meth:`Smooth.certify` for one image; ``radius`` is an L2 radius in [0,1]-pixel units."""
-
-    prediction: int  # class index, or ABSTAIN
-    radius: float  # 0.0 when abstaining
-    p_lower: float  # one-sided Clopper-Pearson lower bound on P[f(D(x+e)) = prediction]
-    count: int  # estimation samples that voted for the selected class
-    n0: int
-    n: int
-
-    @property
-    def abstained(self) -> bool:
-        return self.prediction == ABSTAIN
-
-
-def clopper_pearson_lower(successes: int, trials: int, alpha: float) -> float:
-    """One-sided (1 - alpha) lower confidence bound on a binomial proportion (Clopper-Pearson)."""
-    if successes == 0:
-        return 0.0
-    return float(proportion_confint(successes, trials, alpha=2 * alpha, method="beta")[0])
-
-
-def radius_from_p_lower(p_lower: float, sigma: float) -> float:
-    """Certified L2 radius sigma * Phi^-1(pA) (Cohen et al., Theorem 1 with pB = 1 - pA)."""
-    return float(sigma * norm.ppf(p_lower))
-
-
-def max_certifiable_radius(sigma: float, n: int, alpha: float) -> float:
-    """The largest radius ``certify`` can return with n estimation samples: every sample votes for the class."""
-    return radius_from_p_lower(clopper_pearson_lower(n, n, alpha), sigma)
-
-
-def validate_sampling(n0: int | None, n: int, alpha: float) -> None:
-    if n0 is not None and n0 < 1:
-        raise UserError(f"n0 must be >= 1, got {n0}")
-    if n < 1:
-        raise UserError(f"n must be >= 1, got {n}")
-    if not 0 < alpha < 1:
-        raise UserError(f"alpha must lie strictly between 0 and 1, got {alpha}")
-
-
-def image_seed(seed: int, idx: int) -> int:
-    """Seed of the generator for image ``idx`` of a run seeded with ``seed`` (NumPy's SeedSequence mixing).
-
-    Every image gets its own independent noise stream, so a result depends on (seed, idx) only,
-    never on which process, shard or pack the image was certified in.
-    """
-    if idx < 0:
-        raise UserError(f"image index must be >= 0, got {idx}")
-    words = np.random.SeedSequence([seed % 2**64, idx]).generate_state(2, dtype=np.uint32)
-    return (int(words[0]) << 31) ^ int(words[1])  # < 2**63: a valid torch seed
-
-
-def certificate_from_counts(selection: np.ndarray, estimation: np.ndarray, alpha: float,
-                            sigma: float) -> Certificate:
-    """Cohen's CERTIFY decision: the class comes from ``selection`` counts, its bound from ``estimation`` counts."""
-    n0, n = int(selection.sum()), int(estimation.sum())
-    top = int(selection.argmax())
-    count = int(estimation[top])
-    p_lower = clopper_pearson_lower(count, n, alpha)
-    if p_lower < 0.5:
-        return Certificate(ABSTAIN, 0.0, p_lower, count, n0, n)
-    return Certificate(top, radius_from_p_lower(p_lower, sigma), p_lower, count, n0, n)
-
-
-def prediction_from_counts(counts: np.ndarray, alpha: float) -> int:
-    """Cohen's PREDICT decision: the top class unless a two-sided binomial test cannot tell it from the runner-up."""
-    top2 = counts.argsort()[::-1][:2]
-    count_a, count_b = int(counts[top2[0]]), int(counts[top2[1]])
-    if binomtest(count_a, count_a + count_b, p=0.5).pvalue > alpha:
-        return ABSTAIN
-    return int(top2[0])
 
 
 def _has_conv2d(*models: nn.Module | None) -> bool:
@@ -276,17 +213,38 @@ class Smooth:
         samples are never shared. The noise depends on the generator alone (pieces of a fixed
         size per image shape), not on ``batch_size`` or on the other images.
         """
+        draws = [(int(num), [int(num)]) for num in phases]
+        return self._count(images, draws, generators).reshape(images.shape[0], len(phases), self.num_classes)
+
+    @torch.inference_mode()
+    def sample_counts_segments(self, images: torch.Tensor, draw: int, segments: Sequence[int],
+                               generators: Sequence[torch.Generator | None]) -> np.ndarray:
+        """Each image draws ``draw`` noise samples (one phase, as :meth:`sample_counts_many` draws it), evaluates the
+        first ``sum(segments)`` and counts them per consecutive segment: int64 counts (B, len(segments), classes).
+        The draw is cut into the same pieces whatever the segments; a piece holding an evaluated sample is drawn in
+        full, the pieces after the last one are not drawn (nothing is drawn from the generator after them: this is
+        a stream's last block)."""
+        segments = [int(m) for m in segments]
+        if any(m < 1 for m in segments) or sum(segments) > draw:
+            raise ValueError(f"segments {segments} do not fit in a draw of {draw} samples")
+        return self._count(images, [(int(draw), segments)], generators).reshape(
+            images.shape[0], len(segments), self.num_classes)
+
+    def _count(self, images: torch.Tensor, draws: Sequence[tuple[int, Sequence[int]]],
+               generators: Sequence[torch.Generator | None]) -> np.ndarray:
+        """Counts per (image, segment) for ``draws`` [(samples drawn, [segment sizes counted]), ...] made by every
+        image in order, packed into shared forward passes; int64 (B, total segments, num_classes)."""
         if images.dim() != 4:
             raise UserError(f"expected a batch of images (B, C, H, W), got shape {tuple(images.shape)}")
         if len(generators) != images.shape[0]:
             raise ValueError(f"{images.shape[0]} images but {len(generators)} generators")
         images = images.to(self.device)
-        num_slots = images.shape[0] * len(phases)
-        counts = torch.zeros(num_slots * self.num_classes, dtype=torch.long, device=self.device)
+        per_image = sum(len(segments) for _, segments in draws)
+        counts = torch.zeros(images.shape[0] * per_image * self.num_classes, dtype=torch.long, device=self.device)
         piece = max(1, NOISE_PIECE_ELEMENTS // images[0].numel())
-        pass_size = self._pass_size(images.shape[0] * sum(int(num) for num in phases))
+        pass_size = self._pass_size(images.shape[0] * sum(sum(segments) for _, segments in draws))
         pending: list[torch.Tensor] = []  # noisy samples waiting for a forward pass
-        pending_slots: list[tuple[int, int]] = []  # (slot, number of samples), in the order of ``pending``
+        pending_slots: deque[tuple[int, int]] = deque()  # (slot, number of samples), in the order of ``pending``
         in_flight: deque[tuple[Future | torch.Tensor, torch.Tensor]] = deque()  # (predictions, slot of each)
 
         def collect(limit: int) -> None:
@@ -306,7 +264,7 @@ class Smooth:
                 sizes.append(used)
                 left -= used
                 if used == size:
-                    pending_slots.pop(0)
+                    pending_slots.popleft()
                 else:
                     pending_slots[0] = (slot, size - used)
             slot_ids = torch.repeat_interleave(torch.tensor(slots, device=self.device),
@@ -323,23 +281,37 @@ class Smooth:
 
         queued = 0
         for j in range(images.shape[0]):
-            for p, num in enumerate(phases):
-                remaining = int(num)
-                while remaining > 0:
+            slot = j * per_image
+            for drawn, segments in draws:
+                to_count = deque((slot + k, int(m)) for k, m in enumerate(segments))
+                slot += len(segments)
+                remaining, evaluated = int(drawn), sum(segments)
+                while remaining > 0 and evaluated > 0:  # pieces past the evaluated samples are not drawn
                     size = min(piece, remaining)
                     noise = torch.randn((size, *images.shape[1:]), generator=generators[j], device=self.device,
                                         dtype=images.dtype)
-                    pending.append(noise.mul_(self.sigma).add_(images[j]))
-                    pending_slots.append((j * len(phases) + p, size))
-                    queued += size
                     remaining -= size
+                    take = min(size, evaluated)
+                    evaluated -= take
+                    pending.append((noise if take == size else noise[:take]).mul_(self.sigma).add_(images[j]))
+                    left = take
+                    while left > 0:
+                        target, wanted = to_count[0]
+                        used = min(wanted, left)
+                        pending_slots.append((target, used))
+                        left -= used
+                        if used == wanted:
+                            to_count.popleft()
+                        else:
+                            to_count[0] = (target, wanted - used)
+                    queued += take
                     while queued >= pass_size:
                         forward(pass_size)
                         queued -= pass_size
         if queued > 0:
             forward(queued)
         collect(0)
-        return counts.view(images.shape[0], len(phases), self.num_classes).cpu().numpy()
+        return counts.view(images.shape[0], per_image, self.num_classes).cpu().numpy()
 
     def predict(self, x: torch.Tensor, n: int, alpha: float, generator: torch.Generator | None = None) -> int:
         """Top class of the smoothed classifier at ``x``, or ABSTAIN; wrong with probability at most alpha."""
@@ -398,100 +370,3 @@ class Smooth:
         """:meth:`certify_adaptive` for a batch of images (B, C, H, W)."""
         rule = sequential_rule("estimate", self.sigma, n_max, alpha, tolerance=tolerance, method=method)
         return adaptive_many(self, images, n0, rule, generators)
-
-
-# ----------------------------------------------------------------------------------------------- adaptive
-
-@dataclass(frozen=True)
-class AdaptiveCertificate:
-    """Result of :meth:`Smooth.decide` or :meth:`Smooth.certify_adaptive` for one image.
-
-    ``mode``: ``decide`` (certified at ``radius``?) or ``estimate`` (largest radius under the budget).
-    ``outcome``: certified / not_certified / budget_spent (decide), estimated (estimate).
-    ``n``: estimation samples used (at most ``n_max``); ``samples`` = n0 + n, all noisy samples drawn.
-    ``p_lower``: the anytime-valid lower bound on pA at the stop (decide: Phi(R / sigma) when certified).
-    A decide answer keeps the class the n0 selection samples chose, certified or not: ``certified`` says which.
-    """
-
-    prediction: int  # class index, or ABSTAIN (estimate: pA < 1/2; decide: always the selected class)
-    radius: float  # certified L2 radius ([0,1]-pixel units); 0.0 when abstaining or not certified at R
-    p_lower: float
-    count: int  # estimation samples that voted for the selected class
-    n0: int
-    n: int
-    n_max: int
-    mode: str
-    outcome: str
-
-    @property
-    def abstained(self) -> bool:
-        return self.prediction == ABSTAIN
-
-    @property
-    def samples(self) -> int:
-        return self.n0 + self.n
-
-    @property
-    def certified(self) -> bool | None:
-        """Decide: True (certified at the radius), False (not certified), None (budget spent, no claim either way);
-        estimate: whether a positive radius was certified."""
-        if self.mode == "decide":
-            return {"certified": True, "not_certified": False}.get(self.outcome)
-        return not self.abstained and self.radius > 0
-
-
-def sequential_rule(mode: str, sigma: float, n_max: int, alpha: float, radius: float | None = None,
-                    tolerance: float | None = None, method: str | None = None):
-    """The stopping rule of :meth:`Smooth.decide` (``mode="decide"``, needs ``radius``) or
-    :meth:`Smooth.certify_adaptive` (``mode="estimate"``): feed it to :class:`certify.sequential.SequentialTest`
-    to drive it from counts computed elsewhere."""
-    from certify.sequential import DEFAULT_METHOD, DEFAULT_TOLERANCE, DecideRule, EstimateRule, confidence_sequence
-
-    validate_sampling(None, n_max, alpha)
-    cs = confidence_sequence(method or DEFAULT_METHOD, n_max, alpha)
-    if mode == "decide":
-        if radius is None:
-            raise UserError("deciding needs the radius to decide at")
-        return DecideRule(cs, float(radius), sigma)
-    if mode == "estimate":
-        return EstimateRule(cs, sigma, DEFAULT_TOLERANCE if tolerance is None else float(tolerance))
-    raise UserError(f"mode must be 'decide' or 'estimate', got {mode!r}")
-
-
-def adaptive_certificate(rule, mode: str, top: int, outcome: int, count: int, n: int, p_lower: float,
-                         n0: int, sigma: float) -> AdaptiveCertificate:
-    """The certificate of one finished sequential test on the class ``top`` chosen by n0 selection samples."""
-    from certify.sequential import CERTIFIED, OUTCOME_NAMES, radius_of
-
-    if mode == "decide":
-        certified = outcome == CERTIFIED
-        return AdaptiveCertificate(top, float(rule.radius) if certified else 0.0,  # the class, certified or not
-                                   p_lower, count, n0, n, rule.cs.n_max, mode, OUTCOME_NAMES[outcome])
-    radius = float(radius_of(p_lower, sigma))
-    return AdaptiveCertificate(top if p_lower >= 0.5 else ABSTAIN, radius, p_lower, count, n0, n, rule.cs.n_max,
-                               mode, OUTCOME_NAMES[outcome])
-
-
-def adaptive_many(smooth: Smooth, images: torch.Tensor, n0: int, rule,
-                  generators: Sequence[torch.Generator | None]) -> list[AdaptiveCertificate]:
-    """Select each image's class with n0 samples, then run ``rule`` on fresh estimation samples of that class,
-    the active images of each round packed into shared forward passes (:func:`certify.sequential.run_streams`).
-    Each image draws from its own generator, selection first: what an image gets depends on its generator
-    and its own votes only, never on the other images."""
-    from certify.sequential import DecideRule, run_streams
-
-    if n0 < 1:
-        raise UserError(f"n0 must be >= 1, got {n0}")
-    selection = smooth.sample_counts_many(images, [n0], generators)[:, 0]
-    top = selection.argmax(axis=1)
-
-    def draw(active: np.ndarray, samples: int) -> np.ndarray:
-        counts = smooth.sample_counts_many(images[torch.as_tensor(active)], [samples],
-                                           [generators[i] for i in active])[:, 0]
-        return counts[np.arange(len(active)), top[active]]
-
-    mode = "decide" if isinstance(rule, DecideRule) else "estimate"
-    results = run_streams(rule, draw, images.shape[0])
-    return [adaptive_certificate(rule, mode, int(top[j]), int(results.outcome[j]), int(results.successes[j]),
-                                 int(results.samples[j]), float(results.p_lower[j]), n0, smooth.sigma)
-            for j in range(images.shape[0])]

@@ -29,7 +29,9 @@ Two mixtures:
   bound is the mirror image (the q_j below p; only estimate mode's stopping rule reads it).
 
 Arithmetic is in logarithms (scipy's logsumexp); comparisons with the threshold 1/alpha are made on
-ln M_t, and the bisections return the conservative end.
+ln M_t, and the bisections return the conservative end (the bounds to 2^-36 of S / t). Estimate mode's
+stopping rule asks only whether a bound lies beyond a given p: that is one evaluation of the mixture at p
+(``lower_rejects`` / ``upper_rejects``), no bisection.
 """
 from __future__ import annotations
 
@@ -43,7 +45,8 @@ DECIDE_SPACING = 2.0  # each alternative's decision time is this many times the 
 DECIDE_WEIGHT_CAP = 3  # weights proportional to 1 / min(j + 1, 3)
 BOUND_GRID_STEPS = range(2, 41)  # 1 - q = 2^(-k/2): 0.5 .. 1e-6
 BOUND_WEIGHT_ONE = 0.2  # the bound mixture's weight on q = 1 (all votes for cA)
-BISECTION_STEPS = 60
+BISECTION_STEPS = 60  # the decide alternatives (computed once per threshold)
+BOUND_BISECTION_STEPS = 36  # the bounds: to 2^-36 of S / t (a radius to about 1e-7), the conservative end
 
 
 def bernoulli_kl(q: float, p: float) -> float:
@@ -118,13 +121,23 @@ class OneSidedMixtureTests:
         qs, weights = decide_alternatives_cached(1.0 - p)
         return log_mixture(mirror(successes, trials), trials, 1.0 - p, qs, weights) >= self.log_threshold
 
+    def lower_rejects(self, successes, trials, p) -> np.ndarray:
+        """The bound mixture rejects pA <= p (so lower > p, up to the bisection's rounding), for p below S / t."""
+        qs, weights = self._grid
+        return log_mixture(successes, trials, p, qs, weights) >= self.log_threshold
+
+    def upper_rejects(self, successes, trials, p) -> np.ndarray:
+        """The bound mixture rejects pA >= p (so upper <= p, up to the bisection's rounding), for p above S / t."""
+        qs, weights = self._grid
+        return log_mixture(successes, trials, p, qs, weights, above=False) >= self.log_threshold
+
     def lower(self, successes, trials) -> np.ndarray:
         """The largest p with M_t(p') >= 1/alpha for every p' < p (0 when there is none)."""
         s = np.asarray(successes, dtype=float)
         t = np.broadcast_to(np.asarray(trials, dtype=float), s.shape)
         qs, weights = self._grid
         low, high = np.zeros_like(s), np.where(t > 0, s / np.maximum(t, 1), 0.0)
-        for _ in range(BISECTION_STEPS):
+        for _ in range(BOUND_BISECTION_STEPS):
             mid = (low + high) / 2
             rejected = log_mixture(s, t, mid, qs, weights) >= self.log_threshold
             low, high = np.where(rejected, mid, low), np.where(rejected, high, mid)
@@ -137,7 +150,7 @@ class OneSidedMixtureTests:
         t = np.broadcast_to(np.asarray(trials, dtype=float), s.shape)
         qs, weights = self._grid
         low, high = np.where(t > 0, s / np.maximum(t, 1), 1.0), np.ones_like(s)
-        for _ in range(BISECTION_STEPS):
+        for _ in range(BOUND_BISECTION_STEPS):
             mid = (low + high) / 2
             rejected = log_mixture(s, t, mid, qs, weights, above=False) >= self.log_threshold
             low, high = np.where(rejected, low, mid), np.where(rejected, mid, high)

@@ -36,16 +36,15 @@ Rules (pure functions of the count stream, shared by ``Smooth`` and the validity
   ``tolerance`` up to n_max: neither with every remaining sample voting for cA, nor past the radius of
   the current upper bound on pA. The stopping rule only spends samples; it never touches validity.
 
-:func:`run_streams` drives a rule over many streams in rounds, drawing each round's counts from a
-callback: the noisy forward passes in :class:`certify.core.Smooth`, binomial draws in the tests.
-:class:`SequentialTest` is the same rule for one image fed counts from outside (e.g. a server that
-evaluates samples in its own batches).
+The drivers are in :mod:`certify.streams`: ``run_streams`` look by look (the validity simulations),
+``run_blocks`` block by block (``Smooth.decide`` / ``Smooth.certify_adaptive``), ``SequentialTest`` for one image
+fed counts from outside (the server). Each rule's ``step_looks`` evaluates several looks at once with the same
+elementwise arithmetic as ``step`` one look at a time.
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.special import betainc, betaincc, betaincinv, betaln
@@ -114,6 +113,7 @@ class ConfidenceSequence:
             raise ValueError("looks must be increasing sample counts >= 1")
         self.looks = looks
         self.alpha = float(alpha)
+        self.schedule: tuple[int, float, int] | None = None  # (first, ratio, step) of ``geometric_looks``, if any
 
     @property
     def n_max(self) -> int:
@@ -134,6 +134,35 @@ class ConfidenceSequence:
 
     def describe(self) -> dict:
         return {"method": self.name, "alpha": self.alpha, "looks": [int(t) for t in self.looks]}
+
+    def upper_at_most_looks(self, successes: np.ndarray, looks: np.ndarray, p: np.ndarray) -> np.ndarray:
+        """upper <= p elementwise (``successes``, ``p``: (streams, m)) at the looks ``looks``."""
+        return self.upper_looks(successes, looks) <= p
+
+    def lower_at_most_looks(self, successes: np.ndarray, looks: np.ndarray, p: np.ndarray) -> np.ndarray:
+        """lower <= p elementwise at the looks ``looks``."""
+        return self.lower_looks(successes, looks) <= p
+
+    # Several looks at once: ``successes`` (streams, m) cumulative votes at the looks ``looks`` (m indices).
+    # These defaults evaluate one look (column) at a time; a construction may override them with one
+    # vectorised evaluation that gives the same numbers elementwise.
+
+    def lower_looks(self, successes: np.ndarray, looks: np.ndarray) -> np.ndarray:
+        return _by_column(lambda s, k: self.lower(s, k), successes, looks)
+
+    def upper_looks(self, successes: np.ndarray, looks: np.ndarray) -> np.ndarray:
+        return _by_column(lambda s, k: self.upper(s, k), successes, looks)
+
+    def lower_at_least_looks(self, successes: np.ndarray, looks: np.ndarray, p: float) -> np.ndarray:
+        return _by_column(lambda s, k: self.lower_at_least(s, k, p), successes, looks)
+
+    def upper_below_looks(self, successes: np.ndarray, looks: np.ndarray, p: float) -> np.ndarray:
+        return _by_column(lambda s, k: self.upper_below(s, k, p), successes, looks)
+
+
+def _by_column(evaluate, successes: np.ndarray, looks: np.ndarray) -> np.ndarray:
+    successes = np.asarray(successes)
+    return np.stack([np.asarray(evaluate(successes[:, i], int(k))) for i, k in enumerate(looks)], axis=1)
 
 
 class UnionClopperPearson(ConfidenceSequence):
@@ -292,6 +321,33 @@ class OneSidedMixture(ConfidenceSequence):
     def upper_below(self, successes: np.ndarray, look: int, p: float) -> np.ndarray:
         return self.tests.below(successes, int(self.looks[look]), p)
 
+    # Several looks in one vectorised evaluation (the same elementwise arithmetic as one look at a time).
+
+    def lower_looks(self, successes: np.ndarray, looks: np.ndarray) -> np.ndarray:
+        return self.tests.lower(successes, self._trials(successes, looks))
+
+    def upper_looks(self, successes: np.ndarray, looks: np.ndarray) -> np.ndarray:
+        return self.tests.upper(successes, self._trials(successes, looks))
+
+    def lower_at_least_looks(self, successes: np.ndarray, looks: np.ndarray, p: float) -> np.ndarray:
+        return self.tests.above(successes, self._trials(successes, looks), p)
+
+    def upper_below_looks(self, successes: np.ndarray, looks: np.ndarray, p: float) -> np.ndarray:
+        return self.tests.below(successes, self._trials(successes, looks), p)
+
+    def upper_at_most_looks(self, successes: np.ndarray, looks: np.ndarray, p: np.ndarray) -> np.ndarray:
+        # The rejected set of pA >= p' is [upper, 1] above S / t (module one_sided): upper <= p iff p is rejected.
+        trials = self._trials(successes, looks)
+        return (np.asarray(p) >= np.asarray(successes) / trials) & self.tests.upper_rejects(successes, trials, p)
+
+    def lower_at_most_looks(self, successes: np.ndarray, looks: np.ndarray, p: np.ndarray) -> np.ndarray:
+        # The rejected set of pA <= p' is [0, lower) below S / t: lower <= p iff p is at or above S / t or not rejected.
+        trials = self._trials(successes, looks)
+        return (np.asarray(p) >= np.asarray(successes) / trials) | ~self.tests.lower_rejects(successes, trials, p)
+
+    def _trials(self, successes: np.ndarray, looks: np.ndarray) -> np.ndarray:
+        return np.broadcast_to(self.looks[np.asarray(looks)][None, :], np.shape(successes))
+
 
 def look_settings(method: str) -> dict:
     """The look schedule of ``method`` (run settings): first look, ratio and least step between looks."""
@@ -308,13 +364,16 @@ def confidence_sequence(method: str, n_max: int, alpha: float, first_look: int |
     if method == "union-cp":
         looks = geometric_looks(n_max, first_look or UNION_CP_FIRST_LOOK, look_ratio or UNION_CP_LOOK_RATIO)
         return UnionClopperPearson(looks, alpha)
-    looks = geometric_looks(n_max, first_look or DEFAULT_FIRST_LOOK, look_ratio or DEFAULT_LOOK_RATIO,
-                            DEFAULT_LOOK_STEP)
+    schedule = (first_look or DEFAULT_FIRST_LOOK, look_ratio or DEFAULT_LOOK_RATIO, DEFAULT_LOOK_STEP)
+    looks = geometric_looks(n_max, *schedule)
     if method == "one-sided-mixture":
-        return OneSidedMixture(looks, alpha)
-    if method == "beta-mixture":
-        return BetaBinomialMixture(looks, alpha)
-    raise UserError(f"sequential method must be one of {', '.join(METHODS)}, got {method!r}")
+        cs: ConfidenceSequence = OneSidedMixture(looks, alpha)
+    elif method == "beta-mixture":
+        cs = BetaBinomialMixture(looks, alpha)
+    else:
+        raise UserError(f"sequential method must be one of {', '.join(METHODS)}, got {method!r}")
+    cs.schedule = schedule  # its looks below n_max are those of the unbounded schedule
+    return cs
 
 
 # ----------------------------------------------------------------------------------------------- rules
@@ -330,6 +389,18 @@ class Rule:
 
     def step(self, look: int, successes: np.ndarray, best_lower: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
+
+    def step_looks(self, looks: np.ndarray, successes: np.ndarray, best_lower: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """``step`` at the consecutive looks ``looks`` (m indices) for cumulative counts ``successes`` (streams, m),
+        as if each stream ran on past any outcome: outcome and best lower bound per (stream, look). A stream's
+        answer is its first outcome other than CONTINUE, exactly what ``step`` one look at a time gives."""
+        outcomes, lowers = [], []
+        for i, look in enumerate(looks):
+            outcome, best_lower = self.step(int(look), successes[:, i], best_lower)
+            outcomes.append(outcome)
+            lowers.append(best_lower)
+        return np.stack(outcomes, axis=1), np.stack(lowers, axis=1)
 
 
 @dataclass(frozen=True)
@@ -356,6 +427,17 @@ class DecideRule(Rule):
                                                           BUDGET_SPENT if last else CONTINUE))
         return outcome.astype(np.int8), np.where(certified, np.maximum(best_lower, self.threshold), best_lower)
 
+    def step_looks(self, looks: np.ndarray, successes: np.ndarray, best_lower: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        looks = np.asarray(looks)
+        certified = self.cs.lower_at_least_looks(successes, looks, self.threshold)
+        rejected = self.cs.upper_below_looks(successes, looks, self.threshold) & ~certified
+        last = (looks == len(self.looks) - 1)[None, :]
+        outcome = np.where(certified, CERTIFIED, np.where(rejected, NOT_CERTIFIED,
+                                                          np.where(last, BUDGET_SPENT, CONTINUE)))
+        best = np.asarray(best_lower)[:, None]  # unchanged until the stream's first outcome
+        return outcome.astype(np.int8), np.where(certified, np.maximum(best, self.threshold), best)
+
 
 @dataclass(frozen=True)
 class EstimateRule(Rule):
@@ -370,92 +452,22 @@ class EstimateRule(Rule):
             raise UserError(f"the radius tolerance must be >= 0, got {self.tolerance}")
 
     def step(self, look: int, successes: np.ndarray, best_lower: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        lower = np.maximum(best_lower, self.cs.lower(successes, look))
+        outcome, lower = self.step_looks(np.array([look]), np.asarray(successes)[:, None], best_lower)
+        return outcome[:, 0], lower[:, 0]
+
+    def step_looks(self, looks: np.ndarray, successes: np.ndarray, best_lower: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """Stop once the radius cannot grow by more than ``tolerance``: neither the upper bound on pA nor the lower
+        bound with every remaining sample voting for cA lies above p_stop = Phi((radius(lower) + tolerance) /
+        sigma), asked as "is the bound at most p_stop" (for the mixture one evaluation, no bisection)."""
+        looks = np.asarray(looks)
+        successes = np.asarray(successes)
+        bounds = np.concatenate([np.asarray(best_lower, dtype=float)[:, None],
+                                 self.cs.lower_looks(successes, looks)], axis=1)
+        lower = np.maximum.accumulate(bounds, axis=1)[:, 1:]  # the running maximum, look by look
         last = len(self.looks) - 1
-        if look == last:
-            return np.full(len(lower), ESTIMATED, dtype=np.int8), lower
-        remaining = self.cs.n_max - int(self.looks[look])
-        all_remaining = self.cs.lower(np.asarray(successes) + remaining, last)  # every sample left votes for cA
-        ceiling = np.maximum(np.minimum(self.cs.upper(successes, look), all_remaining), lower)
-        done = radius_of(ceiling, self.sigma) - radius_of(lower, self.sigma) <= self.tolerance
-        return np.where(done, ESTIMATED, CONTINUE).astype(np.int8), lower
-
-
-# ----------------------------------------------------------------------------------------------- drivers
-
-@dataclass
-class StreamResults:
-    """Per stream: final outcome, votes for cA and estimation samples used at the stop, lower bound on pA."""
-
-    outcome: np.ndarray
-    successes: np.ndarray
-    samples: np.ndarray
-    p_lower: np.ndarray
-    stop_look: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-
-
-Draw = Callable[[np.ndarray, int], np.ndarray]
-
-
-def run_streams(rule: Rule, draw: Draw, count: int) -> StreamResults:
-    """Run ``rule`` over ``count`` streams: at each look, ``draw(active, m)`` returns the votes for cA among
-    m fresh samples of each active stream (indices ``active``); stopped streams draw nothing more."""
-    successes = np.zeros(count, dtype=np.int64)
-    samples = np.zeros(count, dtype=np.int64)
-    outcome = np.full(count, CONTINUE, dtype=np.int8)
-    p_lower = np.zeros(count)
-    stop_look = np.full(count, -1, dtype=np.int64)
-    previous = 0
-    for look, t in enumerate(rule.looks):
-        active = np.flatnonzero(outcome == CONTINUE)
-        if active.size == 0:
-            break
-        increment = int(t) - previous
-        votes = np.asarray(draw(active, increment), dtype=np.int64)
-        if votes.shape != active.shape or np.any(votes < 0) or np.any(votes > increment):
-            raise ValueError(f"draw returned {votes!r} for {active.size} streams of {increment} samples")
-        successes[active] += votes
-        samples[active] = t
-        result, p_lower[active] = rule.step(look, successes[active], p_lower[active])
-        outcome[active] = result
-        stop_look[active[result != CONTINUE]] = look
-        previous = int(t)
-    return StreamResults(outcome, successes, samples, p_lower, stop_look)
-
-
-class SequentialTest:
-    """One image's sequential test, fed counts from outside: ask ``samples_needed``, evaluate that many fresh
-    noisy samples, ``observe`` the votes for the selected class; repeat until ``done``.
-
-    The same rule and the same looks as :func:`run_streams` (and so as ``Smooth.decide`` /
-    ``Smooth.certify_adaptive``); a caller may evaluate the samples in any batches it likes."""
-
-    def __init__(self, rule: Rule):
-        self.rule = rule
-        self.look = 0
-        self.successes = 0
-        self.samples = 0
-        self.outcome = CONTINUE
-        self.p_lower = 0.0
-
-    @property
-    def done(self) -> bool:
-        return self.outcome != CONTINUE
-
-    @property
-    def samples_needed(self) -> int:
-        """Fresh estimation samples to evaluate before the next look (0 once done)."""
-        return 0 if self.done else int(self.rule.looks[self.look]) - self.samples
-
-    def observe(self, votes: int, samples: int) -> int:
-        """Record ``votes`` for the selected class among ``samples`` (= ``samples_needed``) fresh samples."""
-        if self.done:
-            raise ValueError("the test has already stopped")
-        if samples != self.samples_needed or not 0 <= votes <= samples:
-            raise ValueError(f"expected the votes among {self.samples_needed} samples, got {votes} of {samples}")
-        self.successes += int(votes)
-        self.samples += int(samples)
-        result, lower = self.rule.step(self.look, np.array([self.successes]), np.array([self.p_lower]))
-        self.outcome, self.p_lower = int(result[0]), float(lower[0])
-        self.look += 1
-        return self.outcome
+        p_stop = norm.cdf((radius_of(lower, self.sigma) + self.tolerance) / self.sigma)
+        remaining = self.cs.n_max - self.looks[looks][None, :]
+        done = (self.cs.upper_at_most_looks(successes, looks, p_stop)
+                | self.cs.lower_at_most_looks(successes + remaining, np.full(len(looks), last), p_stop))
+        return np.where(done | (looks == last)[None, :], ESTIMATED, CONTINUE).astype(np.int8), lower

@@ -1,6 +1,6 @@
 """Anytime validity of the sequential certification rules, by simulation (no model): Bernoulli vote streams
 run through the very rules and driver ``Smooth.decide`` / ``Smooth.certify_adaptive`` use
-(``certify.sequential.run_streams``). Each rate of wrong answers is checked with a one-sided binomial test
+(``certify.streams.run_streams``). Each rate of wrong answers is checked with a one-sided binomial test
 against alpha, and the same check is shown to catch a rule that is invalid under optional stopping
 (a fixed-level Clopper-Pearson bound read at every look)."""
 from __future__ import annotations
@@ -20,14 +20,13 @@ from certify.sequential import (
     DecideRule,
     EstimateRule,
     OneSidedMixture,
-    SequentialTest,
     UnionClopperPearson,
     confidence_sequence,
     geometric_looks,
     radius_of,
-    run_streams,
 )
 from certify.sequential_exact import boundaries, operating, union_boundary
+from certify.streams import SequentialTest, run_blocks, run_streams
 from transdenoiser.errors import UserError
 
 SIGMA = 0.25
@@ -314,3 +313,64 @@ def test_one_sided_bounds_are_where_the_fixed_grid_mixture_crosses_one_over_alph
     assert np.all(log_mixture(s, t, lower, qs, weights) >= np.log(100))  # the returned end is rejected
     assert np.all(log_mixture(s, t, lower + 1e-9, qs, weights) < np.log(100) + 1e-6)
     assert np.all(lower < s / t) and np.all(s[:2] / t < upper[:2]) and upper[2] == 1.0
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_blocks_stop_at_the_same_look_with_the_same_counts_as_look_by_look(method):
+    """``run_blocks`` (blocks of many looks, the rule evaluated at all of a block's looks at once) gives every stream
+    the outcome, counts, samples and bound that ``run_streams`` (look by look) gives the same sample stream; the
+    samples it evaluates past the stop stay within the block ratio."""
+    from certify.streams import DRAW_BLOCK_RATIO
+
+    p_values = np.array([0.6, 0.97, 0.985, 0.99, 0.999, 1.0])
+    votes = np.random.default_rng(21).binomial(1, np.repeat(p_values, 3)[:, None], size=(18, 20_000))
+
+    def look_draw():
+        position = np.zeros(len(votes), dtype=int)
+
+        def draw(active, m):
+            out = np.array([votes[i, position[i]:position[i] + m].sum() for i in active])
+            position[active] += m
+            return out
+        return draw
+
+    def block_draw():
+        position = np.zeros(len(votes), dtype=int)
+
+        def draw(active, size, segments):
+            edges = np.concatenate([[0], np.cumsum(segments)])
+            out = np.array([np.add.reduceat(votes[i, position[i]:position[i] + edges[-1]], edges[:-1])
+                            for i in active])
+            position[active] += size
+            return out
+        return draw
+
+    for rule in (DecideRule(confidence_sequence(method, 20_000, 0.001), 0.5, SIGMA),
+                 EstimateRule(confidence_sequence(method, 20_000, 0.001), SIGMA, 0.05)):
+        looked = run_streams(rule, look_draw(), len(votes))
+        blocked = run_blocks(rule, block_draw(), len(votes))
+        for name in ("outcome", "successes", "samples", "p_lower", "stop_look"):
+            np.testing.assert_array_equal(getattr(blocked, name), getattr(looked, name), err_msg=name)
+        assert np.all(blocked.computed >= blocked.samples)
+        assert np.all(blocked.computed <= np.maximum(DRAW_BLOCK_RATIO * blocked.samples, blocked.samples + 8))
+
+
+def test_sequential_test_fed_by_blocks_matches_the_block_driver():
+    rule = EstimateRule(confidence_sequence(DEFAULT_METHOD, 10_000, 0.001), SIGMA, 0.05)
+    votes = np.random.default_rng(11).binomial(1, 0.985, size=10_000)
+
+    def draw(active, size, segments):
+        start = draw.position
+        draw.position += size
+        edges = start + np.concatenate([[0], np.cumsum(segments)])
+        return np.add.reduceat(votes[start:edges[-1]], edges[:-1] - start)[None, :]
+    draw.position = 0
+    blocked = run_blocks(rule, draw, 1)
+    test = SequentialTest(rule)
+    while not test.done:
+        size, segments = test.next_block()
+        edges = test.computed + np.concatenate([[0], np.cumsum(segments)])
+        test.observe_block(np.add.reduceat(votes[edges[0]:edges[-1]], edges[:-1] - edges[0]))
+    assert (test.outcome, test.samples, test.successes, test.computed) == (
+        blocked.outcome[0], blocked.samples[0], blocked.successes[0], blocked.computed[0])
+    assert test.p_lower == blocked.p_lower[0]

@@ -80,8 +80,9 @@ def test_scheduled_answers_equal_the_offline_adaptive_functions(smooth, digits):
     certified = [c for c in decided[:2] if c.outcome == "certified"]  # both outcomes are exercised:
     assert certified and all(c.prediction in digits[1][:2].tolist() for c in certified)
     assert decided[2].outcome != "certified"  # the blend is not certified at 0.5
-    # only the samples the tests looked at were computed: no look beyond the stop was drawn
-    assert scheduler.stats.samples == sum(c.samples for c in decided + estimated)
+    # only the blocks the tests looked into were computed: nothing past the stopping look's block was drawn
+    assert scheduler.stats.samples == sum(c.n0 + c.computed for c in decided + estimated)
+    assert all(c.n <= c.computed <= 1.125 * c.n + 8 for c in decided + estimated)
     assert max(scheduler.stats.pass_sizes) > 1  # passes were in fact shared between the two requests
 
 

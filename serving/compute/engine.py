@@ -11,8 +11,8 @@ one certify request for ``serving.compute.scheduler.FairScheduler``; its certifi
 abstain when pA < 1/2), the same rule as ``certify.core.Smooth.certify``.
 
 ``SequentialWork`` is the work of an adaptive request (``decide`` at a radius, or ``estimate`` the largest
-radius under a budget): selection samples, then estimation samples look by look of the offline rule
-(``certify.sequential``), each image's noise one stream drawn exactly as ``Smooth.decide`` /
+radius under a budget): selection samples, then estimation samples block by block of the offline rule
+(``certify.streams``), each image's noise one stream drawn exactly as ``Smooth.decide`` /
 ``Smooth.certify_adaptive`` draw it from a generator seeded with the image's noise seed.
 """
 from __future__ import annotations
@@ -190,18 +190,19 @@ def stream_pieces(total: int, piece_samples: int) -> list[int]:
 class SequentialWork:
     """The work of one adaptive request (``kind`` ``decide`` or ``estimate``) for the scheduler.
 
-    Per image: ``n0`` selection samples choose the class, then fresh estimation samples are drawn look by look
-    of ``rule`` (``certify.core.sequential_rule``, the looks of the offline mode) and fed to a
-    ``certify.sequential.SequentialTest``. The jobs of an image's next look are handed out only once the
-    counts of its previous look are in, so an image stops as soon as its rule settles. Each image's noise is
-    one stream from a generator seeded with its noise seed, drawn in the pieces ``Smooth.decide`` /
+    Per image: ``n0`` selection samples choose the class, then fresh estimation samples are drawn block by block
+    (``certify.streams.SequentialTest.next_block``: each block spans several looks of ``rule``, the rule of
+    ``certify.core.sequential_rule``), their counts taken per look. The jobs of an image's next block are handed
+    out only once the counts of its previous block are in, and the test reads the block's looks in order up to
+    its first outcome, so an image stops at the very look the offline mode stops at. Each image's noise is one
+    stream from a generator seeded with its noise seed, drawn in the pieces ``Smooth.decide`` /
     ``Smooth.certify_adaptive`` draw (selection first), so a certificate equals the offline one for that seed,
     however the jobs were grouped into passes. ``planned_samples`` is the worst case, images x (n0 + n_max)."""
 
     def __init__(self, kind: str, images: torch.Tensor, image_seeds: Sequence[int], n0: int, rule, sigma: float,
                  num_classes: int, chunk_samples: int, generator_for):
         from certify.core import NOISE_PIECE_ELEMENTS
-        from certify.sequential import SequentialTest
+        from certify.streams import SequentialTest
 
         if kind not in ("decide", "estimate"):
             raise ValueError(f"a sequential kind is 'decide' or 'estimate', got {kind!r}")
@@ -215,24 +216,41 @@ class SequentialWork:
         self._tests = [SequentialTest(rule) for _ in range(len(images))]
         self._selection = np.zeros((len(images), num_classes), dtype=np.int64)
         self._top = np.full(len(images), -1, dtype=np.int64)
-        self._votes = np.zeros(len(images), dtype=np.int64)  # votes for the class in the current look's samples
-        self._counted = np.zeros(len(images), dtype=np.int64)  # samples of the current look counted so far
+        self._votes: list[np.ndarray] = [np.zeros(0, dtype=np.int64) for _ in range(len(images))]  # per look
         self._waiting = np.zeros(len(images), dtype=np.int64)  # jobs of the current phase not yet counted
         self._taken = np.zeros(len(images), dtype=np.int64)  # samples handed out, per image
         self._ready: deque[tuple[tuple[int, int], StreamJob]] = deque()
         self.planned_samples = len(images) * (n0 + self.n_max)
         for index in range(len(images)):
-            self._emit(index, -1, n0)  # phase -1: selection
+            self._emit(index, -1, n0, [n0])  # phase -1: selection
 
-    def _emit(self, index: int, phase: int, total: int) -> None:
-        """Queue the jobs of ``total`` fresh samples of image ``index`` (pieces in stream order, cut in chunks)."""
-        jobs = 0
+    def _emit(self, index: int, phase: int, total: int, segments: list[int]) -> None:
+        """Queue the jobs of the first ``sum(segments)`` of ``total`` fresh samples of image ``index``: pieces in
+        stream order (pieces past the segments are not drawn), cut at segment ends and in chunks; a job's key is
+        (index, segment number) for the estimation blocks, (index, -1) for the selection."""
+        jobs, offset = 0, 0
+        ends = np.cumsum(segments)
+        evaluated = int(ends[-1])
         for size in stream_pieces(total, self.piece_samples):
+            if offset >= evaluated:
+                break
             piece = NoisePiece(self.images[index], size, self._generators[index])
-            for start in range(0, size, self.chunk_samples):
-                self._ready.append(((index, phase), StreamJob(piece, start, min(self.chunk_samples, size - start))))
+            position = offset
+            while position < min(offset + size, evaluated):
+                segment = int(np.searchsorted(ends, position, side="right"))
+                stop = min(offset + size, int(ends[segment]), position + self.chunk_samples)
+                key = (index, -1) if phase < 0 else (index, segment)
+                self._ready.append((key, StreamJob(piece, position - offset, stop - position)))
                 jobs += 1
+                position = stop
+            offset += size
         self._waiting[index] = jobs
+        if phase >= 0:
+            self._votes[index] = np.zeros(len(segments), dtype=np.int64)
+
+    def _emit_block(self, index: int) -> None:
+        size, segments = self._tests[index].next_block()
+        self._emit(index, 0, size, segments)
 
     @property
     def samples_left(self) -> int:
@@ -258,23 +276,21 @@ class SequentialWork:
         return taken
 
     def add(self, key: tuple[int, int], counts: np.ndarray) -> None:
-        index, phase = key
-        if phase < 0:
+        index, segment = key
+        if segment < 0:
             self._selection[index] += counts
         else:
-            self._votes[index] += int(counts[self._top[index]])
-            self._counted[index] += int(counts.sum())
+            self._votes[index][segment] += int(counts[self._top[index]])
         self._waiting[index] -= 1
         if self._waiting[index] > 0:
             return
         test = self._tests[index]
-        if phase < 0:  # selection done: the class is chosen; the estimation stream starts
+        if segment < 0:  # selection done: the class is chosen; the estimation stream starts
             self._top[index] = int(self._selection[index].argmax())
-        else:  # the look's samples are all counted: look
-            test.observe(int(self._votes[index]), int(self._counted[index]))
-            self._votes[index] = self._counted[index] = 0
+        else:  # the block's samples are all counted: its looks, in order
+            test.observe_block(self._votes[index])
         if not test.done:
-            self._emit(index, test.look, test.samples_needed)
+            self._emit_block(index)
 
     @property
     def finished(self) -> bool:
@@ -285,5 +301,5 @@ class SequentialWork:
         from certify.core import adaptive_certificate
 
         return [adaptive_certificate(self.rule, self.kind, int(top), test.outcome, test.successes, test.samples,
-                                     test.p_lower, self.n0, self.sigma)
+                                     test.p_lower, self.n0, self.sigma, test.computed)
                 for top, test in zip(self._top, self._tests, strict=True)]

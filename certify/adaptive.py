@@ -1,0 +1,121 @@
+"""Adaptive certification: Cohen's selection, then a sequential test of the selected class on fresh samples.
+
+:func:`adaptive_many` selects each image's class with n0 samples, then runs a stopping rule of
+:mod:`certify.sequential` (decide at a radius, or estimate the largest radius) on the image's estimation
+stream, drawn block by block (:func:`certify.streams.run_blocks`): every active image's next block shares the
+forward passes, and the rule is evaluated at every look of a block at once. Each image draws from its own
+generator, selection first, then its blocks in order, so an answer depends on the image's generator and its own
+votes only: never on the batch size, the device's pass size or the other images.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from certify.decisions import ABSTAIN, validate_sampling
+from certify.sequential import (
+    CERTIFIED,
+    DEFAULT_METHOD,
+    DEFAULT_TOLERANCE,
+    OUTCOME_NAMES,
+    DecideRule,
+    EstimateRule,
+    confidence_sequence,
+    radius_of,
+)
+from certify.streams import run_blocks
+from transdenoiser.errors import UserError
+
+
+@dataclass(frozen=True)
+class AdaptiveCertificate:
+    """Result of :meth:`Smooth.decide` or :meth:`Smooth.certify_adaptive` for one image.
+
+    ``mode``: ``decide`` (certified at ``radius``?) or ``estimate`` (largest radius under the budget).
+    ``outcome``: certified / not_certified / budget_spent (decide), estimated (estimate).
+    ``n``: estimation samples used (at most ``n_max``); ``samples`` = n0 + n, all noisy samples used.
+    ``computed``: estimation samples evaluated: ``n`` plus the rest of the block the test stopped in.
+    ``p_lower``: the anytime-valid lower bound on pA at the stop (decide: Phi(R / sigma) when certified).
+    A decide answer keeps the class the n0 selection samples chose, certified or not: ``certified`` says which.
+    """
+
+    prediction: int  # class index, or ABSTAIN (estimate: pA < 1/2; decide: always the selected class)
+    radius: float  # certified L2 radius ([0,1]-pixel units); 0.0 when abstaining or not certified at R
+    p_lower: float
+    count: int  # estimation samples that voted for the selected class
+    n0: int
+    n: int
+    n_max: int
+    mode: str
+    outcome: str
+    computed: int = -1  # estimation samples evaluated (-1: not recorded)
+
+    @property
+    def abstained(self) -> bool:
+        return self.prediction == ABSTAIN
+
+    @property
+    def samples(self) -> int:
+        return self.n0 + self.n
+
+    @property
+    def certified(self) -> bool | None:
+        """Decide: True (certified at the radius), False (not certified), None (budget spent, no claim either way);
+        estimate: whether a positive radius was certified."""
+        if self.mode == "decide":
+            return {"certified": True, "not_certified": False}.get(self.outcome)
+        return not self.abstained and self.radius > 0
+
+
+def sequential_rule(mode: str, sigma: float, n_max: int, alpha: float, radius: float | None = None,
+                    tolerance: float | None = None, method: str | None = None):
+    """The stopping rule of :meth:`Smooth.decide` (``mode="decide"``, needs ``radius``) or
+    :meth:`Smooth.certify_adaptive` (``mode="estimate"``): feed it to :class:`certify.streams.SequentialTest`
+    to drive it from counts computed elsewhere."""
+    validate_sampling(None, n_max, alpha)
+    cs = confidence_sequence(method or DEFAULT_METHOD, n_max, alpha)
+    if mode == "decide":
+        if radius is None:
+            raise UserError("deciding needs the radius to decide at")
+        return DecideRule(cs, float(radius), sigma)
+    if mode == "estimate":
+        return EstimateRule(cs, sigma, DEFAULT_TOLERANCE if tolerance is None else float(tolerance))
+    raise UserError(f"mode must be 'decide' or 'estimate', got {mode!r}")
+
+
+def adaptive_certificate(rule, mode: str, top: int, outcome: int, count: int, n: int, p_lower: float,
+                         n0: int, sigma: float, computed: int = -1) -> AdaptiveCertificate:
+    """The certificate of one finished sequential test on the class ``top`` chosen by n0 selection samples."""
+    if mode == "decide":
+        certified = outcome == CERTIFIED
+        return AdaptiveCertificate(top, float(rule.radius) if certified else 0.0,  # the class, certified or not
+                                   p_lower, count, n0, n, rule.cs.n_max, mode, OUTCOME_NAMES[outcome], computed)
+    radius = float(radius_of(p_lower, sigma))
+    return AdaptiveCertificate(top if p_lower >= 0.5 else ABSTAIN, radius, p_lower, count, n0, n, rule.cs.n_max,
+                               mode, OUTCOME_NAMES[outcome], computed)
+
+
+def adaptive_many(smooth, images: torch.Tensor, n0: int, rule,
+                  generators: Sequence[torch.Generator | None]) -> list[AdaptiveCertificate]:
+    """Select each image's class with n0 samples, then run ``rule`` on fresh estimation samples of that class,
+    block by block, the active images' blocks packed into shared forward passes (module docstring). ``smooth``
+    is a :class:`certify.core.Smooth`."""
+    if n0 < 1:
+        raise UserError(f"n0 must be >= 1, got {n0}")
+    selection = smooth.sample_counts_many(images, [n0], generators)[:, 0]
+    top = selection.argmax(axis=1)
+
+    def draw(active: np.ndarray, block_samples: int, segments: np.ndarray) -> np.ndarray:
+        counts = smooth.sample_counts_segments(images[torch.as_tensor(active)], block_samples, segments,
+                                               [generators[i] for i in active])
+        return counts[np.arange(len(active)), :, top[active]]
+
+    mode = "decide" if isinstance(rule, DecideRule) else "estimate"
+    results = run_blocks(rule, draw, images.shape[0])
+    return [adaptive_certificate(rule, mode, int(top[j]), int(results.outcome[j]), int(results.successes[j]),
+                                 int(results.samples[j]), float(results.p_lower[j]), n0, smooth.sigma,
+                                 int(results.computed[j]))
+            for j in range(images.shape[0])]

@@ -1,0 +1,200 @@
+"""Drivers of the sequential rules of :mod:`certify.sequential`: many streams at once, or one stream fed from outside.
+
+- :func:`run_streams` evaluates a rule look by look, drawing each look's fresh samples from a callback: the
+  reference driver, used by the validity simulations.
+- :func:`run_blocks` draws each stream's samples in **blocks** that span many looks and evaluates the rule at
+  every look inside a block at once (:meth:`certify.sequential.Rule.step_looks`); a stream's answer is its first
+  outcome, at the very look and with the very counts :func:`run_streams` gives for the same sample stream
+  (tested). Fewer, larger draws keep a device busy and cost one vectorised rule evaluation per block instead of
+  one per look; the samples of a block after a stream's stopping look are computed and not used (at most
+  DRAW_BLOCK_RATIO - 1 of the samples used, plus one look's step).
+- :class:`SequentialTest` is the rule for one image fed counts from outside (the server's scheduler), look by
+  look or block by block.
+
+The block ends (:func:`draw_block_ends`) are a subsequence of the unbounded look schedule, each the last look at
+most DRAW_BLOCK_RATIO times the previous end: they depend on the look schedule alone, not on n_max (beyond where
+it truncates the last block), the batch size, the device or which streams share a pass. An image's noise is drawn
+block by block, each block in full, so the noise an image sees at any sample count is the same whatever its
+budget: a larger n_max only extends the same stream (the basis of validity across re-runs).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from certify.sequential import CONTINUE, ConfidenceSequence, Rule, geometric_looks
+
+DRAW_BLOCK_RATIO = 1.125  # each block of noise ends at the last look at most this many times the previous end
+
+
+@dataclass
+class StreamResults:
+    """Per stream: final outcome, votes for cA and estimation samples used at the stop, lower bound on pA."""
+
+    outcome: np.ndarray
+    successes: np.ndarray
+    samples: np.ndarray
+    p_lower: np.ndarray
+    stop_look: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    computed: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # samples evaluated
+
+
+Draw = Callable[[np.ndarray, int], np.ndarray]
+BlockDraw = Callable[[np.ndarray, int, np.ndarray], np.ndarray]
+
+
+def draw_block_ends(cs: ConfidenceSequence, ratio: float = DRAW_BLOCK_RATIO) -> np.ndarray:
+    """Sample counts at which the noise blocks of a stream end, the last one at or beyond n_max.
+
+    With a look schedule that does not depend on n_max (``cs.schedule``) the ends are taken from the unbounded
+    schedule; otherwise (``union-cp``, whose looks are placed by n_max) every look ends a block."""
+    if cs.schedule is None:
+        return cs.looks.copy()
+    first, look_ratio, step = cs.schedule
+    unbounded = geometric_looks(2 * cs.n_max + 2 * first + 2 * step, first, look_ratio, step)[:-1]
+    ends, end = [], 0
+    while end < cs.n_max:
+        candidates = unbounded[unbounded > end]
+        within = candidates[candidates <= end * ratio]
+        end = int(within[-1] if within.size else candidates[0])
+        ends.append(end)
+    return np.asarray(ends, dtype=np.int64)
+
+
+def block_looks(cs: ConfidenceSequence, start: int, end: int) -> np.ndarray:
+    """Indices of the looks of ``cs`` in (start, end]."""
+    return np.flatnonzero((cs.looks > start) & (cs.looks <= end))
+
+
+def run_streams(rule: Rule, draw: Draw, count: int) -> StreamResults:
+    """Run ``rule`` over ``count`` streams: at each look, ``draw(active, m)`` returns the votes for cA among
+    m fresh samples of each active stream (indices ``active``); stopped streams draw nothing more."""
+    successes = np.zeros(count, dtype=np.int64)
+    samples = np.zeros(count, dtype=np.int64)
+    outcome = np.full(count, CONTINUE, dtype=np.int8)
+    p_lower = np.zeros(count)
+    stop_look = np.full(count, -1, dtype=np.int64)
+    previous = 0
+    for look, t in enumerate(rule.looks):
+        active = np.flatnonzero(outcome == CONTINUE)
+        if active.size == 0:
+            break
+        increment = int(t) - previous
+        votes = np.asarray(draw(active, increment), dtype=np.int64)
+        if votes.shape != active.shape or np.any(votes < 0) or np.any(votes > increment):
+            raise ValueError(f"draw returned {votes!r} for {active.size} streams of {increment} samples")
+        successes[active] += votes
+        samples[active] = t
+        result, p_lower[active] = rule.step(look, successes[active], p_lower[active])
+        outcome[active] = result
+        stop_look[active[result != CONTINUE]] = look
+        previous = int(t)
+    return StreamResults(outcome, successes, samples, p_lower, stop_look, samples.copy())
+
+
+def run_blocks(rule: Rule, draw: BlockDraw, count: int, ratio: float = DRAW_BLOCK_RATIO) -> StreamResults:
+    """Run ``rule`` over ``count`` streams block by block (module docstring). For each block,
+    ``draw(active, block_samples, segments)`` draws ``block_samples`` fresh samples of each active stream (the
+    whole block, so the stream does not depend on n_max), evaluates the first ``segments.sum()`` of them and
+    returns the votes for cA in each consecutive segment (one segment per look), shape (active, len(segments))."""
+    cs = rule.cs
+    successes = np.zeros(count, dtype=np.int64)
+    samples = np.zeros(count, dtype=np.int64)
+    computed = np.zeros(count, dtype=np.int64)
+    outcome = np.full(count, CONTINUE, dtype=np.int8)
+    p_lower = np.zeros(count)
+    stop_look = np.full(count, -1, dtype=np.int64)
+    start = 0
+    for end in draw_block_ends(cs, ratio):
+        active = np.flatnonzero(outcome == CONTINUE)
+        if active.size == 0:
+            break
+        looks = block_looks(cs, start, int(end))
+        counts = cs.looks[looks]
+        segments = np.diff(np.concatenate([[start], counts]))
+        votes = np.asarray(draw(active, int(end) - start, segments), dtype=np.int64)
+        if votes.shape != (active.size, segments.size) or np.any(votes < 0) or np.any(votes > segments):
+            raise ValueError(f"draw returned votes of shape {votes.shape} for {active.size} streams and "
+                             f"{segments.size} looks")
+        cumulative = successes[active, None] + np.cumsum(votes, axis=1)
+        results, lowers = rule.step_looks(looks, cumulative, p_lower[active])
+        stopped = results != CONTINUE
+        first = np.where(stopped.any(axis=1), stopped.argmax(axis=1), segments.size - 1)
+        rows = np.arange(active.size)
+        successes[active] = cumulative[rows, first]
+        samples[active] = counts[first]
+        computed[active] = counts[-1]
+        p_lower[active] = lowers[rows, first]
+        outcome[active] = results[rows, first]
+        stop_look[active[stopped.any(axis=1)]] = looks[first[stopped.any(axis=1)]]
+        start = int(end)
+    return StreamResults(outcome, successes, samples, p_lower, stop_look, computed)
+
+
+class SequentialTest:
+    """One image's sequential test, fed counts from outside: ask ``samples_needed``, evaluate that many fresh
+    noisy samples, ``observe`` the votes for the selected class; repeat until ``done``. Or block by block, as
+    :func:`run_blocks` draws: ``next_block`` says how many samples to draw and in which look segments to count
+    the first of them, ``observe_block`` takes those counts.
+
+    The same rule and the same looks as :func:`run_streams` / :func:`run_blocks` (and so as ``Smooth.decide`` /
+    ``Smooth.certify_adaptive``); a caller may evaluate the samples in any batches it likes."""
+
+    def __init__(self, rule: Rule, ratio: float = DRAW_BLOCK_RATIO):
+        self.rule = rule
+        self.look = 0
+        self.successes = 0
+        self.samples = 0
+        self.outcome = CONTINUE
+        self.p_lower = 0.0
+        self.computed = 0  # estimation samples evaluated (a block is evaluated whole, up to n_max)
+        self._block_ends = draw_block_ends(rule.cs, ratio)
+        self._drawn = 0  # samples of the stream drawn so far (block by block)
+
+    @property
+    def done(self) -> bool:
+        return self.outcome != CONTINUE
+
+    @property
+    def samples_needed(self) -> int:
+        """Fresh estimation samples to evaluate before the next look (0 once done)."""
+        return 0 if self.done else int(self.rule.looks[self.look]) - self.samples
+
+    def observe(self, votes: int, samples: int) -> int:
+        """Record ``votes`` for the selected class among ``samples`` (= ``samples_needed``) fresh samples."""
+        if self.done:
+            raise ValueError("the test has already stopped")
+        if samples != self.samples_needed or not 0 <= votes <= samples:
+            raise ValueError(f"expected the votes among {self.samples_needed} samples, got {votes} of {samples}")
+        self.successes += int(votes)
+        self.samples += int(samples)
+        self.computed = max(self.computed, self.samples)
+        result, lower = self.rule.step(self.look, np.array([self.successes]), np.array([self.p_lower]))
+        self.outcome, self.p_lower = int(result[0]), float(lower[0])
+        self.look += 1
+        return self.outcome
+
+    def next_block(self) -> tuple[int, list[int]]:
+        """(samples to draw, look segments to count among the first of them) for the next block; (0, []) once
+        done. Block by block only: ``samples`` must be at the end of the previous block."""
+        if self.done:
+            return 0, []
+        if self.samples != self._drawn:
+            raise ValueError("blocks and single looks cannot be mixed in one test")
+        end = int(self._block_ends[np.searchsorted(self._block_ends, self._drawn, side="right")])
+        counts = self.rule.cs.looks[block_looks(self.rule.cs, self._drawn, end)]
+        return end - self._drawn, [int(m) for m in np.diff(np.concatenate([[self._drawn], counts]))]
+
+    def observe_block(self, votes: list[int] | np.ndarray) -> int:
+        """Record the votes in each look segment of :meth:`next_block`, look by look up to the first outcome."""
+        size, segments = self.next_block()
+        if len(votes) != len(segments):
+            raise ValueError(f"expected the votes of {len(segments)} looks, got {len(votes)}")
+        for vote, segment in zip(votes, segments, strict=True):
+            if self.observe(int(vote), segment) != CONTINUE:
+                break
+        self.computed = self._drawn + sum(segments)
+        self._drawn += size
+        return self.outcome
