@@ -2,7 +2,8 @@
 
 :func:`adaptive_many` selects each image's class with n0 samples, then runs a stopping rule of
 :mod:`certify.sequential` (decide at a radius, or estimate the largest radius) on the image's estimation
-stream, drawn block by block (:func:`certify.streams.run_blocks`): every active image's next block shares the
+stream, drawn block by block (:func:`certify.streams.run_blocks`, the device's :class:`certify.streams.BlockPlan`):
+every active image's next block shares the
 forward passes, and the rule is evaluated at every look of a block at once. Each image draws from its own
 generator, selection first, then its blocks in order, so an answer depends on the image's generator and its own
 votes only: never on the batch size, the device's pass size or the other images.
@@ -26,7 +27,7 @@ from certify.sequential import (
     confidence_sequence,
     radius_of,
 )
-from certify.streams import run_blocks
+from certify.streams import BlockPlan, run_blocks
 from transdenoiser.errors import UserError
 
 
@@ -114,7 +115,7 @@ def adaptive_many(smooth, images: torch.Tensor, n0: int, rule,
         return counts[np.arange(len(active)), :, top[active]]
 
     mode = "decide" if isinstance(rule, DecideRule) else "estimate"
-    results = run_blocks(rule, draw, images.shape[0])
+    results = run_blocks(rule, draw, images.shape[0], BlockPlan.for_device(smooth.device.type))
     return [adaptive_certificate(rule, mode, int(top[j]), int(results.outcome[j]), int(results.successes[j]),
                                  int(results.samples[j]), float(results.p_lower[j]), n0, smooth.sigma,
                                  int(results.computed[j]))

@@ -197,8 +197,10 @@ def _run_locked(job: CertifyJob, mode: str | None, shard, track: Track, warn: Ca
         extra: dict[str, Any] = {}
         if mode:
             from certify.sequential import DEFAULT_TOLERANCE, look_settings
+            from certify.streams import BlockPlan
 
             extra = {"mode": mode, "radius": job.radius, "sequential_method": job.sequential,
+                     **BlockPlan.for_device(device.type).describe(),
                      "tolerance": (job.tolerance if job.tolerance is not None else DEFAULT_TOLERANCE)
                      if mode == "estimate" else None,
                      **look_settings(job.sequential)}

@@ -7,13 +7,14 @@
   outcome, at the very look and with the very counts :func:`run_streams` gives for the same sample stream
   (tested). Fewer, larger draws keep a device busy and cost one vectorised rule evaluation per block instead of
   one per look; the samples of a block after a stream's stopping look are computed and not used (at most
-  DRAW_BLOCK_RATIO - 1 of the samples used, plus one look's step).
+  DRAW_BLOCK_RATIO - 1 of the samples used, or the plan's least block).
 - :class:`SequentialTest` is the rule for one image fed counts from outside (the server's scheduler), look by
   look or block by block.
 
 The block ends (:func:`draw_block_ends`) are a subsequence of the unbounded look schedule, each the last look at
-most DRAW_BLOCK_RATIO times the previous end: they depend on the look schedule alone, not on n_max (beyond where
-it truncates the last block), the batch size, the device or which streams share a pass. An image's noise is drawn
+most DRAW_BLOCK_RATIO times the previous end or a :class:`BlockPlan`'s least block after it (8 samples on CPU, 64
+on GPUs): they depend on the look schedule and the plan alone, not on n_max (beyond where it truncates the last
+block), the batch size or which streams share a pass. An image's noise is drawn
 block by block, each block in full, so the noise an image sees at any sample count is the same whatever its
 budget: a larger n_max only extends the same stream (the basis of validity across re-runs).
 """
@@ -26,7 +27,31 @@ import numpy as np
 
 from certify.sequential import CONTINUE, ConfidenceSequence, Rule, geometric_looks
 
-DRAW_BLOCK_RATIO = 1.125  # each block of noise ends at the last look at most this many times the previous end
+DRAW_BLOCK_RATIO = 1.125  # each block of noise ends at the last look at most this many times the previous end ...
+MIN_BLOCK_SAMPLES = {"cpu": 8}  # ... or at most this many samples after it, per device type (others: the default)
+DEFAULT_MIN_BLOCK_SAMPLES = 64  # a GPU pass costs about as much for 8 or 64 samples per image
+
+
+@dataclass(frozen=True)
+class BlockPlan:
+    """How a stream's samples are cut into blocks: each block ends at the last look at most ``ratio`` times the
+    previous end or ``min_samples`` after it, whichever is further (at least one look). A run setting: the same
+    plan, the same noise stream; the default is chosen per device (small blocks where samples cost time in
+    proportion, on CPU; larger where a pass costs the same for a few more samples, on GPUs)."""
+
+    ratio: float = DRAW_BLOCK_RATIO
+    min_samples: int = MIN_BLOCK_SAMPLES["cpu"]
+
+    def __post_init__(self):
+        if not (self.ratio >= 1 and self.min_samples >= 1):
+            raise ValueError(f"a block plan needs ratio >= 1 and min_samples >= 1, got {self}")
+
+    @classmethod
+    def for_device(cls, device_type: str) -> BlockPlan:
+        return cls(DRAW_BLOCK_RATIO, MIN_BLOCK_SAMPLES.get(device_type, DEFAULT_MIN_BLOCK_SAMPLES))
+
+    def describe(self) -> dict:
+        return {"block_ratio": self.ratio, "block_min_samples": self.min_samples}
 
 
 @dataclass
@@ -45,7 +70,7 @@ Draw = Callable[[np.ndarray, int], np.ndarray]
 BlockDraw = Callable[[np.ndarray, int, np.ndarray], np.ndarray]
 
 
-def draw_block_ends(cs: ConfidenceSequence, ratio: float = DRAW_BLOCK_RATIO) -> np.ndarray:
+def draw_block_ends(cs: ConfidenceSequence, plan: BlockPlan = BlockPlan()) -> np.ndarray:
     """Sample counts at which the noise blocks of a stream end, the last one at or beyond n_max.
 
     With a look schedule that does not depend on n_max (``cs.schedule``) the ends are taken from the unbounded
@@ -57,7 +82,7 @@ def draw_block_ends(cs: ConfidenceSequence, ratio: float = DRAW_BLOCK_RATIO) -> 
     ends, end = [], 0
     while end < cs.n_max:
         candidates = unbounded[unbounded > end]
-        within = candidates[candidates <= end * ratio]
+        within = candidates[candidates <= max(end * plan.ratio, end + plan.min_samples)]
         end = int(within[-1] if within.size else candidates[0])
         ends.append(end)
     return np.asarray(ends, dtype=np.int64)
@@ -94,7 +119,7 @@ def run_streams(rule: Rule, draw: Draw, count: int) -> StreamResults:
     return StreamResults(outcome, successes, samples, p_lower, stop_look, samples.copy())
 
 
-def run_blocks(rule: Rule, draw: BlockDraw, count: int, ratio: float = DRAW_BLOCK_RATIO) -> StreamResults:
+def run_blocks(rule: Rule, draw: BlockDraw, count: int, plan: BlockPlan = BlockPlan()) -> StreamResults:
     """Run ``rule`` over ``count`` streams block by block (module docstring). For each block,
     ``draw(active, block_samples, segments)`` draws ``block_samples`` fresh samples of each active stream (the
     whole block, so the stream does not depend on n_max), evaluates the first ``segments.sum()`` of them and
@@ -107,7 +132,7 @@ def run_blocks(rule: Rule, draw: BlockDraw, count: int, ratio: float = DRAW_BLOC
     p_lower = np.zeros(count)
     stop_look = np.full(count, -1, dtype=np.int64)
     start = 0
-    for end in draw_block_ends(cs, ratio):
+    for end in draw_block_ends(cs, plan):
         active = np.flatnonzero(outcome == CONTINUE)
         if active.size == 0:
             break
@@ -142,7 +167,7 @@ class SequentialTest:
     The same rule and the same looks as :func:`run_streams` / :func:`run_blocks` (and so as ``Smooth.decide`` /
     ``Smooth.certify_adaptive``); a caller may evaluate the samples in any batches it likes."""
 
-    def __init__(self, rule: Rule, ratio: float = DRAW_BLOCK_RATIO):
+    def __init__(self, rule: Rule, plan: BlockPlan = BlockPlan()):
         self.rule = rule
         self.look = 0
         self.successes = 0
@@ -150,7 +175,7 @@ class SequentialTest:
         self.outcome = CONTINUE
         self.p_lower = 0.0
         self.computed = 0  # estimation samples evaluated (a block is evaluated whole, up to n_max)
-        self._block_ends = draw_block_ends(rule.cs, ratio)
+        self._block_ends = draw_block_ends(rule.cs, plan)
         self._drawn = 0  # samples of the stream drawn so far (block by block)
 
     @property

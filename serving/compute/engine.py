@@ -197,12 +197,13 @@ class SequentialWork:
     its first outcome, so an image stops at the very look the offline mode stops at. Each image's noise is one
     stream from a generator seeded with its noise seed, drawn in the pieces ``Smooth.decide`` /
     ``Smooth.certify_adaptive`` draw (selection first), so a certificate equals the offline one for that seed,
-    however the jobs were grouped into passes. ``planned_samples`` is the worst case, images x (n0 + n_max)."""
+    however the jobs were grouped into passes. ``device``: where the samples are evaluated (the block plan is the
+    device's, as offline). ``planned_samples`` is the worst case, images x (n0 + n_max)."""
 
     def __init__(self, kind: str, images: torch.Tensor, image_seeds: Sequence[int], n0: int, rule, sigma: float,
-                 num_classes: int, chunk_samples: int, generator_for):
+                 num_classes: int, chunk_samples: int, generator_for, device: torch.device | str | None = None):
         from certify.core import NOISE_PIECE_ELEMENTS
-        from certify.streams import SequentialTest
+        from certify.streams import BlockPlan, SequentialTest
 
         if kind not in ("decide", "estimate"):
             raise ValueError(f"a sequential kind is 'decide' or 'estimate', got {kind!r}")
@@ -213,7 +214,8 @@ class SequentialWork:
         self.piece_samples = max(1, NOISE_PIECE_ELEMENTS // images[0].numel())
         self.n_max = int(rule.cs.n_max)
         self._generators = [generator_for(seed) for seed in self.image_seeds]
-        self._tests = [SequentialTest(rule) for _ in range(len(images))]
+        plan = BlockPlan.for_device(images.device.type if device is None else torch.device(device).type)
+        self._tests = [SequentialTest(rule, plan) for _ in range(len(images))]
         self._selection = np.zeros((len(images), num_classes), dtype=np.int64)
         self._top = np.full(len(images), -1, dtype=np.int64)
         self._votes: list[np.ndarray] = [np.zeros(0, dtype=np.int64) for _ in range(len(images))]  # per look
