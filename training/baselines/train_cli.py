@@ -6,6 +6,9 @@ a dataset, never read flags, never print.
 """
 from __future__ import annotations
 
+import json
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -41,14 +44,11 @@ def securesgd_config_from_args(args) -> SecureSGDConfig:
 
 def cmd_train_securesgd(args, print_fn: Callable[..., None] = print) -> int:
     """``transdenoiser train --arm securesgd-prt|securesgd-sct``: called by training.train_cli."""
-    import json
-    import sys
-
     from training.checkpoint import load_checkpoint
     from training.cli import load_dataset_from_args
     from transdenoiser.runtime import hardware_description, resolve_device, seed_everything
 
-    if "WORLD_SIZE" in __import__("os").environ:
+    if "WORLD_SIZE" in os.environ:
         raise UserError("the SecureSGD arms run in one process (torchrun is not supported for them)")
     device = resolve_device(args.device)
     config = securesgd_config_from_args(args)
@@ -119,10 +119,6 @@ def stobatch_config_from_args(args) -> StoBatchConfig:
 
 def cmd_train_stobatch(args, print_fn: Callable[..., None] = print) -> int:
     """``transdenoiser train --arm stobatch``: called by training.train_cli (under its run lock)."""
-    import json
-    import os
-    import sys
-
     from training.cli import load_dataset_from_args
     from transdenoiser.progress import bar
     from transdenoiser.runtime import hardware_description, resolve_device, seed_everything
