@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from benchmarks import write_result
-    from training.baselines.stobatch import first_layer, laplace_noise, noisy_logits
+    from training.baselines.stobatch_mechanisms import first_layer, laplace_noise, noisy_logits
     from training.models import build_model
     from transdenoiser.runtime import hardware_description
 

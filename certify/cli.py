@@ -278,7 +278,7 @@ def cmd_merge(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from certify.report import overlay_runs
+    from certify.attacks.overlay import overlay_runs
 
     written = overlay_runs(args.run_dirs, args.out, warn=lambda line: print(line, file=sys.stderr))
     for path in written:

@@ -4,7 +4,7 @@ For each epsilon in 0.01..10: OPERA (aGM; sensitivity of Lemma 1, and of the exa
 perturbation with the classical Gaussian, epsilon <= 1 only), GRPUA (aGM per step, Theorem 7), SgdPert (GRPUA's
 loop with the classical Gaussian per step, Theorem 7), GRPUA calibrated by the RDP accountant, DP-SGD on the head
 (RDP accountant), and the non-private head. Replace-one (epsilon, delta) throughout. Features: a public-split
-classifier's penultimate layer (--classifier) or pixels; each normalised to norm <= 1 (training/convex/head.py).
+classifier's penultimate layer (--classifier) or pixels; each normalised to norm <= 1 (training/linear_probe.py).
 
     python scripts/convex_figures.py --dataset mnist10k --classifier runs/classifier --out docs/results
     python scripts/convex_figures.py --quick --out /tmp/convex_quick      # seconds: the smoke test's mode

@@ -46,7 +46,7 @@ def main(argv=None) -> int:
 
     from training.convex.train import build_probe, embed
     from training.datasets import load_dataset
-    from training.privacy import shaped_noise as sn
+    from training.privacy import shaped_noise_study as sn
     from training.privacy.accounting import noise_multiplier_for_epsilon, steps_for_epochs
     from transdenoiser.runtime import hardware_description
 

@@ -12,14 +12,14 @@ import pytest
 import torch
 
 from training.baselines import common, securesgd
-from training.baselines.securesgd import (
+from training.baselines.securesgd import SecureSGDConfig
+from training.baselines.securesgd_certify import phan_certificate
+from training.baselines.securesgd_mechanisms import (
     NoiseLayerModel,
-    SecureSGDConfig,
     build_noise_layer_model,
     egm_noise_multiplier,
     hgm_attack_size,
     hgm_noise_std,
-    phan_certificate,
 )
 
 
@@ -203,7 +203,7 @@ def _random_classifier(path, mnist10k):
 
 
 def test_both_arms_train_certify_and_attack_through_the_cli(tmp_path, mnist10k):
-    from training.baselines.securesgd import load_securesgd
+    from training.baselines.securesgd_certify import load_securesgd
     from training.checkpoint import load_checkpoint
     from transdenoiser.cli import main
 

@@ -14,6 +14,9 @@ from scipy import stats
 from torch.nn import functional as F
 
 from training.baselines import stobatch as sb
+from training.baselines import stobatch_certify as sbc
+from training.baselines import stobatch_mechanisms as sbm
+from training.baselines import stobatch_privacy as sbp
 from training.checkpoint import load_checkpoint, save_checkpoint
 from training.models import build_model
 from transdenoiser.cli import main
@@ -37,7 +40,7 @@ def _model(seed: int = 0):
 
 def test_laplace_noise_has_the_asked_scale():
     scale = 3.5
-    draws = sb.laplace_noise((40000,), scale, torch.Generator().manual_seed(1)).double().numpy()
+    draws = sbm.laplace_noise((40000,), scale, torch.Generator().manual_seed(1)).double().numpy()
     assert stats.kstest(draws, stats.laplace(scale=scale).cdf).pvalue > 1e-3
     assert stats.kstest(draws, stats.laplace(scale=1.2 * scale).cdf).pvalue < 1e-6  # the test can fail
 
@@ -49,19 +52,19 @@ def test_laplace_noise_keeps_the_bits_of_the_plain_inversion():
         generator = torch.Generator().manual_seed(11)
         u = torch.rand(shape, generator=torch.Generator().manual_seed(11), dtype=torch.float64) - 0.5
         plain = (scale * torch.sign(u) * -torch.log1p(-2 * u.abs().clamp(max=0.5 - 1e-17))).to(torch.float32)
-        assert torch.equal(sb.laplace_noise(shape, scale, generator), plain)
+        assert torch.equal(sbm.laplace_noise(shape, scale, generator), plain)
 
 
 def test_paper_budget_matches_the_formulas():
     model = _model()
-    conv = sb.first_layer(model)
-    delta_r = sb.reconstruction_sensitivity(conv, (1, 28, 28))
+    conv = sbm.first_layer(model)
+    delta_r = sbm.reconstruction_sensitivity(conv, (1, 28, 28))
     assert delta_r == 1 * 3 * 3 * (28 * 28 + 2)  # d (beta + 2): 9 inputs per hidden unit, 784 positions
     w = conv.weight.detach().double().reshape(32, -1).numpy()
     w_norm = float(np.linalg.svd(w, compute_uv=False).max())
-    assert sb.largest_singular_value(conv.weight) == pytest.approx(w_norm, rel=1e-9)
+    assert sbm.largest_singular_value(conv.weight) == pytest.approx(w_norm, rel=1e-9)
     total, share, m, d3 = 1.0, 0.5, 100.0, 256.0
-    budget = sb.paper_budget(total, share, delta_r, d3, w_norm, m)
+    budget = sbp.paper_budget(total, share, delta_r, d3, w_norm, m)
     eps2 = share * total
     eps1 = (total - eps2) / (1 + m / delta_r + m * w_norm / (2 * delta_r))
     assert budget.eps1 == pytest.approx(eps1, rel=1e-12) and budget.eps2 == pytest.approx(eps2)
@@ -72,7 +75,7 @@ def test_paper_budget_matches_the_formulas():
 
 
 def test_disjoint_batches_partition_the_examples():
-    batches = sb.disjoint_batches(1000, 7, torch.Generator().manual_seed(0))
+    batches = sbm.disjoint_batches(1000, 7, torch.Generator().manual_seed(0))
     joined = torch.cat(batches).sort().values
     assert len(batches) == 7 and torch.equal(joined, torch.arange(1000))
 
@@ -81,24 +84,24 @@ def test_per_example_gradients_are_clipped_to_c():
     """Each example's two blocks are clipped to C/sqrt(2) each (whole gradient <= C), as a plain autograd loop over
     the examples, clipping each block by hand, computes."""
     model = _model(1)
-    per_example, blocks = sb.example_gradients(model, alpha=1.0)
+    per_example, blocks = sbm.example_gradients(model, alpha=1.0)
     g = torch.Generator().manual_seed(2)
     x_bar = torch.rand(3, 1, 28, 28, generator=g)
     x_adv = (x_bar + 0.1 * torch.randn(3, 1, 28, 28, generator=g)).clamp(0, 1)
     onehot = F.one_hot(torch.tensor([0, 3, 9]), 10).float()
     n_h = 0.5 * torch.randn(1, 32, 28, 28, generator=g)
     clip = 0.05
-    summed, norms = sb.clipped_gradient_sum(model, per_example, blocks, x_bar, x_adv, onehot, n_h, clip, chunk_size=2)
+    summed, norms = sbm.clipped_gradient_sum(model, per_example, blocks, x_bar, x_adv, onehot, n_h, clip, chunk_size=2)
     params = dict(model.named_parameters())
     expected = {k: torch.zeros_like(p) for k, p in params.items()}
     for i in range(3):
-        conv = sb.first_layer(model)
+        conv = sbm.first_layer(model)
         hidden = F.relu(conv(model.normalize(x_bar[i:i + 1])) + n_h)
         recon = F.conv_transpose2d(hidden, conv.weight, padding=1)
         rec_loss = (math.log(2) + recon / 2 + recon ** 2 / 8 - x_bar[i:i + 1] * recon).sum()
         first = list(blocks[0])
         rec_grads = torch.autograd.grad(rec_loss, [params[k] for k in first])
-        logits = sb.noisy_logits(model, torch.cat([x_bar[i:i + 1], x_adv[i:i + 1]]), n_h)
+        logits = sbm.noisy_logits(model, torch.cat([x_bar[i:i + 1], x_adv[i:i + 1]]), n_h)
         terms = (math.log(2) + logits / 2 + logits ** 2 / 8 - onehot[i] * logits).sum(1)
         cls_loss = (terms[0] + terms[1]) / 2
         rest = list(blocks[1])
@@ -116,7 +119,7 @@ def test_per_example_gradients_are_clipped_to_c():
 
 def test_noise_multiplier_and_epsilon_match_dp_accounting():
     config = sb.StoBatchConfig(target_epsilon=1.0, epochs=7, batch_size=50)
-    schedule = sb.plan(config, 1000)
+    schedule = sbp.plan(config, 1000)
     z = schedule["noise_multiplier"]
 
     def eps(multiplier):
@@ -126,8 +129,8 @@ def test_noise_multiplier_and_epsilon_match_dp_accounting():
 
     assert eps(z) <= 1.0 + 1e-6 and eps(0.97 * z) > 1.0  # calibrated: meets the target, and barely
     assert schedule["num_batches"] == 20 and schedule["total_steps"] == 140
-    budget = sb.paper_budget(1.0, 0.5, 7074.0, 256.0, 1.0, 50.0)
-    report = sb.privacy_report(config, schedule, budget, 1000, 7)
+    budget = sbp.paper_budget(1.0, 0.5, 7074.0, 256.0, 1.0, 50.0)
+    report = sbp.privacy_report(config, schedule, budget, 1000, 7)
     ours = report["guarantees"][0]
     assert ours["data_independent"] and ours["noise_multiplier"] == z
     assert ours["epsilon"]["rdp"] == pytest.approx(eps(z), rel=0.02)  # our finer order grid: equal or tighter
@@ -137,10 +140,10 @@ def test_noise_multiplier_and_epsilon_match_dp_accounting():
 def test_noise_on_the_gradient_has_the_reported_scale():
     """An empty batch's privatised gradient is pure noise: its std must be z C / m."""
     model = _model(3)
-    per_example, blocks = sb.example_gradients(model)
+    per_example, blocks = sbm.example_gradients(model)
     z, clip, m = 2.5, 0.7, 40.0
     empty = torch.zeros(0, 1, 28, 28)
-    grads = sb.privatised_gradient(model, per_example, blocks, empty, empty, torch.zeros(0, 10),
+    grads = sbm.privatised_gradient(model, per_example, blocks, empty, empty, torch.zeros(0, 10),
                                    torch.zeros(1, 32, 28, 28), clip, z, m, 8, torch.Generator().manual_seed(4))
     values = torch.cat([g.flatten() for g in grads.values()]).double().numpy()
     assert len(values) > 400_000
@@ -150,17 +153,17 @@ def test_noise_on_the_gradient_has_the_reported_scale():
 
 def test_certificate_radius_closed_form():
     for p, bx, bh, s in ((0.9, 2.0, 4.0, 3.0), (0.6, 0.5, 10.0, 1.0), (0.999, 1.0, 1.0, 0.1)):
-        eps_r, r1, paper = sb.radius_from_p_lower(p, bx, bh, s)
+        eps_r, r1, paper = sbc.radius_from_p_lower(p, bx, bh, s)
         assert eps_r == pytest.approx(0.5 * math.log(p / (1 - p)))
         assert r1 == pytest.approx(eps_r * max(bx, bh / s)) and paper == pytest.approx(eps_r * (bx + bh / s))
-    assert sb.radius_from_p_lower(0.5, 1.0, 1.0, 1.0) == (0.0, 0.0, 0.0)
+    assert sbc.radius_from_p_lower(0.5, 1.0, 1.0, 1.0) == (0.0, 0.0, 0.0)
 
 
 def test_l1_operator_norm_bounds_and_is_attained():
     model = _model(5)
-    conv = sb.first_layer(model)
+    conv = sbm.first_layer(model)
     std = [0.3]
-    s = sb.l1_operator_norm(conv, std)
+    s = sbm.l1_operator_norm(conv, std)
     assert s == pytest.approx(float(conv.weight.detach().abs().sum()) / 0.3, rel=1e-6)
     g = torch.Generator().manual_seed(6)
     for _ in range(5):
@@ -187,8 +190,8 @@ def test_certified_robustness_of_a_constant_model(tmp_path):
     directory = save_checkpoint(tmp_path / "const", model, meta)
     images = torch.rand(2, 1, 28, 28, generator=torch.Generator().manual_seed(8))
     n, alpha = 50, 0.01
-    certs = sb.certified_robustness(directory, images, n0=5, n=n, alpha=alpha, batch_size=17)
-    s = float(sb.first_layer(model).weight.detach().abs().sum()) / float(model.normalize.std.flatten()[0])
+    certs = sbc.certified_robustness(directory, images, n0=5, n=n, alpha=alpha, batch_size=17)
+    s = float(sbm.first_layer(model).weight.detach().abs().sum()) / float(model.normalize.std.flatten()[0])
     p_lower = alpha ** (1 / n)
     radius = 0.5 * math.log(p_lower / (1 - p_lower)) * max(bx, bh / s)
     for cert in certs:
@@ -197,7 +200,7 @@ def test_certified_robustness_of_a_constant_model(tmp_path):
         assert cert.radius_l1 == pytest.approx(radius, rel=1e-6)
         assert cert.radius_l2 == pytest.approx(radius / 28) and cert.radius_linf == pytest.approx(radius / 784)
     with pytest.raises(UserError):
-        sb.certified_robustness(directory, images[:, :, :27], n0=5, n=n)
+        sbc.certified_robustness(directory, images[:, :, :27], n0=5, n=n)
 
 
 def test_train_cli_writes_a_classifier_checkpoint(stobatch_dir):
@@ -270,7 +273,7 @@ def test_baseline_certify_runs_stobatchs_certificate_beside_smoothing(stobatch_d
     indices = [int(r["idx"]) for r in rows]
     assert indices == [0, 700, 1400]
     images, labels = mnist10k.split("test").subset(np.asarray(indices)).tensors("cpu")
-    certificates = sb.certified_robustness(model_dir, images, n0=n0, n=n, alpha=alpha, seed=seed, indices=indices)
+    certificates = sbc.certified_robustness(model_dir, images, n0=n0, n=n, alpha=alpha, seed=seed, indices=indices)
     model = load_checkpoint(model_dir, kind="classifier").model
     s_norm = float(model.features[0].weight.detach().abs().sum()) / float(model.normalize.std.flatten()[0])
     certified = split = 0
@@ -362,7 +365,7 @@ def test_training_adds_the_reported_noise(monkeypatch, mnist10k):
     """The noise multiplier every training step uses is the one the privacy report states, and it meets the target
     by dp-accounting called directly (E = 1 epoch: one Gaussian mechanism)."""
     used = []
-    original = sb.privatised_gradient
+    original = sbm.privatised_gradient
 
     def spy(*args, **kwargs):
         used.append((args[7], args[8], args[9]))  # clip norm, noise multiplier, divisor m

@@ -1,12 +1,12 @@
-"""One certified accuracy: certify.report.certified_accuracy, which the baselines' tables and the reproduction
+"""One certified accuracy: certify.summary.certified_accuracy, which the baselines' tables and the reproduction
 script's figures call."""
 from __future__ import annotations
 
 import math
 
-from certify.report import certified_accuracy
 from certify.runner import CertifyRecord
-from tests.test_reproduce import reproduce_module
+from certify.summary import certified_accuracy
+from tests.test_reproduce import reproduce_part
 from training.baselines.cli import RADII, certified_accuracy_by_radius
 
 # (prediction, label, radius): right at 0.5, right at 0 (a certificate without radius), an abstention, wrong at 1.0
@@ -29,6 +29,6 @@ def test_baseline_table_and_reproduction_figures_use_the_same_definition():
     table = certified_accuracy_by_radius(rows, "phan")
     assert table == {f"{radius:g}": certified_accuracy(RECORDS, radius) for radius in RADII}
     assert table["0"] == 0.5 and table["0.5"] == 0.25 and table["1"] == 0.0
-    reproduce = reproduce_module()
+    reproduce = reproduce_part("results")
     rows = [{"radius": r.radius, "correct": int(r.correct)} for r in RECORDS]
     assert [reproduce.certified_accuracy(rows, radius) for radius in EXPECTED] == list(EXPECTED.values())

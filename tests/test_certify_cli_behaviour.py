@@ -136,7 +136,8 @@ def test_old_flag_spellings_still_work_with_a_note(models, tmp_path, capsys):
 def test_report_has_a_privacy_table_rounded_numbers_legends_and_the_radius_cap(models, tmp_path, capsys):
     import re
 
-    from certify.report import cap_note, certified_accuracy_figure, legend_label, read_certify_run
+    from certify.figures import cap_note, certified_accuracy_figure, legend_label
+    from certify.report import read_certify_run
 
     classifier, denoiser, _ = models
     with_denoiser, plain = tmp_path / "td", tmp_path / "plain"
@@ -163,7 +164,7 @@ def test_report_has_a_privacy_table_rounded_numbers_legends_and_the_radius_cap(m
     overlay = (tmp_path / "overlay" / "report.md").read_text()
     assert warning in overlay and "n 16, mnist10k" in overlay
     # the second run minus the first, paired over their 3 common images: exactly the difference of the two runs' files
-    from certify.report import certified_accuracy
+    from certify.summary import certified_accuracy
 
     rows = json.loads((tmp_path / "overlay" / "overlay.json").read_text())
     paired = rows[1]["paired_to_first_run"]

@@ -8,8 +8,9 @@ import torch
 from torch import nn
 
 from certify.core import Smooth
-from certify.report import format_certified_accuracy_table, radius_grid, summarize
+from certify.report import format_certified_accuracy_table
 from certify.runner import Shard, certify_dataset, pack_size, plan_units, rank_device, read_rows, select_indices
+from certify.summary import radius_grid, summarize
 from transdenoiser.cli import main
 from transdenoiser.errors import UserError
 
@@ -141,7 +142,7 @@ def test_cli_writes_all_four_files_and_report_overlays(tiny_classifier_dir, tmp_
     assert (tmp_path / "overlay" / "certified_accuracy.png").is_file()
     code, _, _ = run_cli(["report", out, other, out, "--out", tmp_path / "overlay_same"], capsys)
     assert code == 2  # a run listed twice
-    from certify.report import denoiser_arm, run_label
+    from certify.figures import denoiser_arm, run_label
 
     assert run_label({"settings": {"sigma": 0.1, "denoiser": "d"}, "denoiser_metadata": {"privacy": {"arm": "sepdp"}}}
                      ) == "sepdp, sigma 0.1"

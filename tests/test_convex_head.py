@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from training.convex.head import LinearProbe, normalise_features
+from training.linear_probe import LinearProbe, normalise_features
 
 
 def test_features_have_norm_at_most_one_and_penultimate_matches_the_classifier(classifier_dir):

@@ -21,8 +21,8 @@ import pytest
 import torch
 from scipy.stats import norm
 
-from certify.report import summarize
 from certify.runner import CertifyRecord
+from certify.summary import summarize
 from transdenoiser.cli import main
 
 SIGMA, N0, N, ALPHA = 0.5, 100, 1000, 0.001

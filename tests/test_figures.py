@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from certify.report import cap_note, certified_accuracy_figure, legend_label, plot_certified_accuracy
+from certify.figures import cap_note, certified_accuracy_figure, legend_label, plot_certified_accuracy
 from certify.runner import CertifyRecord
 
 pytest.importorskip("matplotlib")

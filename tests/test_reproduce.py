@@ -194,11 +194,11 @@ def test_plan_and_estimate_name_the_full_mode_without_running(quick_run):
     assert seed_of == sorted(seed_of) and set(seed_of) == {0, 1, 2}
     assert sum(" pretrain " in line for line in steps) == 1 and sum("/none_s0" in line for line in steps) == 1
     # every planned baseline training passes only flags its arm takes (checked by the arm's own flag reader)
-    from training.baselines import securesgd, stobatch
+    from training.baselines.train_cli import securesgd_config_from_args, stobatch_config_from_args
     from transdenoiser.cli import build_parser
 
-    readers = {"stobatch": stobatch.config_from_train_args, "securesgd-prt": securesgd.config_from_train_args,
-               "securesgd-sct": securesgd.config_from_train_args}
+    readers = {"stobatch": stobatch_config_from_args, "securesgd-prt": securesgd_config_from_args,
+               "securesgd-sct": securesgd_config_from_args}
     checked = set()
     for words in planned_trainings(plan.stdout):
         arm = words[words.index("--arm") + 1] if "--arm" in words else None
@@ -282,6 +282,14 @@ def reproduce_module():
     return module
 
 
+def reproduce_part(part: str):
+    """scripts/reproduce_PART.py, one of the modules scripts/reproduce.py is made of, as the script imports it."""
+    import importlib
+
+    reproduce_module()  # puts scripts/ on sys.path, as running the script does
+    return importlib.import_module(f"reproduce_{part}")
+
+
 def test_estimate_counts_steps_not_done_at_the_first_files_rates():
     """The wall-time estimate skips finished steps, takes each kind's median rate from the first steps file that
     measured it (a run's own rates before another run's), keeps the adaptive and fixed-n certification rates
@@ -315,6 +323,7 @@ def test_a_certification_is_timed_by_its_own_files_even_when_it_resumed(tmp_path
     image's time in certify.tsv, baseline-certify's summary.json), found beside the steps file as an export lays
     them out, and rates each baseline's own certificate apart from the others'."""
     module = reproduce_module()
+    estimate_part = reproduce_part("estimate")
     steps_file = tmp_path / "export" / "steps.jsonl"
     folder = tmp_path / "export" / "mnist10k" / "certify" / "sepdp_s0"
     folder.mkdir(parents=True)
@@ -333,17 +342,17 @@ def test_a_certification_is_timed_by_its_own_files_even_when_it_resumed(tmp_path
     certify = step("certify", ran_at / "certify" / "sepdp_s0", 3.0, adaptive=True)
     baseline = step("baseline-certify", ran_at / "baseline_certify" / "stobatch_s0", 5.0)
     partial = step("certify", ran_at / "certify" / "sepdp_s0", 3.0, images=3, adaptive=True)  # 2 rows of 3
-    assert module.recorded_seconds(certify, steps_file) == pytest.approx(30.0)
-    assert module.recorded_seconds(baseline, steps_file) == pytest.approx(90.0)
-    assert module.recorded_seconds(partial, steps_file) is None
+    assert estimate_part.recorded_seconds(certify, steps_file) == pytest.approx(30.0)
+    assert estimate_part.recorded_seconds(baseline, steps_file) == pytest.approx(90.0)
+    assert estimate_part.recorded_seconds(partial, steps_file) is None
     timed = module.with_recorded_seconds([certify, baseline, partial], steps_file)
     assert [(t["seconds"], t["resumed"]) for t in timed] == [(30.0, False), (90.0, False), (3.0, True)]
     assert timed[1]["work"]["arm"] == "stobatch"  # from the step's name: logged before work named the arm
-    assert module.recorded_seconds(certify, tmp_path / "elsewhere" / "steps.jsonl") is None  # nothing there
+    assert estimate_part.recorded_seconds(certify, tmp_path / "elsewhere" / "steps.jsonl") is None  # nothing there
     damaged = tmp_path / "damaged" / "mnist10k" / "certify" / "sepdp_s0"
     damaged.mkdir(parents=True)
     (damaged / "certify.tsv").write_text("idx\ttime\n0\t10.0\n4\n")  # a cut-off row: no rate, no crash
-    assert module.recorded_seconds(certify, tmp_path / "damaged" / "steps.jsonl") is None
+    assert estimate_part.recorded_seconds(certify, tmp_path / "damaged" / "steps.jsonl") is None
 
     plan = [{**step("baseline-certify", "x", 0, arm="stobatch"), "done": False},
             {**step("baseline-certify", "y", 0, arm="securesgd-prt"), "done": False}]
@@ -448,6 +457,7 @@ def test_a_step_another_worker_is_running_is_left_to_it(tmp_path, capsys):
     from transdenoiser.lock import RunLock
 
     module = reproduce_module()
+    runner_part = reproduce_part("runner")
     settings = module.Settings(datasets=["mnist10k"], out=tmp_path)
     runner = module.Runner(settings)
     calls = []
@@ -479,11 +489,11 @@ def test_a_step_another_worker_is_running_is_left_to_it(tmp_path, capsys):
     bcert = tmp_path / "bcert"
     bcert.mkdir()
     (bcert / "baseline_certify.rows.jsonl").write_text('{"idx": 0}\n{"idx": 20}\n{"idx": 40}\n')
-    assert module.images_done(bcert) == 3 and module.images_done(tmp_path / "nothing") is None
+    assert runner_part.images_done(bcert) == 3 and runner_part.images_done(tmp_path / "nothing") is None
 
 
 def test_the_tables_name_the_commits_and_hardware_of_their_steps(tmp_path):
-    module = reproduce_module()
+    tables_part = reproduce_part("tables")
     steps = tmp_path / "steps.jsonl"
     lines = [{"name": "mnist10k: certify a", "exit": 0, "commit": "abc1234", "hardware": "CPU X, 2 cores"},
              {"name": "mnist10k: certify b", "exit": 1, "commit": "fff0000", "hardware": "CPU Y, 8 cores"},
@@ -491,12 +501,12 @@ def test_the_tables_name_the_commits_and_hardware_of_their_steps(tmp_path):
              {"name": "mnist10k: train c", "exit": 0, "commit": "abc1234+modified", "hardware": "CPU X, 2 cores"},
              {"name": "mnist10k: pretrain", "exit": 0}]  # a step logged before commits and hardware were
     steps.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    assert module.step_commits(steps, "mnist10k") == ["abc1234", "abc1234+modified"]  # failed steps left out
-    assert module.step_commits(steps, "mnist10k", "hardware") == ["CPU X, 2 cores"]
-    assert module.step_commits(steps, "mnist10k", "name", having="hardware") == ["mnist10k: certify a",
+    assert tables_part.step_commits(steps, "mnist10k") == ["abc1234", "abc1234+modified"]  # failed steps left out
+    assert tables_part.step_commits(steps, "mnist10k", "hardware") == ["CPU X, 2 cores"]
+    assert tables_part.step_commits(steps, "mnist10k", "name", having="hardware") == ["mnist10k: certify a",
                                                                                  "mnist10k: train c"]
-    assert len(module.step_commits(steps, "mnist10k", "name")) == 3  # one of them recorded no hardware
-    assert module.step_commits(tmp_path / "absent.jsonl", "mnist10k") == []
+    assert len(tables_part.step_commits(steps, "mnist10k", "name")) == 3  # one of them recorded no hardware
+    assert tables_part.step_commits(tmp_path / "absent.jsonl", "mnist10k") == []
 
 
 def test_a_data_sets_header_names_only_the_commands_that_ran_it():
@@ -546,6 +556,8 @@ def test_figure4_error_bars_pair_each_arm_with_sepdp_image_by_image(tmp_path):
     of the per-image differences at bound 2, the paper-setting run's attack as the epsilon-1 point; an epsilon whose
     images differ from sepdp's, or from the other epsilons', is left out rather than mispaired."""
     module = reproduce_module()
+    results_part = reproduce_part("results")
+    tables_part = reproduce_part("tables")
     root = tmp_path / "mnist10k"
 
     def write(folder: Path, correct: list[int], indices: list[int]) -> None:
@@ -566,15 +578,15 @@ def test_figure4_error_bars_pair_each_arm_with_sepdp_image_by_image(tmp_path):
     write(root / "eps" / "transdenoiser_eps4_s0" / "attack_pgd", [1, 1], [0, 5])
     settings = module.Settings(datasets=["mnist10k"], out=tmp_path, epsilons=(0.1, 1.0, 4.0, 8.0),
                                figure4_attacks=("pgd",), runs=("sepdp", "transdenoiser"))
-    paired = module.figure4_paired_to_sepdp(root, settings)
+    paired = results_part.figure4_paired_to_sepdp(root, settings)
     entry = paired["transdenoiser"]["pgd"]
     assert entry["seed"] == 0 and entry["images"] == 4 and entry["epsilons"] == [1.0, 8.0]
     assert entry["difference"] == pytest.approx([0.5, -0.25])
     assert entry["low"][0] <= 0.5 <= entry["high"][0] and entry["low"][1] <= -0.25 <= entry["high"][1]
     assert list(paired) == ["transdenoiser"]  # sepdp is the reference, not a row
-    result = module.collect(root, settings)
+    result = results_part.collect(root, settings)
     assert result["figure4_paired"] == paired
-    module.write_tables(result, tmp_path / "tables.md", settings, "header")
+    tables_part.write_tables(result, tmp_path / "tables.md", settings, "header")
     tables = (tmp_path / "tables.md").read_text()
     assert "| TransDenoiser | 0 | 4 | - | +50.0 [" in tables and "| -25.0 [" in tables
 
@@ -583,6 +595,8 @@ def test_paired_differences_are_given_at_every_seed_and_between_seeds(tmp_path):
     """With two training seeds certified for both, the paired table has a row per seed (each the exact difference
     of that seed's two files) and the between-seeds table their mean, min and max; one seed gives no such table."""
     module = reproduce_module()
+    results_part = reproduce_part("results")
+    tables_part = reproduce_part("tables")
     root = tmp_path / "mnist10k"
 
     def write(run: str, radii: list[float]) -> None:  # four images, label 1; radius -1: abstained
@@ -597,13 +611,13 @@ def test_paired_differences_are_given_at_every_seed_and_between_seeds(tmp_path):
     write("sepdp_s0", [0.3, 0.3, 0.1, -1])
     write("transdenoiser_s0", [0.3, 0.3, 0.3, 0.3])  # +25 points at r = 0, +50 at 0.25
     settings = module.Settings(datasets=["mnist10k"], out=tmp_path, runs=("sepdp", "transdenoiser"))
-    result = module.collect(root, settings)
+    result = results_part.collect(root, settings)
     assert "between_seeds" not in result["paired"]["transdenoiser"]
-    module.write_tables(result, tmp_path / "one.md", settings, "header")
+    tables_part.write_tables(result, tmp_path / "one.md", settings, "header")
     assert "Between training seeds" not in (tmp_path / "one.md").read_text()
     write("sepdp_s1", [0.3, -1, -1, -1])
     write("transdenoiser_s1", [0.3, 0.3, -1, -1])  # +25 at r = 0, +25 at 0.25
-    result = module.collect(root, settings)
+    result = results_part.collect(root, settings)
     entry = result["paired"]["transdenoiser"]
     assert [e["seed"] for e in entry["per_seed"]] == [0, 1] and entry["seed"] == 0
     assert entry["per_seed"][1]["difference"][:2] == pytest.approx([0.25, 0.25])
@@ -611,7 +625,7 @@ def test_paired_differences_are_given_at_every_seed_and_between_seeds(tmp_path):
     assert between["seeds"] == [0, 1]
     assert between["mean"][:2] == pytest.approx([0.25, 0.375]) and between["low"][1] == pytest.approx(0.25)
     assert between["high"][1] == pytest.approx(0.5)
-    module.write_tables(result, tmp_path / "two.md", settings, "header")
+    tables_part.write_tables(result, tmp_path / "two.md", settings, "header")
     tables = (tmp_path / "two.md").read_text()
     assert "| TransDenoiser | 0 | 4 | +25.0 [" in tables and "| TransDenoiser | 1 | 4 | +25.0 [" in tables
     assert "| TransDenoiser | 0, 1 | +25.0 [+25.0, +25.0] | +37.5 [+25.0, +50.0] |" in tables
@@ -623,6 +637,8 @@ def test_the_baselines_own_certificates_are_named_and_shown_beside_smoothing(tmp
     StoBatch: not Phan et al.'s 2019 bound) and gives randomized smoothing of the same randomised model beside it,
     each computed from baseline_certify.tsv's columns."""
     module = reproduce_module()
+    results_part = reproduce_part("results")
+    tables_part = reproduce_part("tables")
     root = tmp_path / "mnist10k"
     header = "idx\tlabel\tphan_predict\tphan_radius\tphan_correct\tsmooth_predict\tsmooth_radius\tsmooth_correct\n"
     for run in ("securesgd-prt_s0", "stobatch_s0"):  # four images: own certificate 1.0, 1.0, 0.1, wrong
@@ -631,7 +647,7 @@ def test_the_baselines_own_certificates_are_named_and_shown_beside_smoothing(tmp
         (folder / "baseline_certify.tsv").write_text(header + "0\t1\t1\t1.0\t1\t1\t0.3\t1\n5\t1\t1\t1.0\t1\t-1\t0\t0\n"
                                                      "10\t1\t1\t0.1\t1\t-1\t0\t0\n15\t1\t2\t0.5\t0\t-1\t0\t0\n")
     settings = module.Settings(datasets=["mnist10k"], out=tmp_path, runs=("securesgd-prt", "stobatch"))
-    module.write_tables(module.collect(root, settings), tmp_path / "tables.md", settings, "header")
+    tables_part.write_tables(results_part.collect(root, settings), tmp_path / "tables.md", settings, "header")
     tables = (tmp_path / "tables.md").read_text()
     assert "| SecureSGD_prt, Phan et al.'s bound | 4 | 75.0 | 50.0 | 50.0 | 50.0 | 50.0 |" in tables
     assert "| StoBatch, StoBatch's own certificate | 4 | 75.0 | 50.0 | 50.0 | 50.0 | 50.0 |" in tables

@@ -11,6 +11,7 @@ from scipy import optimize
 from scipy.stats import multivariate_normal, norm
 
 from training.privacy import shaped_noise as sn
+from training.privacy import shaped_noise_study as study
 
 
 def monte_carlo_delta(epsilon, stds, shift, samples=200_000, seed=0):
@@ -131,16 +132,16 @@ def test_training_loops_run_and_report():
         torch.manual_seed(0)
         return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
 
-    shaped = sn.shaped_noise_dpsgd(model(), x, y, xp, yp, xt, yt, noise_multiplier=1.0, sample_rate=0.2, steps=30,
+    shaped = study.shaped_noise_dpsgd(model(), x, y, xp, yp, xt, yt, noise_multiplier=1.0, sample_rate=0.2, steps=30,
                                    clip_norm=1.0, learning_rate=0.5, delta=1e-5, public_sample=64)
     assert np.allclose(shaped.trace["effective_multiplier"], 1.0)
     for budgets in shaped.trace["budgets"]:
         assert sum(c * c for c in budgets.values()) == pytest.approx(1.0)
-    plain = sn.shaped_noise_dpsgd(model(), x, y, xp, yp, xt, yt, noise_multiplier=1.0, sample_rate=0.2, steps=30,
+    plain = study.shaped_noise_dpsgd(model(), x, y, xp, yp, xt, yt, noise_multiplier=1.0, sample_rate=0.2, steps=30,
                                   clip_norm=1.0, learning_rate=0.5, delta=1e-5, shaped=False, public_sample=64)
     assert shaped.privacy["epsilon"] == plain.privacy["epsilon"]  # same multiplier, same accountant, same epsilon
     assert shaped.test_accuracy > 0.7 and plain.test_accuracy > 0.7  # chance is 1/3
-    paper = sn.paper_optimized_noise(model(), x, y, xt, yt, epsilon=1.0, delta=1e-5, sample_rate=0.2, steps=5,
+    paper = study.paper_optimized_noise(model(), x, y, xt, yt, epsilon=1.0, delta=1e-5, sample_rate=0.2, steps=5,
                                      clip_norm=1.0, learning_rate=0.5)
     assert paper.privacy["data_independent_epsilon"] is None
     assert paper.privacy["smallest_sigma_over_bound"] < 1

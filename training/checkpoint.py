@@ -23,9 +23,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load, save
 from torch import nn
 
-import transdenoiser
 from training.models import build_model, count_parameters
 from transdenoiser.errors import CheckpointError, UserError
+from transdenoiser.version import __version__
 
 FORMAT = "transdenoiser-checkpoint"
 FORMAT_VERSION = 1
@@ -128,7 +128,7 @@ def save_checkpoint(directory: str | Path, model: nn.Module, metadata: dict[str,
     meta = dict(metadata)
     meta["format"] = FORMAT
     meta["format_version"] = FORMAT_VERSION
-    meta["package_version"] = transdenoiser.__version__
+    meta["package_version"] = __version__
     meta["torch_version"] = torch.__version__
     meta["num_parameters"] = count_parameters(model)
     files = {WEIGHTS: save_tensors(directory / WEIGHTS, model.state_dict())}

@@ -2,7 +2,8 @@
 
 Every model takes images with pixels in [0, 1] (N, C, H, W); classifiers normalise inside
 (a ``Normalize`` layer whose mean/std are buffers saved with the weights), so randomized
-smoothing can add its noise in pixel space. Denoisers (training/denoisers.py) register here too.
+smoothing can add its noise in pixel space. Denoisers (training/denoisers.py) and the private linear head
+(``linear-probe``, training/linear_probe.py) register here too.
 """
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ def register(name: str):
 
 def build_model(architecture: str, **kwargs) -> nn.Module:
     """Build a registered architecture, or ``torchvision:NAME`` for any torchvision classification model."""
-    import training.convex.head  # noqa: F401  (registers the private linear head, linear-probe)
     import training.denoisers  # noqa: F401  (registers the denoiser architectures)
+    import training.linear_probe  # noqa: F401  (registers the private linear head, linear-probe)
 
     if architecture.startswith("torchvision:"):
         return TorchvisionClassifier(architecture.split(":", 1)[1], **kwargs)
@@ -43,8 +44,8 @@ def build_model(architecture: str, **kwargs) -> nn.Module:
 
 
 def architectures() -> list[str]:
-    import training.convex.head  # noqa: F401
     import training.denoisers  # noqa: F401
+    import training.linear_probe  # noqa: F401
 
     return sorted(_REGISTRY)
 

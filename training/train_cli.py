@@ -291,11 +291,11 @@ def _train(args, device, group) -> int:
     writer = group is None or group.is_writer
     print = builtins.print if writer else _silent  # noqa: A001 -- only rank 0 speaks under torchrun
     if args.arm in ("securesgd-prt", "securesgd-sct"):  # Phan et al.'s SecureSGD baselines (training/baselines)
-        from training.baselines.securesgd import cmd_train_securesgd
+        from training.baselines.train_cli import cmd_train_securesgd
 
         return cmd_train_securesgd(args, print)
     if args.arm == "stobatch":  # Phan et al.'s StoBatch baseline (training/baselines/stobatch.py)
-        from training.baselines.stobatch import cmd_train_stobatch
+        from training.baselines.train_cli import cmd_train_stobatch
 
         return cmd_train_stobatch(args, print)
     base = None

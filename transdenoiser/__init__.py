@@ -7,7 +7,7 @@ The Python API (docs/API.md) is loaded on first use, so that importing the packa
     smooth = transdenoiser.Smooth(classifier, num_classes=10, sigma=0.25, denoiser=denoiser)
 """
 
-__version__ = "0.1.0"
+from transdenoiser.version import __version__ as __version__
 
 _API_NAMES = ("ABSTAIN", "AdaptiveCertificate", "Certificate", "Smooth", "max_certifiable_radius",
               "FGSM", "IFGSM", "MIM", "PGD", "train_private_denoiser", "train_securesgd", "train_stobatch",

@@ -294,7 +294,7 @@ def train_private_denoiser(classifier: nn.Module, images, *, test, arm: str = "s
 
 def normalise_features(features) -> torch.Tensor:
     """Rows [f / ||f||, 1] / sqrt(2): L2 norm <= 1, as :func:`fit_private_head`'s sensitivity analyses need."""
-    from training.convex.head import normalise_features as _normalise
+    from training.linear_probe import normalise_features as _normalise
 
     return _normalise(torch.as_tensor(features, dtype=torch.float64))
 

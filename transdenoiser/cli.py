@@ -17,11 +17,11 @@ import logging
 import os
 import sys
 
-import transdenoiser
 from transdenoiser.convergence import CONVERGENCE_NOTE, ConvergenceWarnings
 from transdenoiser.errors import UserError
 from transdenoiser.preflight import check_paths
 from transdenoiser.runtime import DEVICE_CHOICES, keep_freed_memory
+from transdenoiser.version import __version__
 
 # Every command: (module whose register() adds it, one-line help), in --help order.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -121,7 +121,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         prog="transdenoiser",
         description="Certified predictions from a frozen classifier behind a differentially private denoiser.",
         epilog="Run 'transdenoiser COMMAND --help' for each command's options. Python API: docs/API.md.")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {transdenoiser.__version__}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, action=_Commands,
                                        parser_class=CommandLineParser)
     common = common_parser()

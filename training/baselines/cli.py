@@ -110,8 +110,8 @@ def _securesgd(args, device, seed: int) -> _Baseline:
     import torch
 
     from certify.core import Smooth
-    from training.baselines.common import certificate_seed
-    from training.baselines.securesgd import argmax_counts, load_securesgd, phan_certificate
+    from training.baselines.common import argmax_counts, certificate_seed
+    from training.baselines.securesgd_certify import load_securesgd, phan_certificate
     from training.checkpoint import load_checkpoint
 
     baseline = load_securesgd(args.model, device)
@@ -157,7 +157,7 @@ def _stobatch(args, device, seed: int) -> _Baseline:
 
     from certify.core import Smooth
     from training.baselines.common import certificate_seed
-    from training.baselines.stobatch import ABSTAIN, certificate_generator, load_stobatch
+    from training.baselines.stobatch_certify import ABSTAIN, certificate_generator, load_stobatch
 
     if args.classifier is not None:
         raise UserError("--classifier is only for securesgd-prt denoisers; a stobatch model is a classifier")
@@ -236,9 +236,9 @@ def _format(value: Any) -> str:
 
 
 def certified_accuracy_by_radius(rows: list[dict[str, Any]], prefix: str) -> dict[str, float]:
-    """:func:`certify.report.certified_accuracy` of the ``prefix`` certificates of ``rows`` at each radius of
+    """:func:`certify.summary.certified_accuracy` of the ``prefix`` certificates of ``rows`` at each radius of
     ``RADII`` (L2, pixels in [0, 1]), keyed by the radius as text."""
-    from certify.report import certified_accuracy
+    from certify.summary import certified_accuracy
 
     certificates = [{"radius": r[f"{prefix}_radius"], "correct": r[f"{prefix}_correct"]} for r in rows]
     return {f"{radius:g}": certified_accuracy(certificates, radius) for radius in RADII}

@@ -143,6 +143,20 @@ class DPSGDStep:
 
 # ------------------------------------------------------------------------------------------ robustness condition
 
+@torch.no_grad()
+def argmax_counts(predict: Callable[[torch.Tensor], torch.Tensor], image: torch.Tensor, num: int, num_classes: int,
+                  batch_size: int = 500) -> np.ndarray:
+    """Counts of ``predict``'s argmax over ``num`` calls on copies of ``image`` (each call draws its own noise)."""
+    counts = np.zeros(num_classes, dtype=np.int64)
+    remaining = num
+    while remaining > 0:
+        size = min(batch_size, remaining)
+        labels = predict(image.unsqueeze(0).expand(size, *image.shape)).argmax(1)
+        counts += np.bincount(labels.cpu().numpy(), minlength=num_classes)
+        remaining -= size
+    return counts
+
+
 def clopper_pearson_bounds(counts: np.ndarray, top: int, alpha: float) -> tuple[float, float]:
     """(lower bound on p_top, upper bound on max_{j != top} p_j), holding together with probability >= 1 - alpha.
 

@@ -23,7 +23,12 @@ The mechanisms, as implemented here (docs/BASELINES.md, "SecureSGD", says what d
 - The robustness certificate (:func:`phan_certificate`): Lecuyer et al.'s condition for the noise layer's
   (epsilon, delta), maximised over (epsilon, delta) with the HGM calibration, from Monte-Carlo counts with
   Clopper-Pearson bounds (selection and estimation samples apart).
+
+Modules: the configuration and training here; the mechanisms (EGM, HGM) and the noise-layer models in
+:mod:`training.baselines.securesgd_mechanisms`; loading a checkpoint and the certificate in
+:mod:`training.baselines.securesgd_certify`.
 """
+
 from __future__ import annotations
 
 import math
@@ -41,141 +46,25 @@ from torch import nn
 
 from training.baselines.common import (
     DPSGDStep,
-    clopper_pearson_bounds,
-    conv_operator_norm_bound,
     dp_sgd_privacy_report,
     example_loss_of,
     format_baseline_privacy_report,
-    largest_robust_size,
+)
+from training.baselines.securesgd_mechanisms import (
+    ARMS,
+    MAX_ROBUST_DELTA,
+    NOISE_LAYER_FILE,
+    NoiseLayerModel,
+    build_noise_layer_model,
+    hgm_noise_std,
 )
 from training.datasets import Dataset
 from transdenoiser.errors import UserError
 from transdenoiser.progress import Track, silent
 from transdenoiser.toml import dataclass_from_dict
 
-ARMS = ("securesgd-prt", "securesgd-sct")
-NOISE_LAYER_FILE = "noise_layer"  # noise_layer.safetensors beside the weights: the redistribution vector r
 REPORT_FILE = "privacy_report.txt"
-MAX_ROBUST_DELTA = 0.5  # the EGM bound needs s = ln(sqrt(2/pi)/delta) > 0, i.e. delta < 0.798; capped lower
 EVAL_BATCH = 500
-
-
-# ------------------------------------------------------------------------------------------ EGM / HGM
-
-def egm_noise_multiplier(epsilon: float, delta: float) -> float:
-    """std / Delta of the paper's extended Gaussian mechanism: sqrt(2) (sqrt(s) + sqrt(s + eps)) / (2 eps),
-    s = ln(sqrt(2/pi) / delta); for every epsilon > 0 and 0 < delta < sqrt(2/pi)."""
-    if not (math.isfinite(epsilon) and epsilon > 0):
-        raise UserError(f"epsilon must be > 0, got {epsilon}")
-    if not 0 < delta < math.sqrt(2 / math.pi):
-        raise UserError(f"delta must lie in (0, sqrt(2/pi)) for the EGM bound, got {delta}")
-    s = math.log(math.sqrt(2 / math.pi) / delta)
-    return math.sqrt(2) * (math.sqrt(s) + math.sqrt(s + epsilon)) / (2 * epsilon)
-
-
-def hgm_noise_std(epsilon: float, delta: float, sensitivity: float, redistribution: torch.Tensor) -> float:
-    """sigma_h such that f(D) + N(0, sigma_h^2 diag(r)) is (epsilon, delta)-DP for L2 sensitivity ``sensitivity``:
-    the EGM bound with the r-weighted sensitivity ``sensitivity / sqrt(min r)``."""
-    r_min = float(redistribution.min())
-    if not r_min > 0:
-        raise UserError("every entry of the redistribution vector must be > 0 (a zero variance has no DP)")
-    return egm_noise_multiplier(epsilon, delta) * sensitivity / math.sqrt(r_min)
-
-
-def hgm_attack_size(epsilon: float, delta: float, noise_std: float, redistribution_min: float,
-                    sensitivity_per_unit: float) -> float:
-    """The largest input L2 change L for which the noise layer is (epsilon, delta)-DP by the EGM/HGM bound:
-    L = sigma_h sqrt(min r) / (sensitivity_per_unit * egm(epsilon, delta))."""
-    return noise_std * math.sqrt(redistribution_min) / (sensitivity_per_unit * egm_noise_multiplier(epsilon, delta))
-
-
-# ------------------------------------------------------------------------------------------ models
-
-class NoiseLayerModel(nn.Module):
-    """A registered architecture (``cnn28`` or ``autoencoder``) run with noise added after its first convolution.
-
-    ``forward(x, layer_noise)``: ``layer_noise`` (shape of the first layer's output) is added before the first
-    activation; without it the model is exactly the registered one (what ``load_checkpoint`` builds)."""
-
-    def __init__(self, base: nn.Module, kind: str):
-        super().__init__()
-        if kind not in ("classifier", "denoiser"):
-            raise ValueError(f"kind must be classifier or denoiser, got {kind!r}")
-        self.base, self.kind = base, kind
-        self.target_sensitivity = 1.0  # what :meth:`project` keeps :meth:`sensitivity_per_unit` at
-
-    @property
-    def first_layer(self) -> nn.Conv2d:
-        return self.base.features[0] if self.kind == "classifier" else self.base.encoder[0]
-
-    @property
-    def first_layer_name(self) -> str:
-        return "features.0" if self.kind == "classifier" else "encoder.0"
-
-    def input_scale(self) -> float:
-        """How much one unit of input L2 norm is stretched before the first layer (1 / min std for cnn28)."""
-        if self.kind == "classifier":
-            return 1.0 / float(self.base.normalize.std.min())
-        return 1.0
-
-    def hidden(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kind == "classifier":
-            return self.first_layer(self.base.normalize(x))
-        return self.first_layer(x)
-
-    def forward(self, x: torch.Tensor, layer_noise: torch.Tensor | None = None) -> torch.Tensor:
-        h = self.hidden(x)
-        if layer_noise is not None:
-            h = h + layer_noise
-        if self.kind == "classifier":
-            return self.base.head(self.base.features[1:](h))
-        return torch.sigmoid(self.base.decoder(self.base.encoder[1:](h)))
-
-    def sensitivity_per_unit(self) -> float:
-        """Upper bound on ||h(x) - h(x')||_2 / ||x - x'||_2: :func:`conv_operator_norm_bound` times the input scale."""
-        layer = self.first_layer
-        return conv_operator_norm_bound(layer.weight, layer.stride) * self.input_scale()
-
-    @torch.no_grad()
-    def project(self) -> None:
-        """Rescale the first layer's weight so that :meth:`sensitivity_per_unit` is ``target_sensitivity``
-        (post-processing of the private update; the noise layer was calibrated for that sensitivity)."""
-        self.first_layer.weight.mul_(self.target_sensitivity / self.sensitivity_per_unit())
-
-    def hidden_shape(self, image_shape: tuple[int, int, int]) -> tuple[int, ...]:
-        with torch.no_grad():
-            probe = torch.zeros((1, *image_shape), device=self.first_layer.weight.device)
-            return tuple(self.hidden(probe).shape[1:])
-
-
-class WithLayerNoise(nn.Module):
-    """``model(x)`` with fresh layer noise N(0, noise_std^2 diag(r)) each call (torch's global generator): the
-    randomised model whose robustness the paper certifies; randomized smoothing of it is valid too."""
-
-    def __init__(self, model: NoiseLayerModel, noise_std: float, redistribution: torch.Tensor):
-        super().__init__()
-        self.model = model
-        self.register_buffer("scale", noise_std * redistribution.sqrt())
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        noise = torch.randn((len(x), *self.scale.shape), device=x.device, dtype=x.dtype) * self.scale
-        return self.model(x, noise)
-
-
-def build_noise_layer_model(arm: str, image_shape: tuple[int, int, int], num_classes: int,
-                            mean: list[float], std: list[float], widths: list[int], activation: str
-                            ) -> tuple[NoiseLayerModel, str, dict[str, Any]]:
-    """(model, registered architecture, its arch_kwargs) for ``arm``."""
-    from training.models import build_model
-
-    if arm == "securesgd-sct":
-        kwargs = {"in_channels": image_shape[0], "num_classes": num_classes, "mean": list(mean), "std": list(std)}
-        architecture = "cnn28"
-        if tuple(image_shape[1:]) != (28, 28):
-            raise UserError(f"securesgd-sct trains the cnn28 classifier, which takes 28x28 images, got {image_shape}")
-        return NoiseLayerModel(build_model(architecture, **kwargs), "classifier"), architecture, kwargs
-    kwargs = {"in_channels": image_shape[0], "activation": activation, "widths": [int(w) for w in widths]}
-    return NoiseLayerModel(build_model("autoencoder", **kwargs), "denoiser"), "autoencoder", kwargs
 
 
 # ------------------------------------------------------------------------------------------ configuration
@@ -557,89 +446,6 @@ def _save(directory: Path, model: NoiseLayerModel, metadata: dict[str, Any], r: 
     replace_directory(directory, write)
 
 
-# ------------------------------------------------------------------------------------------ loading, certificate
-
-@dataclass
-class SecureSGDModel:
-    """A SecureSGD checkpoint with its noise layer: ``model(x, layer_noise)``, the noise std and r."""
-
-    model: NoiseLayerModel
-    noise_std: float
-    redistribution: torch.Tensor
-    metadata: dict[str, Any]
-
-    def noisy(self) -> WithLayerNoise:
-        return WithLayerNoise(self.model, self.noise_std, self.redistribution).eval()
-
-    def attack_size(self, epsilon: float, delta: float) -> float:
-        return hgm_attack_size(epsilon, delta, self.noise_std, float(self.redistribution.min()),
-                               self.model.sensitivity_per_unit())
-
-
-def load_securesgd(directory: str | Path, device: torch.device | str = "cpu") -> SecureSGDModel:
-    """Load a SecureSGD checkpoint (hash-checked) with its noise layer."""
-    from training.checkpoint import load_checkpoint, load_extra_tensors
-
-    checkpoint = load_checkpoint(directory, map_location=device)
-    meta = checkpoint.metadata
-    section = meta.get("securesgd")
-    if not isinstance(section, dict) or meta.get("arm") not in ARMS:
-        raise UserError(f"{directory} is not a SecureSGD checkpoint (no 'securesgd' section in its metadata)")
-    r = load_extra_tensors(directory, NOISE_LAYER_FILE)["redistribution"].to(device)
-    kind = "classifier" if meta["kind"] == "classifier" else "denoiser"
-    model = NoiseLayerModel(checkpoint.model, kind).eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    if tuple(r.shape) != model.hidden_shape(tuple(meta["input_shape"])) or not float(r.min()) > 0:
-        raise UserError(f"{directory}: the noise layer's redistribution vector does not fit the model")
-    return SecureSGDModel(model, float(section["noise_std"]), r, meta)
-
-
-@dataclass(frozen=True)
-class PhanCertificate:
-    """Phan et al.'s (PixelDP-style) certificate for one image: ``radius`` is an L2 radius in [0,1]-pixel units
-    (0 when the condition holds for no (epsilon, delta)); ``epsilon``/``delta`` the pair that gave it."""
-
-    prediction: int
-    radius: float
-    p_lower: float
-    p_upper: float
-    epsilon: float | None
-    delta: float | None
-    n0: int
-    n: int
-
-    @property
-    def certified(self) -> bool:
-        return self.radius > 0
-
-
-def phan_certificate(selection: np.ndarray, estimation: np.ndarray, alpha: float,
-                     attack_size: Callable[[float, float], float],
-                     max_delta: float = MAX_ROBUST_DELTA) -> PhanCertificate:
-    """The certificate from counts of the randomised model's argmax: the class from ``selection``, bounds on its
-    probability and on the runner-up's from ``estimation`` (:func:`clopper_pearson_bounds` at ``alpha``), and the
-    largest ``attack_size(epsilon, delta)`` over the pairs meeting Lecuyer et al.'s condition."""
-    top = int(np.asarray(selection).argmax())
-    p_lower, p_upper = clopper_pearson_bounds(estimation, top, alpha)
-    radius, eps, delta = largest_robust_size(p_lower, p_upper, attack_size, max_delta)
-    return PhanCertificate(top, radius, p_lower, p_upper, eps, delta, int(np.sum(selection)), int(np.sum(estimation)))
-
-
-@torch.no_grad()
-def argmax_counts(predict: Callable[[torch.Tensor], torch.Tensor], image: torch.Tensor, num: int, num_classes: int,
-                  batch_size: int = 500) -> np.ndarray:
-    """Counts of ``predict``'s argmax over ``num`` calls on copies of ``image`` (each call draws its own noise)."""
-    counts = np.zeros(num_classes, dtype=np.int64)
-    remaining = num
-    while remaining > 0:
-        size = min(batch_size, remaining)
-        labels = predict(image.unsqueeze(0).expand(size, *image.shape)).argmax(1)
-        counts += np.bincount(labels.cpu().numpy(), minlength=num_classes)
-        remaining -= size
-    return counts
-
-
 def format_training_summary(meta: dict[str, Any]) -> str:
     """What ``transdenoiser train`` prints after a SecureSGD run."""
     last = meta["metrics"][-1]
@@ -655,69 +461,5 @@ def format_training_summary(meta: dict[str, Any]) -> str:
     return head + "\n" + format_baseline_privacy_report(meta["privacy"])
 
 
-# ------------------------------------------------------------------------------------------ CLI glue (train)
-
-CONFIG_FIELDS = ("sigma", "clip_norm", "target_epsilon", "calibration_accountant", "delta", "batch_size", "epochs",
-                 "optimizer", "learning_rate", "momentum", "seed", "reproducible_noise", "train_examples",
-                 "eval_examples")
-
-
-def config_from_train_args(args) -> SecureSGDConfig:
-    """A SecureSGDConfig from ``transdenoiser train``'s flags (and ``--config``); settings of the product's arms
-    that have no meaning here are refused rather than ignored."""
-    from training.train_cli import config_from_args
-
-    if getattr(args, "resume", False):
-        raise UserError("--resume is not available for the SecureSGD arms; train again into a new --out")
-    train_config, given = config_from_args(args)
-    meaningless = sorted(set(given) - set(CONFIG_FIELDS) - {"arm", "xi_up", "seed"})
-    if meaningless:
-        raise UserError(f"{args.arm} does not use: {', '.join(meaningless)}")
-    values = {name: getattr(train_config, name) for name in CONFIG_FIELDS}
-    if "xi_up" in given:
-        values["noise_multiplier"] = given["xi_up"]
-    return SecureSGDConfig(arm=args.arm, **values)
-
-
-def cmd_train_securesgd(args, print_fn: Callable[..., None] = print) -> int:
-    """``transdenoiser train --arm securesgd-prt|securesgd-sct``: called by training.train_cli."""
-    import json
-    import sys
-
-    from training.checkpoint import load_checkpoint
-    from training.cli import load_dataset_from_args
-    from transdenoiser.runtime import hardware_description, resolve_device, seed_everything
-
-    if "WORLD_SIZE" in __import__("os").environ:
-        raise UserError("the SecureSGD arms run in one process (torchrun is not supported for them)")
-    device = resolve_device(args.device)
-    config = config_from_train_args(args)
-    seed_everything(config.seed)
-    dataset = load_dataset_from_args(args)
-    classifier = None
-    if args.classifier is not None:
-        classifier = load_checkpoint(args.classifier, kind="classifier", map_location=device)
-    print_fn(f"train {config.arm}: on {dataset.name} private split, sigma {config.sigma}, device "
-             f"{hardware_description(device)}", file=sys.stderr)
-    if config.reproducible_noise:
-        print_fn(f"WARNING: --reproducible-noise: the DP noise is drawn from seed {config.seed}, which is recorded; "
-                 "the epsilon does not hold against anyone who has it", file=sys.stderr)
-
-    def on_epoch(row: dict) -> None:
-        shown = ", ".join(f"{k} {v:.4f}" for k, v in row.items() if k not in ("epoch", "seconds"))
-        print_fn(f"epoch {row['epoch']:>3}  {shown}  ({row['seconds']:.0f} s)", file=sys.stderr, flush=True)
-
-    from transdenoiser.progress import bar
-
-    _, meta = train_securesgd(config, dataset, device, classifier, bar, checkpoint_dir=args.out, on_epoch=on_epoch)
-    if args.json:
-        print_fn(json.dumps(meta, indent=2))
-        return 0
-    print_fn(format_training_summary(meta))
-    print_fn(f"checkpoint: {args.out}  (privacy report also in {args.out}/{REPORT_FILE})")
-    return 0
-
-
-__all__ = ["ARMS", "SecureSGDConfig", "train_securesgd", "load_securesgd", "phan_certificate", "PhanCertificate",
-           "egm_noise_multiplier", "hgm_noise_std", "hgm_attack_size", "NoiseLayerModel", "WithLayerNoise",
-           "redistribution_vector", "argmax_counts"]
+__all__ = ["ARMS", "REPORT_FILE", "SecureSGDConfig", "plan", "redistribution_vector", "train_securesgd",
+           "format_training_summary"]

@@ -5,8 +5,9 @@
 - :mod:`training.convex.mechanisms`: OPERA (output perturbation) and GRPUA (gradient perturbation), both
   calibrated with the analytic Gaussian mechanism; the classical Gaussian mechanism for comparison; a DP-SGD
   baseline on the head. Every result carries the analysis behind its epsilon.
-- :mod:`training.convex.head`: the ``linear-probe`` architecture (frozen feature extractor + linear head), a
-  classifier like any other for ``certify``, ``attack`` and ``serve``.
+- the ``linear-probe`` architecture these heads train (frozen feature extractor + linear head), a classifier like
+  any other for ``certify``, ``attack`` and ``serve``, is :mod:`training.linear_probe`, beside the other
+  architectures (it loads without this package's training code).
 - :mod:`training.convex.train`: features of the private split, training, metadata and privacy report.
 
 Neighbouring relation throughout: REPLACE-ONE (the dataset size n is public), the relation of the paper.

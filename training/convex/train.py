@@ -17,9 +17,9 @@ import numpy as np
 import torch
 
 from training.convex import mechanisms
-from training.convex.head import FEATURES, LinearProbe
 from training.convex.losses import LOSSES, ConvexLoss
 from training.datasets import Dataset
+from training.linear_probe import FEATURES, LinearProbe
 from training.privacy.report import json_safe
 from transdenoiser.errors import UserError
 from transdenoiser.progress import Track, silent
