@@ -8,6 +8,8 @@ the server, the runner and the tests call these same functions.
   radius sigma * Phi^-1(pA), ABSTAIN when pA < 1/2.
 - :func:`prediction_from_counts`: Cohen's PREDICT: the top class unless a two-sided binomial test between the two
   top counts cannot reject a tie at level alpha (scipy's ``binomtest``).
+
+The Clopper-Pearson bound itself is :func:`transdenoiser.stats.clopper_pearson_lower` (shared with the baselines).
 """
 from __future__ import annotations
 
@@ -15,9 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy.stats import binomtest, norm
-from statsmodels.stats.proportion import proportion_confint
 
 from transdenoiser.errors import UserError
+from transdenoiser.stats import clopper_pearson_lower
 
 ABSTAIN = -1
 
@@ -36,13 +38,6 @@ class Certificate:
     @property
     def abstained(self) -> bool:
         return self.prediction == ABSTAIN
-
-
-def clopper_pearson_lower(successes: int, trials: int, alpha: float) -> float:
-    """One-sided (1 - alpha) lower confidence bound on a binomial proportion (Clopper-Pearson)."""
-    if successes == 0:
-        return 0.0
-    return float(proportion_confint(successes, trials, alpha=2 * alpha, method="beta")[0])
 
 
 def radius_from_p_lower(p_lower: float, sigma: float) -> float:
