@@ -99,6 +99,10 @@ MUTANTS: tuple[Mutant, ...] = (
            CERTIFY, "PREDICT tests the two top counts"),
     Mutant("smoothing_noise_halved", "certify/core.py", "Smooth._count",
            ".mul_(self.sigma)", ".mul_(self.sigma / 2)", CERTIFY, "noise N(0, sigma^2 I)"),
+    Mutant("block_reads_last_look", "certify/streams.py", "run_blocks",
+           "stopped.argmax(axis=1), segments.size - 1)", "segments.size - 1 - stopped[:, ::-1].argmax(axis=1), "
+           "segments.size - 1)", ("tests/test_sequential.py",),
+           "a stream drawn in blocks stops at its first outcome, as look by look"),
     Mutant("alpha_zero_accepted", "certify/decisions.py", "validate_sampling",
            "if not 0 < alpha < 1:", "if not 0 <= alpha < 1:", CERTIFY, "alpha in (0, 1)"),
     # ------------------------------------------------------------------ attack budgets
