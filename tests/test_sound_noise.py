@@ -88,7 +88,8 @@ def test_certified_radius_holds_for_the_quantised_construction_by_brute_force():
     grid = np.arange(-half, half + 1)
     a, b = np.meshgrid(grid, grid, indexing="ij")
     rng = np.random.default_rng(0)
-    tables = [((a * math.cos(t) + b * math.sin(t)) > off).astype(int) for t, off in ((0.3, 0.5), (1.1, -0.2), (2.0, 1.7))]
+    angles_offsets = ((0.3, 0.5), (1.1, -0.2), (2.0, 1.7))
+    tables = [((a * math.cos(t) + b * math.sin(t)) > off).astype(int) for t, off in angles_offsets]
     tables += [(rng.random(a.shape) < 0.5).astype(int), ((a ** 2 + b ** 2) < 9).astype(int)]
     centres = [(i, j) for i in range(-2, 3) for j in range(-2, 3)]
     worst = math.inf
