@@ -233,7 +233,7 @@ class Smooth:
 
     def describe(self) -> str:
         """How the base classifier is run, in one line (precision, compilation, memory format)."""
-        return numerics.describe(self.precision, self.compile, self.memory_format)
+        return numerics.describe(self.precision, self.compile, self.memory_format, self.noise)
 
     @torch.inference_mode()
     def base_logits(self, x: torch.Tensor) -> torch.Tensor:

@@ -177,3 +177,37 @@ def test_planted_low_bit_model(noise):
     else:  # the sound sampler: the detector never fires, both images get the same class, as the theorem says
         assert certificate.prediction == at_grey.prediction == 1
         assert certificate.radius > distance
+
+
+def test_sound_noise_is_recorded_and_runs_of_other_noise_never_mix(random_classifier_dir, tmp_path, capsys):
+    import json
+
+    from transdenoiser.cli import main
+
+    def run(argv):
+        code = main([str(a) for a in argv])
+        captured = capsys.readouterr()
+        return code, captured.err
+
+    fast = ["--classifier", random_classifier_dir, "--sigma", "0.25", "--n0", "8", "--n", "40", "--batch-size", "64",
+            "--alpha", "0.01", "--device", "cpu", "--max-index", "2"]
+    sound, plain = tmp_path / "sound", tmp_path / "plain"
+    code, err = run(["certify", *fast, "--sound-noise", "--out", sound])
+    assert code == 0, err
+    summary = json.loads((sound / "summary.json").read_text())
+    assert summary["settings"]["noise"] == "sound"
+    assert "sound noise (inputs on the 8-bit grid" in (sound / "report.md").read_text()
+    code, err = run(["certify", *fast, "--out", sound])  # resuming without the flag is another run
+    assert code == 2 and "noise 'sound' there, 'gaussian' now" in err
+    code, err = run(["certify", *fast, "--out", plain])
+    assert code == 0, err
+    assert json.loads((plain / "summary.json").read_text())["settings"]["noise"] == "gaussian"
+    code, err = run(["report", sound, plain, "--out", tmp_path / "overlay"])
+    assert code == 2 and "noise 'sound'" in err and len(err.strip().splitlines()) == 1
+    shards = []
+    for index, flag in ((0, ["--sound-noise"]), (1, [])):
+        shards.append(tmp_path / f"shard{index}")
+        code, err = run(["certify", *fast, *flag, "--shard", f"{index}/2", "--out", shards[-1]])
+        assert code == 0, err
+    code, err = run(["certify-merge", *shards, "--out", tmp_path / "merged"])
+    assert code == 2 and "refusing to merge" in err and "noise" in err
