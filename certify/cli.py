@@ -178,9 +178,9 @@ def add_numerics_args(group, default_precision: str | None = "fp32") -> None:
 def add_sound_noise_arg(group) -> None:
     """``--sound-noise``: exact grid noise, sound in floating point (certify.sound_noise)."""
     group.add_argument("--sound-noise", action="store_true",
-                       help="sound smoothing in floating point (Voracek and Hein 2023): images must be on the 8-bit "
-                            "grid k/255 (others are refused), noise is an exact discretized Gaussian added in integers; "
-                            "same radius formula, recorded like --precision (docs/CERTIFY.md)")
+                       help="sound smoothing in floating point (Voracek and Hein 2023): images must be on the "
+                            "8-bit grid k/255 (others are refused), noise is an exact discretized Gaussian added in "
+                            "integers; same radius formula, recorded like --precision (docs/CERTIFY.md)")
 
 
 def register(subparsers, common) -> None:

@@ -47,8 +47,8 @@ class CertifyJob:
     ``shard``: a :class:`certify.runner.Shard` (or None for the whole run). How the base classifier is run:
     ``precision`` (``fp32``, ``bf16``, ``fp16`` autocast) and ``compile`` (``torch.compile``), both recorded in the
     run and part of what it certifies; ``noise``: ``gaussian`` (float32 randn) or ``sound`` (images on the 8-bit
-    grid, exact integer noise: :mod:`certify.sound_noise`), recorded likewise; ``batch_size`` None: 64 on CPU, on CUDA the largest pass that fits in half
-    the free memory (at most 4096).
+    grid, exact integer noise: :mod:`certify.sound_noise`), recorded likewise; ``batch_size`` None: 64 on CPU,
+    on CUDA the largest pass that fits in half the free memory (at most 4096).
     """
 
     classifier: Path | str
