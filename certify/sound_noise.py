@@ -45,6 +45,7 @@ GRID_LEVELS = 255  # the input grid: pixel values k / 255
 GRID_TOLERANCE = 1e-5  # |x - k/255| above this (in [0,1] units) is off the grid (half a step is 2e-3)
 UNIFORM_BITS = 62  # integer uniforms on [0, 2^62): torch.randint's int64 range, a power of two (exactly uniform)
 GUIDE_BITS = 18  # the top bits of a uniform index a guide table that places most draws without a search
+HEAD_BITS = 30  # the bits of a uniform drawn for every value (two per int64 draw); the others only where needed
 TAIL_SIGMAS = 9.5  # the table covers |K| <= 9.5 sigma/h + 1; beyond it (mass < 2^-64) draws are resolved exactly
 
 
@@ -136,7 +137,8 @@ class DiscretizedGaussian:
     straddles an edge: further uniforms refine V until its interval lies in one cell, edges evaluated with
     mpmath (:meth:`_resolve`). So P[K = k] is exactly the cell's probability: no table error to bound.
     Speed: the top :data:`GUIDE_BITS` bits of U index a guide table that places U directly unless a
-    threshold falls in its bucket (under 1% of draws); those go through ``torch.searchsorted``."""
+    threshold or a tail falls in its bucket (under 1% of draws); those go through ``torch.searchsorted``, and
+    only they draw U's low bits (:meth:`sample_float`)."""
 
     def __init__(self, sigma: float, levels: int = GRID_LEVELS, uniform_bits: int = UNIFORM_BITS):
         import torch
@@ -149,15 +151,17 @@ class DiscretizedGaussian:
         self.half_width = int(math.ceil(TAIL_SIGMAS * sigma * levels)) + 1
         thresholds = _thresholds(self.sigma, self.levels, self.uniform_bits, self.half_width)
         self.thresholds = torch.tensor(thresholds, dtype=torch.int64)  # t for edges of cells -W-1 .. W
-        guide_bits = min(GUIDE_BITS, uniform_bits)
+        self.head_bits = min(HEAD_BITS, uniform_bits)  # drawn for every value; the rest only where needed
+        self.guide_bits = guide_bits = min(GUIDE_BITS, self.head_bits)
         self.guide_shift = uniform_bits - guide_bits
         starts = torch.arange(1 << guide_bits, dtype=torch.int64) << self.guide_shift
         ends = starts + (1 << self.guide_shift) - 1
         first = torch.searchsorted(self.thresholds, starts, right=False)
         last = torch.searchsorted(self.thresholds, ends, right=True)
-        # position i (cell i - W - 1) when no threshold lies in the bucket and it is not in a tail, else -1
+        # the cell K = i - W - 1 (as float32: exact) when no threshold lies in the bucket and it is not in a tail;
+        # NaN marks the buckets whose draws need their low bits and a search
         inside = (first == last) & (first > 0) & (first < len(thresholds))
-        self.guide = torch.where(inside, first, torch.full_like(first, -1)).to(torch.int32)
+        self.guide = torch.where(inside, (first - self.half_width - 1).to(torch.float32), float("nan"))
         self._on_device: dict = {}
 
     def _tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,22 +175,41 @@ class DiscretizedGaussian:
         """Integer grid noise K (int32) of ``shape``, each entry exactly discretized-Gaussian, independent."""
         import torch
 
+        return self.sample_float(shape, generator, device).to(torch.int32)
+
+    def sample_float(self, shape: tuple[int, ...], generator: torch.Generator | None,
+                     device: torch.device | str = "cpu") -> torch.Tensor:
+        """:meth:`sample` as float32 (integers below 2^24 in magnitude: exact), what :meth:`noisy` adds.
+
+        The B bits of each uniform U are drawn lazily: first its top ``head_bits`` (at most 30), which settle U's
+        cell unless a threshold or a tail lies in its guide bucket; only for those (under 1%) are the remaining
+        B - head_bits bits drawn. Bits are independent and fair whenever they are drawn, so U is uniform on
+        [0, 2^B) all the same, and the cell it falls in is what is returned."""
+        import torch
+
         device = torch.device(device)
         thresholds, guide = self._tables(device)
-        uniforms = torch.randint(0, 1 << self.uniform_bits, shape, generator=generator, device=device,
-                                 dtype=torch.int64)
-        position = guide[uniforms >> self.guide_shift]
-        unplaced = (position < 0).nonzero(as_tuple=True)
-        if unplaced[0].numel():
-            u = uniforms[unplaced]
+        count = math.prod(shape)
+        # one int64 uniform on [0, 2^62) is two int32 halves whose low 30 bits are independent fair bits: half as
+        # many draws as values (torch.randint of 30 bits into int32 directly measured about twice as slow)
+        pairs = torch.randint(0, 1 << 62, ((count + 1) // 2,), generator=generator, device=device, dtype=torch.int64)
+        head = pairs.view(torch.int32)[:count].bitwise_and_((1 << self.head_bits) - 1)
+        values = guide.index_select(0, head >> (self.head_bits - self.guide_bits)).view(shape)
+        flat = values.view(-1)
+        unplaced = flat.isnan().nonzero().squeeze(1)
+        if unplaced.numel():
+            tail_bits = self.uniform_bits - self.head_bits
+            u = head.index_select(0, unplaced).to(torch.int64) << tail_bits
+            if tail_bits:
+                u |= torch.randint(0, 1 << tail_bits, u.shape, generator=generator, device=device, dtype=torch.int64)
             index = torch.searchsorted(thresholds, u, right=True)
-            place = index.to(torch.int32)
+            cells = index - (self.half_width + 1)
             straddle = (thresholds[(index - 1).clamp(min=0)] == u) | (index == 0) | (index == len(thresholds))
             if bool(straddle.any()):
-                for i in straddle.nonzero(as_tuple=True)[0].tolist():
-                    place[i] = self._resolve(int(u[i]), generator, device) + self.half_width + 1
-            position[unplaced] = place
-        return position.sub_(self.half_width + 1)
+                for i in straddle.nonzero().squeeze(1).tolist():
+                    cells[i] = self._resolve(int(u[i]), generator, device)
+            flat.index_copy_(0, unplaced, cells.to(torch.float32))
+        return values
 
     def _resolve(self, uniform: int, generator: torch.Generator | None, device: torch.device) -> int:
         """The cell k of a real uniform V in [uniform, uniform + 1) 2^-B that straddles a cell edge: draw
@@ -216,8 +239,10 @@ class DiscretizedGaussian:
               dtype: torch.dtype) -> torch.Tensor:
         """``num`` noisy copies of one image given by its integer ``levels`` (C, H, W): (levels + K) / 255 in
         ``dtype``, the sum exact in integers, the division the only floating-point step."""
-        noise = self.sample((num, *levels.shape), generator, levels.device)
-        return noise.add_(levels).to(dtype).div_(self.levels)
+        import torch
+
+        noise = self.sample_float((num, *levels.shape), generator, levels.device)  # exact integers in float32
+        return noise.add_(levels.to(torch.float32)).to(dtype).div_(self.levels)  # exact sum, then one division
 
 
 @functools.lru_cache(maxsize=8)
