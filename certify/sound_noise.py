@@ -139,7 +139,7 @@ class DiscretizedGaussian:
     mpmath (:meth:`_resolve`). So P[K = k] is exactly the cell's probability: no table error to bound.
     Speed: the top :data:`GUIDE_BITS` bits of U index a guide table that places U directly unless a
     threshold or a tail falls in its bucket (under 1% of draws); those go through ``torch.searchsorted``, and
-    only they draw U's low bits (:meth:`sample_float`)."""
+    only they draw U's low bits (:meth:`sample`)."""
 
     def __init__(self, sigma: float, levels: int = GRID_LEVELS, uniform_bits: int = UNIFORM_BITS):
         import torch
@@ -173,44 +173,56 @@ class DiscretizedGaussian:
 
     def sample(self, shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device | str = "cpu"
                ) -> torch.Tensor:
-        """Integer grid noise K (int32) of ``shape``, each entry exactly discretized-Gaussian, independent."""
-        import torch
+        """Integer grid noise K (int32) of ``shape``, each entry exactly discretized-Gaussian, independent.
 
-        return self.sample_float(shape, generator, device).to(torch.int32)
-
-    def sample_float(self, shape: tuple[int, ...], generator: torch.Generator | None,
-                     device: torch.device | str = "cpu") -> torch.Tensor:
-        """:meth:`sample` as float32 (integers below 2^24 in magnitude: exact), what :meth:`noisy` adds.
-
-        The B bits of each uniform U are drawn lazily: first its top ``head_bits`` (at most 30), which settle U's
-        cell unless a threshold or a tail lies in its guide bucket; only for those (under 1%) are the remaining
-        B - head_bits bits drawn. Bits are independent and fair whenever they are drawn, so U is uniform on
-        [0, 2^B) all the same, and the cell it falls in is what is returned."""
+        The B bits of each uniform U are drawn lazily: first its top ``head_bits`` (at most 30) for every entry,
+        which settle U's cell unless a threshold or a tail lies in its guide bucket; then, for those alone (under
+        1%, in order), the remaining B - head_bits bits. Bits are independent and fair whenever they are drawn,
+        so U is uniform on [0, 2^B) all the same, and the cell it falls in is what is returned."""
         import torch
 
         device = torch.device(device)
-        thresholds, guide = self._tables(device)
-        count = math.prod(shape)
-        # one int64 uniform on [0, 2^62) is two int32 halves whose low 30 bits are independent fair bits: half as
-        # many draws as values (torch.randint of 30 bits into int32 directly measured about twice as slow)
-        pairs = torch.randint(0, 1 << 62, ((count + 1) // 2,), generator=generator, device=device, dtype=torch.int64)
-        head = pairs.view(torch.int32)[:count].bitwise_and_((1 << self.head_bits) - 1)
-        values = guide.index_select(0, head >> (self.head_bits - self.guide_bits)).view(shape)
-        flat = values.view(-1)
-        unplaced = flat.isnan().nonzero().squeeze(1)
+        _, guide = self._tables(device)
+        heads = self._heads(math.prod(shape), generator, device)
+        cells = guide.index_select(0, self._guide_index(heads))
+        unplaced = cells.isnan().nonzero().squeeze(1)
         if unplaced.numel():
-            tail_bits = self.uniform_bits - self.head_bits
-            u = head.index_select(0, unplaced).to(torch.int64) << tail_bits
-            if tail_bits:
-                u |= torch.randint(0, 1 << tail_bits, u.shape, generator=generator, device=device, dtype=torch.int64)
-            index = torch.searchsorted(thresholds, u, right=True)
-            cells = index - (self.half_width + 1)
-            straddle = (thresholds[(index - 1).clamp(min=0)] == u) | (index == 0) | (index == len(thresholds))
-            if bool(straddle.any()):
-                for i in straddle.nonzero().squeeze(1).tolist():
-                    cells[i] = self._resolve(int(u[i]), generator, device)
-            flat.index_copy_(0, unplaced, cells.to(torch.float32))
-        return values
+            cells.index_copy_(0, unplaced, self._place(heads.index_select(0, unplaced), generator, device))
+        return cells.view(shape).to(torch.int32)
+
+    def _heads(self, count: int, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+        """``count`` raw int32 words whose low ``head_bits`` bits are the top bits of the uniforms: one int64 on
+        [0, 2^62) is two int32 halves whose low 30 bits are independent fair bits (half as many draws as values;
+        ``torch.randint`` of 30 bits into int32 directly measured about twice as slow)."""
+        import torch
+
+        pairs = torch.randint(0, 1 << 62, ((count + 1) // 2,), generator=generator, device=device, dtype=torch.int64)
+        return pairs.view(torch.int32)[:count]
+
+    def _guide_index(self, heads: torch.Tensor) -> torch.Tensor:
+        """The guide-table bucket of each raw head: its top ``guide_bits`` of ``head_bits``."""
+        import torch
+
+        index = torch.bitwise_and(heads, (1 << self.head_bits) - 1)
+        return index.bitwise_right_shift_(self.head_bits - self.guide_bits)
+
+    def _place(self, heads: torch.Tensor, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+        """The cells K (float32) of the uniforms whose raw ``heads`` the guide table could not place: draw their low
+        bits, search the thresholds, and resolve the ones that straddle an edge or lie in a tail."""
+        import torch
+
+        thresholds, _ = self._tables(device)
+        tail_bits = self.uniform_bits - self.head_bits
+        u = torch.bitwise_and(heads, (1 << self.head_bits) - 1).to(torch.int64) << tail_bits
+        if tail_bits:
+            u |= torch.randint(0, 1 << tail_bits, u.shape, generator=generator, device=device, dtype=torch.int64)
+        index = torch.searchsorted(thresholds, u, right=True)
+        cells = index - (self.half_width + 1)
+        straddle = (thresholds[(index - 1).clamp(min=0)] == u) | (index == 0) | (index == len(thresholds))
+        if bool(straddle.any()):
+            for i in straddle.nonzero().squeeze(1).tolist():
+                cells[i] = self._resolve(int(u[i]), generator, device)
+        return cells.to(torch.float32)
 
     def _resolve(self, uniform: int, generator: torch.Generator | None, device: torch.device) -> int:
         """The cell k of a real uniform V in [uniform, uniform + 1) 2^-B that straddles a cell edge: draw
@@ -239,22 +251,36 @@ class DiscretizedGaussian:
     def noisy(self, levels: torch.Tensor, num: int, generator: torch.Generator | None,
               dtype: torch.dtype) -> torch.Tensor:
         """``num`` noisy copies of one image given by its integer ``levels`` (C, H, W): (levels + K) / 255 in
-        ``dtype``, the sum exact in integers, the division the only floating-point step."""
+        ``dtype``, the sum exact (integers in float32), the division the only rounding. The same draws as
+        ``(sample((num, *levels.shape)) + levels) / 255``, whatever the chunking below."""
         import torch
 
+        device = levels.device
+        _, guide = self._tables(device)
+        per_sample = levels.numel()
+        heads = self._heads(num * per_sample, generator, device)
         level_values = levels.to(torch.float32)
-        if levels.device.type != "cpu":
-            noise = self.sample_float((num, *levels.shape), generator, levels.device)  # exact integers in float32
-            return noise.add_(level_values).to(dtype).div_(self.levels)  # exact sum, then one division
-        # On CPU, in chunks small enough that torch runs each op in this thread alone: the forward passes' worker
-        # threads keep the cores, and no op waits for an intra-op thread (measured: on a loaded 2-core machine,
-        # whole 1M-value pieces took 9x longer with 2 intra-op threads than chunks with one).
-        out = torch.empty((num, *levels.shape), dtype=dtype)
-        per = max(1, SERIAL_CHUNK_ELEMENTS // max(1, levels.numel()))
+        out = torch.empty((num, *levels.shape), dtype=dtype, device=device)
+        # With several CPU threads, in chunks under torch's grain size, so that every op runs in this thread alone:
+        # the forward passes' worker threads keep the cores and no op waits for an intra-op thread (on a loaded
+        # 2-core machine whole 1M-value pieces took 9x longer with 2 intra-op threads than such chunks).
+        serial = device.type == "cpu" and torch.get_num_threads() > 1
+        per = max(1, SERIAL_CHUNK_ELEMENTS // max(1, per_sample)) if serial else num
+        unplaced = []
         for start in range(0, num, per):
             size = min(per, num - start)
-            noise = self.sample_float((size, *levels.shape), generator, levels.device).add_(level_values)
-            torch.div(noise.to(dtype), self.levels, out=out[start:start + size])
+            first = start * per_sample
+            cells = guide.index_select(0, self._guide_index(heads[first:first + size * per_sample]))
+            missing = cells.isnan().nonzero().squeeze(1)
+            if missing.numel():
+                unplaced.append(missing + first)
+            noisy = cells.view(size, *levels.shape).add_(level_values)
+            torch.div(noisy.to(dtype), self.levels, out=out[start:start + size])
+        if unplaced:  # their low bits are drawn after every head, in order: the chunking changes nothing
+            where = torch.cat(unplaced)
+            cells = self._place(heads.index_select(0, where), generator, device)
+            values = cells.add_(level_values.view(-1).index_select(0, where % per_sample))
+            out.view(-1).index_copy_(0, where, torch.div(values.to(dtype), self.levels))
         return out
 
 

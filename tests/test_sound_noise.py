@@ -215,3 +215,19 @@ def test_sound_noise_is_recorded_and_runs_of_other_noise_never_mix(random_classi
         assert code == 0, err
     code, err = run(["certify-merge", *shards, "--out", tmp_path / "merged"])
     assert code == 2 and "refusing to merge" in err and "noise" in err
+
+
+def test_noisy_copies_are_the_sampled_noise_whatever_the_threads():
+    """(levels + K) / 255 with K from :meth:`sample` on the same generator, identical with one CPU thread (one
+    chunk) and with several (chunks under torch's grain size)."""
+    sampler = sound_noise.DiscretizedGaussian(0.02, uniform_bits=12)  # many draws need their low bits
+    levels = torch.randint(0, 256, (1, 8, 8), dtype=torch.int32)
+    expected = (sampler.sample((700, 1, 8, 8), torch.Generator().manual_seed(4)) + levels).float() / 255
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            got = sampler.noisy(levels, 700, torch.Generator().manual_seed(4), torch.float32)
+            assert torch.equal(got, expected)
+    finally:
+        torch.set_num_threads(threads)
