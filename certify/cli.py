@@ -125,6 +125,7 @@ def _add_run_args(p: argparse.ArgumentParser, task: str) -> None:
                            help="auto: channels-last for convolutional models on CPU (faster) and on CUDA with "
                                 "--compile; as given otherwise")
     add_numerics_args(smoothing)
+    add_sound_noise_arg(smoothing)
     add_dataset_args(p)
     if task == "certify":
         adaptive = p.add_argument_group("adaptive certification (default: off, Cohen's fixed n)")
@@ -174,6 +175,14 @@ def add_numerics_args(group, default_precision: str | None = "fp32") -> None:
                             "seconds first; recorded like --precision)")
 
 
+def add_sound_noise_arg(group) -> None:
+    """``--sound-noise``: exact grid noise, sound in floating point (certify.sound_noise)."""
+    group.add_argument("--sound-noise", action="store_true",
+                       help="sound smoothing in floating point (Voracek and Hein 2023): images must be on the "
+                            "8-bit grid k/255 (others are refused), noise is an exact discretized Gaussian added in "
+                            "integers; same radius formula, recorded like --precision (docs/CERTIFY.md)")
+
+
 def register(subparsers, common) -> None:
     """Add this area's subcommands to the ``transdenoiser`` parser."""
     p = subparsers.add_parser("certify", parents=[common], help="certify a dataset split with randomized smoothing",
@@ -217,7 +226,7 @@ def job_from_args(args, task: str):
                       split_seed=args.split_seed, split=args.split, skip=args.skip, max_index=args.max_index,
                       indices=args.indices, seed=args.seed, batch_size=args.batch_size, workers=args.workers,
                       memory_format=args.memory_format, precision=args.precision, compile=args.compile,
-                      device=args.device, shard=args.shard,
+                      noise="sound" if args.sound_noise else "gaussian", device=args.device, shard=args.shard,
                       allow_sigma_mismatch=args.allow_sigma_mismatch, new_test=args.new_test, **adaptive)
 
 

@@ -1,8 +1,7 @@
 """Randomized smoothing (Cohen, Rosenfeld and Kolter, 2019) over an optional denoiser and a frozen classifier.
 
-The smoothed classifier is g(x) = argmax_c P[f(D(x + e)) = c], e ~ N(0, sigma^2 I), where
-D is the denoiser (identity when absent), f the base classifier, and pixels are in [0, 1]:
-the noise is added before any normalisation (the classifier normalises inside).
+The smoothed classifier is g(x) = argmax_c P[f(D(x + e)) = c], e ~ N(0, sigma^2 I), where D is the denoiser
+(identity when absent), f the base classifier, and pixels are in [0, 1]: noise is added before any normalisation.
 
 - ``predict``: the top class by n noisy samples, or ABSTAIN unless a two-sided binomial test
   between the two top counts rejects a tie at level alpha (Cohen's PREDICT; the test is scipy's).
@@ -11,17 +10,14 @@ the noise is added before any normalisation (the classifier normalises inside).
   certified L2 radius sigma * Phi^-1(pA), or ABSTAIN when pA < 1/2 (Cohen's CERTIFY).
 The selection and estimation samples are never shared.
 
-Speed without changing the statistics: noisy samples of several images are packed into one
-forward pass (``sample_counts_many``), noise is drawn on the device under ``torch.inference_mode``,
-convolutional models run in channels-last memory format on CPU, and on a CPU of several cores the
-forward passes run in parallel worker threads of one torch thread each (small convolutions use
-cores better side by side than split between them). Counts are sums, so they do not depend on the
-order in which passes finish. Each image's noise comes
-from its own generator, drawn in pieces whose size depends only on the image shape, so what an
-image gets does not depend on the batch size, on the images packed with it, or on sharding.
-Noise and counts are float32 / int64; the forward pass runs at ``precision`` (float32 by default, or
-bfloat16 / float16 autocast) and optionally ``torch.compile``d: the base classifier as run is then a
-slightly different function, certified exactly as validly (:mod:`certify.numerics`, docs/CERTIFY.md).
+Speed without changing the statistics: noisy samples of several images share forward passes (``sample_counts_many``),
+noise is drawn on the device under ``torch.inference_mode``, convolutional models run channels-last on CPU, and on a
+multi-core CPU passes run in worker threads of one torch thread each. Counts are sums: they do not depend on the order
+in which passes finish. Each image's noise comes from its own generator in pieces whose size depends only on the image
+shape, so it does not depend on the batch size, the images packed with it, or sharding. Noise and counts are float32
+/ int64 (``noise="sound"``: exact integer grid noise, :mod:`certify.sound_noise`); the forward pass runs at
+``precision`` (float32, or bfloat16 / float16 autocast), optionally ``torch.compile``d: a slightly different base
+classifier, certified exactly as validly (:mod:`certify.numerics`, docs/CERTIFY.md).
 """
 from __future__ import annotations
 
@@ -35,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from certify import numerics
+from certify import numerics, sound_noise
 from certify.adaptive import AdaptiveCertificate, adaptive_certificate, adaptive_many, sequential_rule
 from certify.decisions import (
     ABSTAIN,
@@ -89,12 +85,13 @@ class Smooth:
     ``precision``: ``fp32`` (default), ``bf16`` or ``fp16``: the forward pass runs under autocast to that
     dtype (refused, one line, where this torch cannot do it on the device). ``compile``: run the pipeline
     through ``torch.compile``. Both make the base classifier a (slightly) different function: certificates
-    are about the pipeline as run (docs/CERTIFY.md, "Precision and compilation").
+    are about the pipeline as run (docs/CERTIFY.md, "Precision and compilation"). ``noise``: ``gaussian``
+    (float32 ``x + sigma * randn``) or ``sound`` (8-bit grid inputs, exact integer noise: :mod:`certify.sound_noise`).
     """
 
     def __init__(self, classifier: nn.Module, num_classes: int, sigma: float, denoiser: nn.Module | None = None,
                  batch_size: int = 1000, device: torch.device | str | None = None, memory_format: str = "auto",
-                 workers: int | str = "auto", precision: str = "fp32", compile: bool = False):
+                 workers: int | str = "auto", precision: str = "fp32", compile: bool = False, noise: str = "gaussian"):
         if not (isinstance(sigma, (int, float)) and math.isfinite(sigma) and sigma > 0):
             raise UserError(f"sigma must be > 0, got {sigma}")
         if num_classes < 2:
@@ -110,6 +107,8 @@ class Smooth:
         self.device = torch.device(device) if device is not None else next(classifier.parameters()).device
         self.precision = numerics.check_precision_supported(self.device, precision)
         self.compile = compile
+        self.noise = sound_noise.check_noise_kind(noise)
+        self._grid_noise = sound_noise.sampler(float(sigma)) if noise == "sound" else None
         classifier = classifier.to(self.device).eval()
         denoiser = denoiser.to(self.device).eval() if denoiser is not None else None
         if memory_format == "auto":
@@ -172,7 +171,7 @@ class Smooth:
 
     def describe(self) -> str:
         """How the base classifier is run, in one line (precision, compilation, memory format)."""
-        return numerics.describe(self.precision, self.compile, self.memory_format)
+        return numerics.describe(self.precision, self.compile, self.memory_format, self.noise)
 
     @torch.inference_mode()
     def base_logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -239,6 +238,7 @@ class Smooth:
         if len(generators) != images.shape[0]:
             raise ValueError(f"{images.shape[0]} images but {len(generators)} generators")
         images = images.to(self.device)
+        levels = sound_noise.grid_levels(images) if self._grid_noise is not None else None  # refuses off-grid input
         per_image = sum(len(segments) for _, segments in draws)
         counts = torch.zeros(images.shape[0] * per_image * self.num_classes, dtype=torch.long, device=self.device)
         piece = max(1, NOISE_PIECE_ELEMENTS // images[0].numel())
@@ -288,12 +288,17 @@ class Smooth:
                 remaining, evaluated = int(drawn), sum(segments)
                 while remaining > 0 and evaluated > 0:  # pieces past the evaluated samples are not drawn
                     size = min(piece, remaining)
-                    noise = torch.randn((size, *images.shape[1:]), generator=generators[j], device=self.device,
-                                        dtype=images.dtype)
+                    if levels is not None:  # exact: integer levels plus integer noise, then one division
+                        noisy = self._grid_noise.noisy(levels[j], size, generators[j], images.dtype)
+                    else:
+                        noisy = torch.randn((size, *images.shape[1:]), generator=generators[j], device=self.device,
+                                            dtype=images.dtype)
                     remaining -= size
                     take = min(size, evaluated)
                     evaluated -= take
-                    pending.append((noise if take == size else noise[:take]).mul_(self.sigma).add_(images[j]))
+                    if take < size:
+                        noisy = noisy[:take]
+                    pending.append(noisy if levels is not None else noisy.mul_(self.sigma).add_(images[j]))
                     left = take
                     while left > 0:
                         target, wanted = to_count[0]

@@ -46,8 +46,9 @@ class CertifyJob:
     ``max_index``, or exactly ``indices``. ``seed``: image ``idx`` draws its noise from (seed, idx).
     ``shard``: a :class:`certify.runner.Shard` (or None for the whole run). How the base classifier is run:
     ``precision`` (``fp32``, ``bf16``, ``fp16`` autocast) and ``compile`` (``torch.compile``), both recorded in the
-    run and part of what it certifies; ``batch_size`` None: 64 on CPU, on CUDA the largest pass that fits in half
-    the free memory (at most 4096).
+    run and part of what it certifies; ``noise``: ``gaussian`` (float32 randn) or ``sound`` (images on the 8-bit
+    grid, exact integer noise: :mod:`certify.sound_noise`), recorded likewise; ``batch_size`` None: 64 on CPU,
+    on CUDA the largest pass that fits in half the free memory (at most 4096).
     """
 
     classifier: Path | str
@@ -76,6 +77,7 @@ class CertifyJob:
     memory_format: str = "auto"
     precision: str = "fp32"
     compile: bool = False
+    noise: str = "gaussian"
     device: str = "cpu"
     shard: Any = None
     allow_sigma_mismatch: bool = False
@@ -91,6 +93,9 @@ class CertifyJob:
         from certify.numerics import canonical_precision
 
         canonical_precision(self.precision)  # a bad name is refused before anything is loaded
+        from certify.sound_noise import check_noise_kind
+
+        check_noise_kind(self.noise)
 
     @property
     def mode(self) -> str | None:
@@ -186,7 +191,7 @@ def _run_locked(job: CertifyJob, mode: str | None, shard, track: Track, warn: Ca
     n = job.n_max if mode and job.n_max is not None else job.n
     batch = job.batch_size or DEFAULT_BATCH.get(device.type, DEFAULT_BATCH["cpu"])
     smooth = Smooth(pipeline.classifier, pipeline.num_classes, job.sigma, pipeline.denoiser, batch, device,
-                    job.memory_format, job.workers, precision=job.precision, compile=job.compile)
+                    job.memory_format, job.workers, precision=job.precision, compile=job.compile, noise=job.noise)
     if job.batch_size is None and device.type == "cuda":
         from certify.batching import cuda_forward_batch
 
@@ -218,7 +223,8 @@ def _run_locked(job: CertifyJob, mode: str | None, shard, track: Track, warn: Ca
             sigma=job.sigma, n0=n0, n=n, alpha=job.alpha, batch=batch, skip=job.skip, max=job.max_index,
             indices=list(job.indices) if job.indices is not None else None, seed=job.seed,
             shards=shard.count if shard else 1, pack=pack, noise_device=device.type,
-            memory_format=smooth.memory_format, precision=smooth.precision, compile=smooth.compile, extra=extra)
+            memory_format=smooth.memory_format, precision=smooth.precision, compile=smooth.compile,
+            noise=smooth.noise, extra=extra)
         run = RunDirectory(job.out, settings, shard, new_test=job.new_test)
         return _work(job, run, split, smooth, pipeline, indices, pack, mode, n, extra, device, shard, track)
     finally:

@@ -28,8 +28,10 @@ PRECISION_SPELLINGS = {"fp32": "float32", "float32": "float32", "bf16": "bfloat1
                        "fp16": "float16", "float16": "float16"}
 PRECISION_CHOICES = ("fp32", "bf16", "fp16")  # the CLI's spelling
 DEFAULT_PRECISION = "float32"
-# The settings that make the base classifier a different function: runs that differ in them never mix.
-NUMERIC_SETTINGS = ("precision", "compile")
+DEFAULT_NOISE = "gaussian"  # float32 x + sigma * randn; "sound": exact grid noise (certify.sound_noise)
+# The settings that make the base classifier a different function: runs that differ in them never mix. The noise
+# kind is one: sound smoothing certifies f o Q (Q: rounding to the input grid), not f.
+NUMERIC_SETTINGS = ("precision", "compile", "noise")
 
 
 def canonical_precision(name: str) -> str:
@@ -108,15 +110,25 @@ def compile_module(module: nn.Module) -> nn.Module:
     return torch.compile(module, dynamic=False)
 
 
-def describe(precision: str, compiled: bool, memory_format: str) -> str:
-    """One line for reports and the model card: how the base classifier was run."""
+def describe(precision: str, compiled: bool, memory_format: str, noise: str = DEFAULT_NOISE) -> str:
+    """One line for reports and the model card: how the base classifier was run, and how noise was drawn."""
     return (f"{canonical_precision(precision)}{' autocast' if canonical_precision(precision) != 'float32' else ''}, "
-            f"{'torch.compile' if compiled else 'eager'}, {memory_format} memory format")
+            f"{'torch.compile' if compiled else 'eager'}, {memory_format} memory format, {describe_noise(noise)}")
+
+
+def describe_noise(noise: str) -> str:
+    """How the noise was drawn, in a few words."""
+    if noise == "sound":
+        return ("sound noise (inputs on the 8-bit grid, exact discretized Gaussian noise added in integers; "
+                "Voracek and Hein 2023)")
+    return "float32 Gaussian noise (x + sigma * randn: not sound in floating point, docs/CERTIFY.md)"
 
 
 def numeric_settings(settings: dict[str, Any]) -> dict[str, Any]:
-    """A run's precision and compile flag (older runs, which lack them, ran float32 eagerly)."""
-    return {"precision": settings.get("precision", DEFAULT_PRECISION), "compile": bool(settings.get("compile", False))}
+    """A run's precision, compile flag and noise kind (older runs, which lack them, ran float32 eagerly with
+    float32 Gaussian noise)."""
+    return {"precision": settings.get("precision", DEFAULT_PRECISION), "compile": bool(settings.get("compile", False)),
+            "noise": settings.get("noise", DEFAULT_NOISE)}
 
 
 def refuse_mixed_numerics(named_settings: list[tuple[str, dict[str, Any]]], action: str) -> None:

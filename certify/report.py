@@ -136,7 +136,8 @@ def _as_run(settings: dict[str, Any]) -> str:
     from certify.numerics import describe, numeric_settings
 
     numeric = numeric_settings(settings)
-    return describe(numeric["precision"], numeric["compile"], str(settings.get("memory_format", "contiguous")))
+    return describe(numeric["precision"], numeric["compile"], str(settings.get("memory_format", "contiguous")),
+                    numeric["noise"])
 
 
 def format_run_report(summary: dict[str, Any]) -> str:

@@ -385,6 +385,7 @@ class RunSettings:
     memory_format: str
     precision: str = "float32"  # the forward pass's arithmetic: float32, or bfloat16 / float16 autocast
     compile: bool = False  # the pipeline ran through torch.compile
+    noise: str = "gaussian"  # gaussian (float32 randn) or sound (exact grid noise, certify.sound_noise)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -394,7 +395,7 @@ class RunSettings:
 
 
 # Settings added later, with the value every run written before them had.
-LEGACY_DEFAULTS = {"precision": "float32", "compile": False}
+LEGACY_DEFAULTS = {"precision": "float32", "compile": False, "noise": "gaussian"}
 
 
 def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

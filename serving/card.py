@@ -90,6 +90,12 @@ def model_card(bundle: ModelBundle, device: str, batching: str, as_run: str | No
             "noise": "keyed per image: each image's noise seed is HMAC-SHA256, under a server secret, of the "
                      "served weights' hashes, the image on its 8-bit grid and the sampling settings; client seeds "
                      + ("accepted" if config.allow_client_seed else "refused"),
+            "sound_noise": config.sound_noise,
+            "noise_kind": ("sound: images must be on the 8-bit grid k/255 (others are refused with 400); noise is an "
+                           "exact discretized Gaussian added in integers, so the certificate is sound in floating "
+                           "point (Voracek and Hein 2023; docs/CERTIFY.md)" if config.sound_noise else
+                           "gaussian: float32 x + sigma * randn, the usual implementation, which is not sound in "
+                           "floating point against a base model that reads low-order bits (docs/CERTIFY.md)"),
             "guarantee": "each certificate holds with probability >= 1 - alpha over its noise; the same input "
                          "with the same settings always gets the same certificate, so asking again cannot shop "
                          "for a larger radius; inputs that differ in any pixel get independent certificates "

@@ -110,10 +110,13 @@ def _bundle(args: argparse.Namespace) -> int:
         settings["allow_client_seed"] = True
     if args.precision != "fp32" or args.compile:
         settings.update(precision=args.precision, compile=args.compile)
+    if args.sound_noise:
+        settings["sound_noise"] = True
     write_model_dir(args.out, args.classifier, args.denoiser, sigma=sigma, n0=args.n0, n=args.n, max_n=args.max_n,
                     alpha=args.alpha, **settings)
     print(f"wrote {args.out} (sigma {sigma:g}, n0 {args.n0}, n {args.n}, max_n {args.max_n}, alpha {args.alpha:g}, "
-          f"precision {args.precision}{', compiled' if args.compile else ''}); "
+          f"precision {args.precision}{', compiled' if args.compile else ''}"
+          f"{', sound noise' if args.sound_noise else ''}); "
           f"serve it with: transdenoiser serve --model-dir {args.out}")
     return 0
 
@@ -144,7 +147,8 @@ def _serve(args: argparse.Namespace) -> int:
         return 0
     print(f"transdenoiser serve: {model_dir} (sigma={bundle.config.sigma}, n0={bundle.config.n0}, "
           f"n={bundle.config.n}, alpha={bundle.config.alpha}, precision={bundle.config.precision}"
-          f"{', compiled' if bundle.config.compile else ''}) on http://{args.host}:{args.port}, API key "
+          f"{', compiled' if bundle.config.compile else ''}{', sound noise' if bundle.config.sound_noise else ''}) "
+          f"on http://{args.host}:{args.port}, API key "
           f"{'required' if auth else 'off'}; Ctrl-C stops", file=sys.stderr, flush=True)
     os.execve(command[0], command, serve_environment(model_dir, args.device))
     return 0  # not reached
@@ -190,8 +194,10 @@ def register(subparsers, common) -> None:
     p.add_argument("--max-images", type=positive_int, default=None, help="images per request (default: 16)")
     p.add_argument("--allow-client-seed", action="store_true",
                    help="accept a client seed (reproducible noise; see docs/SERVING.md)")
-    from certify.cli import add_numerics_args
+    from certify.cli import add_numerics_args, add_sound_noise_arg
 
-    add_numerics_args(p.add_argument_group("how the server runs the models (recorded in serving.toml)"))
+    runs = p.add_argument_group("how the server runs the models (recorded in serving.toml)")
+    add_numerics_args(runs)
+    add_sound_noise_arg(runs)
     p.add_argument("--out", type=Path, required=True, help="model directory to write (new or empty)")
     p.set_defaults(handler=_bundle)

@@ -58,6 +58,9 @@ class ServingConfig:
     # autocast, and torch.compile or not
     precision: str = "fp32"
     compile: bool = False
+    # sound smoothing in floating point (certify.sound_noise): images must be on the 8-bit grid (others get 400),
+    # noise is an exact discretized Gaussian added in integers; false: float32 x + sigma * randn
+    sound_noise: bool = False
     classifier: str = "classifier"  # checkpoint directory, relative to the model directory
     denoiser: str | None = None  # optional denoiser checkpoint directory, relative to the model directory
 
@@ -78,7 +81,7 @@ class ServingConfig:
 _INT_KEYS = ("n0", "n", "max_n", "batch_size", "chunk_samples", "max_images", "max_payload_bytes", "max_latency_ms",
              "round_samples", "max_request_samples", "max_queued_requests", "max_parsing_requests")
 MIN_NOISE_KEY_CHARS = 32
-_BOOL_KEYS = ("allow_client_seed", "show_versions", "compile")
+_BOOL_KEYS = ("allow_client_seed", "show_versions", "compile", "sound_noise")
 PRECISIONS = ("fp32", "bf16", "fp16")  # certify.numerics.PRECISION_CHOICES
 
 

@@ -33,6 +33,7 @@ from pydantic.json_schema import SkipJsonSchema
 from starlette.responses import JSONResponse
 
 from certify.core import ABSTAIN, AdaptiveCertificate, Certificate, Smooth, sequential_rule
+from certify.sound_noise import grid_levels
 from serving.auth import ApiKeyMiddleware
 from serving.bundle import load_model_dir
 from serving.card import model_card
@@ -45,6 +46,7 @@ from serving.limits import PayloadLimitMiddleware, release_body_slot
 from serving.metrics import bound_request_labels, service_metrics
 from serving.validation import PredictRequest, RequestError, parse_payload, parse_predict_request
 from training.checkpoint import WEIGHTS
+from transdenoiser.errors import UserError
 from transdenoiser.runtime import keep_freed_memory, resolve_device
 
 logger = logging.getLogger(__name__)
@@ -132,6 +134,9 @@ class PredictResponse(BaseModel):
     predictions: list[DecidePrediction | EstimatePrediction | ImagePrediction]
     seed: int | None = Field(description="the client's seed; null when the server keyed the noise to each image")
     seed_source: Literal["server", "client"]
+    noise: Literal["gaussian", "sound"] = Field(
+        description="sound: images on the 8-bit grid, exact integer noise (sound in floating point, Voracek and "
+                    "Hein 2023); gaussian: float32 x + sigma * randn (docs/CERTIFY.md)")
 
 
 def rule_settings(rule) -> dict[str, object]:
@@ -161,7 +166,8 @@ class TransDenoiser:
         self.class_names = pipeline.class_names
         self.smooth = Smooth(pipeline.classifier, pipeline.num_classes, config.sigma, pipeline.denoiser,
                              batch_size=config.forward_batch_on(self.device.type), device=self.device,
-                             precision=config.precision, compile=config.compile)  # the bundle's setting
+                             precision=config.precision, compile=config.compile,  # the bundle's settings
+                             noise="sound" if config.sound_noise else "gaussian")
         if self.device.type == "cuda" and config.forward_batch == "auto":  # what fits in free memory, <= batch_size
             from certify.batching import cuda_forward_batch
 
@@ -256,6 +262,12 @@ class TransDenoiser:
         if isinstance(parsed, RequestError):
             return error_response(parsed.status, parsed.message)
         request: PredictRequest = parsed
+        if self.smooth.noise == "sound":  # sound noise certifies images on the 8-bit grid only
+            for index, image in enumerate(request.images):
+                try:
+                    grid_levels(image)
+                except UserError as exc:
+                    return error_response(400, f"image {index}: {exc}")
         work = self.kinds[kind](request)
         try:
             certificates = await self.scheduler.run(work, self.config.max_latency_ms / 1000,
@@ -269,7 +281,8 @@ class TransDenoiser:
         seeds = work.image_seeds
         return PredictResponse(predictions=[self._prediction(c, s, request.radius)
                                             for c, s in zip(certificates, seeds, strict=True)],
-                               seed=request.seed, seed_source="client" if request.seed is not None else "server")
+                               seed=request.seed, seed_source="client" if request.seed is not None else "server",
+                               noise=self.smooth.noise)
 
     @bentoml.api(input_spec=PredictInput)
     async def predict(self, images: list | None = None, n: int | None = None, seed: int | None = None,

@@ -102,3 +102,12 @@ def test_bench_stobatch_refuses_a_batch_below_one(capsys):
     with pytest.raises(SystemExit):
         bench_stobatch.main(["--batch", "0"])
     assert "--batch must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_bench_sound_noise_quick(tmp_path):
+    from benchmarks import bench_sound_noise
+
+    out = tmp_path / "sound.json"
+    assert bench_sound_noise.main(["--quick", "--json", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert set(record["median_seconds"]) == {"gaussian", "sound"} and record["ratio_sound_to_gaussian"] > 0

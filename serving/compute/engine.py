@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from certify import sound_noise
 from certify.core import Certificate, Smooth, certificate_from_counts
 from serving.compute.noise import MAX_SEED
 
@@ -37,6 +38,17 @@ class NoiseJob:
     image: torch.Tensor  # (C, H, W), float32 in [0, 1], validated
     num_samples: int
     seed: int
+
+
+def noisy_copies(smooth: Smooth, image: torch.Tensor, num_samples: int, generator: torch.Generator) -> torch.Tensor:
+    """``num_samples`` noisy copies of ``image`` (on the smoother's device), drawn as ``Smooth.sample_counts_many``
+    draws one piece: float32 ``image + sigma * randn``, or with ``noise="sound"`` exact integer grid noise
+    (:mod:`certify.sound_noise`; the image must be on the 8-bit grid, checked when the request is validated)."""
+    if smooth.noise == "sound":
+        levels = sound_noise.grid_levels(image)
+        return sound_noise.sampler(smooth.sigma).noisy(levels, num_samples, generator, image.dtype)
+    noise = torch.randn((num_samples, *image.shape), generator=generator, device=smooth.device, dtype=image.dtype)
+    return noise.mul_(smooth.sigma).add_(image)
 
 
 def job_seed(image_seed: int, phase: int, chunk_index: int) -> int:
@@ -56,12 +68,8 @@ class VoteCounter:
         ``StreamJob``, its slice of its piece of the image's noise stream."""
         if isinstance(job, StreamJob):
             return job.piece.samples(self.smooth)[job.start:job.start + job.num_samples]
-        device = self.smooth.device
-        image = job.image.to(device)
-        generator = self.smooth.generator(job.seed)
-        batch = image.unsqueeze(0).expand(job.num_samples, *image.shape)
-        noise = torch.randn(batch.shape, generator=generator, device=device, dtype=image.dtype)
-        return batch + noise * self.smooth.sigma
+        return noisy_copies(self.smooth, job.image.to(self.smooth.device), job.num_samples,
+                            self.smooth.generator(job.seed))
 
     def counts(self, predictions: torch.Tensor) -> np.ndarray:
         return torch.bincount(predictions, minlength=self.smooth.num_classes).cpu().numpy()
@@ -166,10 +174,7 @@ class NoisePiece:
 
     def samples(self, smooth: Smooth) -> torch.Tensor:
         if self._samples is None:
-            image = self.image.to(smooth.device)
-            noise = torch.randn((self.num_samples, *image.shape), generator=self.generator, device=smooth.device,
-                                dtype=image.dtype)
-            self._samples = noise.mul_(smooth.sigma).add_(image)
+            self._samples = noisy_copies(smooth, self.image.to(smooth.device), self.num_samples, self.generator)
         return self._samples
 
 
