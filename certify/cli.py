@@ -82,7 +82,7 @@ def index_list(text: str) -> list[int]:
 
 
 def _shard(text: str):
-    from certify.runner import Shard
+    from certify.units import Shard
 
     try:
         return Shard.parse(text)

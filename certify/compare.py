@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from certify.runner import CertifyRecord
+from certify.rundir import CertifyRecord
 from transdenoiser.errors import UserError
 
 BOOTSTRAP_RESAMPLES = 10_000

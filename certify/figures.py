@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from certify.runner import CertifyRecord
+from certify.rundir import CertifyRecord
 from certify.summary import RADIUS_STEP
 from training.checkpoint import write_bytes
 

@@ -44,7 +44,7 @@ class CertifyJob:
     radius) or ``adaptive=True`` (estimate), with ``n_max`` estimation samples at most (default ``n``) and
     ``tolerance`` (estimate mode). Images: ``dataset``'s ``split``, every ``skip``-th image below index
     ``max_index``, or exactly ``indices``. ``seed``: image ``idx`` draws its noise from (seed, idx).
-    ``shard``: a :class:`certify.runner.Shard` (or None for the whole run). How the base classifier is run:
+    ``shard``: a :class:`certify.units.Shard` (or None for the whole run). How the base classifier is run:
     ``precision`` (``fp32``, ``bf16``, ``fp16`` autocast) and ``compile`` (``torch.compile``), both recorded in the
     run and part of what it certifies; ``noise``: ``gaussian`` (float32 randn) or ``sound`` (images on the 8-bit
     grid, exact integer noise: :mod:`certify.sound_noise`), recorded likewise; ``batch_size`` None: 64 on CPU,
@@ -155,7 +155,7 @@ def check_models_and_data(job: CertifyJob, pipeline, data_name: str, warn: Calla
 
 def run_job(job: CertifyJob, track: Track = silent, warn: Callable[[str], None] = _ignore) -> JobOutcome:
     """Run ``job`` under the run lock; on KeyboardInterrupt the rows so far are kept and the outcome says so."""
-    from certify.runner import Shard
+    from certify.units import Shard
     from transdenoiser.lock import RunLock
 
     mode = job.mode  # checks the adaptive settings before anything is loaded
@@ -172,7 +172,9 @@ def run_job(job: CertifyJob, track: Track = silent, warn: Callable[[str], None] 
 def _run_locked(job: CertifyJob, mode: str | None, shard, track: Track, warn: Callable[[str], None]) -> JobOutcome:
     from certify.core import Smooth
     from certify.pipeline import check_dataset_fits, load_pipeline
-    from certify.runner import RunDirectory, RunSettings, adaptive_pack_size, pack_size, rank_device, select_indices
+    from certify.rundir import RunDirectory, RunSettings
+    from certify.runner import adaptive_pack_size, rank_device
+    from certify.units import pack_size, select_indices
     from training.datasets import load_dataset
     from transdenoiser.runtime import resolve_device
 
@@ -233,16 +235,9 @@ def _run_locked(job: CertifyJob, mode: str | None, shard, track: Track, warn: Ca
 
 def _work(job, run, split, smooth, pipeline, indices, pack, mode, n, extra, device, shard, track) -> JobOutcome:
     from certify.report import finalize_run
-    from certify.runner import (
-        collect_rows,
-        expected_indices,
-        iter_certify,
-        iter_certify_adaptive,
-        iter_predict,
-        missing_report,
-        plan_units,
-        run_work,
-    )
+    from certify.rundir import collect_rows, expected_indices, missing_report
+    from certify.runner import iter_certify, iter_certify_adaptive, iter_predict, run_work
+    from certify.units import plan_units
     from transdenoiser.runtime import hardware_description
 
     task = job.task

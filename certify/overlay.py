@@ -8,7 +8,7 @@ from typing import Any
 
 from certify.figures import cap_note, curves_and_points, legend_label, plot_certified_accuracy
 from certify.report import PLOT_FILE, REPORT_FILE, read_certify_run
-from certify.runner import CertifyRecord, write_json, write_text
+from certify.rundir import CertifyRecord, write_json, write_text
 from certify.summary import ACR_DEFINITION, certified_accuracy, radius_grid
 from transdenoiser.errors import UserError
 

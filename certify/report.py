@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from certify.figures import cap_note, curves_and_points, denoiser_arm, legend_label, plot_certified_accuracy, run_label
-from certify.runner import (
+from certify.rundir import (
     HEARTBEAT_SECONDS,
     MODELS_FILE,
     SETTINGS_FILE,

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from certify.core import ABSTAIN, max_certifiable_radius
-from certify.runner import CertifyRecord, PredictRecord, Record
+from certify.rundir import CertifyRecord, PredictRecord, Record
 from transdenoiser.errors import UserError
 
 RADIUS_STEP = 0.25  # table radii: 0, 0.25, 0.5, ... (L2, [0,1]-pixel units)

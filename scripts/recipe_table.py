@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from certify.runner import CertifyRecord, read_rows  # noqa: E402  (the repository's packages, run as a script)
+from certify.rundir import CertifyRecord, read_rows
 
 RADII = (0.0, 0.25, 0.5, 0.75, 1.0)
 LABELS = {

@@ -119,7 +119,7 @@ def recorded_seconds(step: dict, steps_file: Path) -> float | None:
     kind, dataset, images = work.get("kind"), work.get("dataset"), work.get("images")
     if kind not in ("certify", "baseline-certify") or out is None or not images:
         return None
-    from certify.runner import read_rows
+    from certify.rundir import read_rows
     from transdenoiser.errors import UserError
 
     parts = Path(out).parts

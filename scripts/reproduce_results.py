@@ -82,7 +82,7 @@ def paired_to_sepdp(root: Path, runs: list[str], radii: list[float]) -> dict:
     ``per_seed`` (every common seed's) and, from two seeds on, ``between_seeds``: the mean of the seeds'
     differences and their min and max. A run on other images gets a note instead."""
     from certify.compare import paired_difference
-    from certify.runner import read_rows
+    from certify.rundir import read_rows
     from transdenoiser.errors import UserError
 
     def seeds(run: str) -> dict[int, Path]:

@@ -171,7 +171,7 @@ def test_certify_job_is_the_command_line_run_and_resumes(doc):
     from scipy.stats import norm
     from statsmodels.stats.proportion import proportion_confint
 
-    from certify.runner import read_rows
+    from certify.rundir import read_rows
 
     outcome, again = doc["outcome"], doc["again"]
     assert outcome.complete and outcome.done_before == 0 and outcome.done_now == 11 == outcome.expected

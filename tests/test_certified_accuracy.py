@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from certify.runner import CertifyRecord
+from certify.rundir import CertifyRecord
 from certify.summary import certified_accuracy
 from tests.test_reproduce import reproduce_part
 from training.baselines.cli import RADII, certified_accuracy_by_radius

@@ -45,7 +45,7 @@ def certify_argv(classifier, out, *extra):
 
 
 def test_ctrl_c_keeps_rows_status_agrees_and_prints_the_resume_command(models, tmp_path, monkeypatch, capsys):
-    from certify import runner
+    from certify import rundir as runner
 
     classifier, _, _ = models
     out = tmp_path / "run"

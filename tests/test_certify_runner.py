@@ -9,8 +9,10 @@ from torch import nn
 
 from certify.core import Smooth
 from certify.report import format_certified_accuracy_table
-from certify.runner import Shard, certify_dataset, pack_size, plan_units, rank_device, read_rows, select_indices
+from certify.rundir import read_rows
+from certify.runner import certify_dataset, rank_device
 from certify.summary import radius_grid, summarize
+from certify.units import Shard, pack_size, plan_units, select_indices
 from transdenoiser.cli import main
 from transdenoiser.errors import UserError
 
@@ -379,8 +381,8 @@ def test_radius_and_adaptive_are_exclusive(tiny_classifier_dir, tmp_path, capsys
 def test_a_killed_session_keeps_its_time_and_is_marked_interrupted(tmp_path, monkeypatch):
     """A process killed outright never closes its session: its wall time up to the last heartbeat stays in the
     status file, the next session marks it interrupted, and the summary says the sum may fall short."""
-    from certify import runner
-    from certify.runner import RunDirectory, RunSettings
+    from certify import rundir
+    from certify.rundir import RunDirectory, RunSettings
 
     settings = RunSettings(task="certify", classifier="c", classifier_sha256="0", denoiser=None, denoiser_sha256=None,
                            dataset="mnist10k", data_root=None, split_seed=0, split="test", split_fingerprint="f",
@@ -390,7 +392,7 @@ def test_a_killed_session_keeps_its_time_and_is_marked_interrupted(tmp_path, mon
     killed = RunDirectory(tmp_path, settings, None)
     killed.open()
     killed.start_session(cpu, "CPU A")
-    monkeypatch.setattr(runner, "HEARTBEAT_SECONDS", 0.0)
+    monkeypatch.setattr(rundir, "HEARTBEAT_SECONDS", 0.0)
     killed.heartbeat(rows=3)  # ... and then the process is killed: update_status never runs
     status = json.loads((tmp_path / "certify.status.json").read_text())
     assert status["rows"] == 3 and status["complete"] is False
@@ -411,7 +413,7 @@ def test_another_seed_or_alpha_is_a_new_test_refused_without_new_test(tmp_path):
     import dataclasses
     import json
 
-    from certify.runner import RunDirectory, RunSettings
+    from certify.rundir import RunDirectory, RunSettings
 
     settings = RunSettings(task="certify", classifier="c", classifier_sha256="x", denoiser=None, denoiser_sha256=None,
                            dataset="mnist10k", data_root=None, split_seed=0, split="test", split_fingerprint="f",

@@ -176,10 +176,10 @@ def test_keep_freed_memory_yields_to_the_users_settings(monkeypatch):
 def test_one_atomic_writer_replaces_whole_files_with_usual_permissions(tmp_path):
     import os
 
-    import certify.runner
+    import certify.rundir
     from training import checkpoint
 
-    assert certify.runner.write_text is checkpoint.write_text  # run directories use the checkpoints' fsyncing writer
+    assert certify.rundir.write_text is checkpoint.write_text  # run directories use the checkpoints' fsyncing writer
     path = tmp_path / "f.txt"
     checkpoint.write_text(path, "old")
     checkpoint.write_bytes(path, b"new")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from certify.compare import certified_matrix, format_points, paired_difference
-from certify.runner import CertifyRecord
+from certify.rundir import CertifyRecord
 from transdenoiser.errors import UserError
 
 RADII = (0.0, 0.25, 0.5)

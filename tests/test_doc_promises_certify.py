@@ -21,7 +21,7 @@ import pytest
 import torch
 from scipy.stats import norm
 
-from certify.runner import CertifyRecord
+from certify.rundir import CertifyRecord
 from certify.summary import summarize
 from transdenoiser.cli import main
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from certify.figures import cap_note, certified_accuracy_figure, legend_label, plot_certified_accuracy
-from certify.runner import CertifyRecord
+from certify.rundir import CertifyRecord
 
 pytest.importorskip("matplotlib")
 

@@ -37,7 +37,7 @@ from certify.attacks.gradient import (
 from certify.attacks.threats import THREATS, SmoothedThreat, build_threat
 from certify.core import ABSTAIN, Smooth
 from certify.pipeline import Pipeline
-from certify.runner import read_rows
+from certify.rundir import read_rows
 from transdenoiser.errors import UserError
 from transdenoiser.progress import Track, silent
 
