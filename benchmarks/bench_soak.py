@@ -24,6 +24,7 @@ import argparse
 import io
 import itertools
 import json
+import os
 import tempfile
 import threading
 import time
@@ -86,6 +87,7 @@ def run_soak(url: str, images: np.ndarray, clients: int, seconds: float, memory_
     start = time.perf_counter()
     stop = threading.Event()
     memory: list[tuple[float, int]] = []
+    load: list[float] = []  # the machine's 1-minute load average, every 2 s (the machine may be shared)
 
     def request_for(index: int) -> tuple[str, dict]:
         if index % malformed_every == malformed_every - 1:
@@ -143,6 +145,7 @@ def run_soak(url: str, images: np.ndarray, clients: int, seconds: float, memory_
         while not stop.is_set():
             if memory_of is not None:
                 memory.append((time.perf_counter() - start, memory_of()))
+            load.append(os.getloadavg()[0])
             stop.wait(2.0)
 
     sampler = threading.Thread(target=sample_memory, daemon=True)
@@ -164,6 +167,9 @@ def run_soak(url: str, images: np.ndarray, clients: int, seconds: float, memory_
               "responses_5xx": sum(count for kind in statuses for status, count in statuses[kind].items()
                                    if status.startswith("5") and status != "503"),
               "refusals_503": sum(statuses[kind].get("503", 0) for kind in statuses),
+              "admitted_not_finished_504": sum(statuses[kind].get("504", 0) for kind in statuses),
+              "load_average_1min": {"min": min(load), "median": float(np.median(load)), "max": max(load)}
+              if load else None,
               "dropped_connections": len(dropped), "dropped_examples": dropped[:5],
               "unexpected": len(unexpected), "unexpected_examples": unexpected[:5]}
     if memory:
@@ -215,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     for kind, figures in result["per_kind"].items():
         print(f"{kind:10s} requests={figures['count']:5d} p50={figures['p50_s']:.3f}s p99={figures['p99_s']:.3f}s "
               f"statuses={figures['statuses']}")
+    print(f"admitted but not finished (504): {result['admitted_not_finished_504']}; machine load "
+          f"{result['load_average_1min']}")
     print(f"5xx={result['responses_5xx']} dropped={result['dropped_connections']} unexpected={result['unexpected']} "
           f"memory={result.get('memory')} passed={result['passed']}")
     write_result(args.out, result)
