@@ -29,8 +29,14 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks import write_result
-from benchmarks.serving_common import percentiles, run_record, running_server, worker_process
+from benchmarks.serving_common import (
+    add_model_arguments,
+    percentiles,
+    run_record,
+    running_server,
+    save_result,
+    worker_process,
+)
 from transdenoiser.argtypes import positive_float, positive_int
 
 N0, SMALL_N, LARGE_IMAGES = 100, 100, 16
@@ -205,8 +211,7 @@ def measure_burst(url: str, bodies: int, body_bytes: int, memory_of=None, loop_c
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_overload", description=__doc__.split("\n")[0])
-    parser.add_argument("--classifier-dir", default="runs/demo/classifier", help="classifier checkpoint directory")
-    parser.add_argument("--denoiser-dir", default=None, help="optional denoiser checkpoint directory")
+    add_model_arguments(parser)
     parser.add_argument("--deadline-s", type=positive_float, default=30.0, help="the server's max_latency_ms, in s")
     parser.add_argument("--factor", type=positive_float, default=4.0, help="offered work / finishable work")
     parser.add_argument("--quick", action="store_true", help="deadline 10 s")
@@ -238,8 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         print_overload(figures)
     if "burst" in figures:
         print_burst(figures["burst"])
-    write_result(args.out, result)
-    print(f"results in {args.out}")
+    save_result(args.out, result)
     return 0
 
 

@@ -36,8 +36,14 @@ import httpx
 import numpy as np
 from PIL import Image
 
-from benchmarks import write_result
-from benchmarks.serving_common import percentiles, run_record, running_server, worker_process
+from benchmarks.serving_common import (
+    add_model_arguments,
+    percentiles,
+    run_record,
+    running_server,
+    save_result,
+    worker_process,
+)
 from transdenoiser.argtypes import positive_float, positive_int
 
 SMALL_N, BATCH_N, BATCH_IMAGES = 100, 500, 4
@@ -188,8 +194,7 @@ def run_soak(url: str, images: np.ndarray, clients: int, seconds: float, memory_
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_soak", description=__doc__.split("\n")[0])
-    parser.add_argument("--classifier-dir", default="runs/demo/classifier", help="classifier checkpoint directory")
-    parser.add_argument("--denoiser-dir", default=None, help="optional denoiser checkpoint directory")
+    add_model_arguments(parser)
     parser.add_argument("--url", default=None, help="a running server on 127.0.0.1 (default: start one)")
     parser.add_argument("--clients", type=positive_int, default=16)
     parser.add_argument("--seconds", type=positive_float, default=300.0, help="no new request after this")
@@ -225,8 +230,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{result['load_average_1min']}")
     print(f"5xx={result['responses_5xx']} dropped={result['dropped_connections']} unexpected={result['unexpected']} "
           f"memory={result.get('memory')} passed={result['passed']}")
-    write_result(args.out, result)
-    print(f"results in {args.out}")
+    save_result(args.out, result)
     return 0 if result["passed"] else 1
 
 

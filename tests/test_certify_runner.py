@@ -10,6 +10,7 @@ from torch import nn
 from certify.core import Smooth
 from certify.report import format_certified_accuracy_table, radius_grid, summarize
 from certify.runner import Shard, certify_dataset, pack_size, plan_units, rank_device, read_rows, select_indices
+from tests.conftest import run_cli
 from transdenoiser.cli import main
 from transdenoiser.errors import UserError
 
@@ -35,12 +36,6 @@ def tiny_classifier_dir(tmp_path_factory):
 
 def rows_without_time(path):
     return [line.rsplit("\t", 1)[0] for line in path.read_text().splitlines()]
-
-
-def run_cli(argv, capsys):
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 # ----------------------------------------------------------------------------------------------- library
