@@ -321,8 +321,9 @@ class FairScheduler:
                 and self._tickets[0] is not rescue:
             rescue, self._newcomer_went_first = None, True  # a new request's first round goes first, once
         else:
+            # after a rescue, the next pass is round robin's, unless a newcomer just took that turn
+            self._rescue_turn = rescue is None or self._newcomer_went_first
             self._newcomer_went_first = False
-            self._rescue_turn = not self._rescue_turn or rescue is None
         if rescue is not None:
             jobs = self._round(rescue, self.round_samples)
             if jobs:
