@@ -300,6 +300,12 @@ def test_processor_sharing_finish_times_and_admission_rules():
     # finish even alone is doomed (the scheduler stops it at once)
     assert admission(100, 100, [Admitted(3000, 32)], 100).admit
     assert doomed(3000, 20, 100) and not doomed(3000, 32, 100)
+    # next to a stream of small requests, a large one must fit behind all the admitted work at half the rate (the
+    # share the scheduler's extra rounds give a request left behind): 4,400 samples at 50/s is 88 s, over 75 s;
+    # processor sharing alone (44 s) would admit it. A small newcomer is not held to that bound.
+    stream = [Admitted(200, 100)] * 7
+    assert admission(3000, 100, stream, 100).reason == "busy" and admission(2000, 100, stream, 100).admit
+    assert admission(900, 100, stream * 3, 100).admit  # at half the rate it would not fit (102 s), but it is small
 
 
 def test_overload_keeps_goodput_and_answers_small_requests_or_refuses_them_at_once():
