@@ -12,7 +12,7 @@ deadline, all sent at once (no retries), while one client keeps sending small re
 Figures: goodput (noisy samples of requests answered 200 / noisy samples computed, from /metrics), the large
 requests' statuses and Retry-After values, the time to each refusal, and each small request's latency against
 3x its idle median (or an immediate refusal). Then a burst: ``--burst-bodies`` JSON bodies just under the payload
-limit (2 MB) sent at once, then ``--loop-clients`` clients sending such bodies back to back for ``--loop-seconds``,
+limit (2 MB) sent at once (after 10 s of probes alone, the baseline), then ``--loop-clients`` clients sending such bodies back to back for ``--loop-seconds``,
 while /readyz and /livez are probed back to back: the probes' latency, the bodies' statuses and the worker's
 memory before, at its peak (sampled every 50 ms) and after. Bounded: the overload phase ends when every large
 request is answered (at most the deadline plus a margin), the burst when its bodies are answered, the loop after
@@ -197,8 +197,11 @@ def measure_burst(url: str, bodies: int, body_bytes: int, memory_of=None, loop_c
             while time.perf_counter() < until:
                 post(client, statuses)
 
+    quiet_until = time.perf_counter() + min(10.0, loop_seconds)  # the probes without bodies: the baseline
     at_once: list[int] = []
     result = {"bodies": bodies, "body_bytes": len(body),
+              "quiet": {"seconds": min(10.0, loop_seconds), **phase(
+                  [threading.Thread(target=time.sleep, args=(max(0.0, quiet_until - time.perf_counter()),))], [])},
               "at_once": phase([threading.Thread(target=once, args=(at_once,)) for _ in range(bodies)], at_once)}
     if loop_clients > 0 and loop_seconds > 0:
         looped: list[int] = []
@@ -257,12 +260,14 @@ def print_overload(figures: dict) -> None:
 
 
 def print_burst(burst: dict) -> None:
-    for name in ("at_once", "looping"):
+    for name in ("quiet", "at_once", "looping"):
         if name not in burst:
             continue
         phase = burst[name]
-        what = (f"{burst['bodies']} bodies of {burst['body_bytes']} bytes at once" if name == "at_once" else
-                f"{phase['clients']} clients looping such bodies for {phase['seconds']:g} s ({phase['requests']} sent)")
+        what = {"quiet": f"no bodies for {phase.get('seconds', 0):g} s (the baseline)",
+                "at_once": f"{burst['bodies']} bodies of {burst['body_bytes']} bytes at once",
+                "looping": f"{phase.get('clients')} clients looping such bodies for {phase.get('seconds', 0):g} s "
+                           f"({phase.get('requests')} sent)"}[name]
         print(f"{what}: statuses {phase['statuses']}; probes p50 {phase['probes']['p50_s']:.3f} s, p99 "
               f"{phase['probes']['p99_s']:.3f} s, max {phase['probes']['max_s']:.3f} s, "
               f"{phase['probes_over_100ms']} of {phase['probes']['count']} over 100 ms; worker RSS "
