@@ -11,9 +11,10 @@ of what the server computes within the deadline, ``--factor`` times as much work
 deadline, all sent at once (no retries), while one client keeps sending small requests one after another.
 Figures: goodput (noisy samples of requests answered 200 / noisy samples computed, from /metrics), the large
 requests' statuses and Retry-After values, the time to each refusal, and each small request's latency against
-3x its idle median (or an immediate refusal). Then a burst: ``--burst-bodies`` JSON bodies just under the payload
-limit (2 MB) sent at once (after 10 s of probes alone, the baseline), then ``--loop-clients`` clients sending such bodies back to back for ``--loop-seconds``,
-while /readyz and /livez are probed back to back: the probes' latency, the bodies' statuses and the worker's
+3x its idle median (or an immediate refusal). Then a burst: after 10 s of probes alone (the baseline),
+``--burst-bodies`` JSON bodies just under the payload limit (2 MB) sent at once, then ``--loop-clients`` clients
+sending such bodies back to back for ``--loop-seconds``, while /readyz and /livez are probed back to back
+throughout: the probes' latency, the bodies' statuses and the worker's
 memory before, at its peak (sampled every 50 ms) and after. Bounded: the overload phase ends when every large
 request is answered (at most the deadline plus a margin), the burst when its bodies are answered, the loop after
 ``--loop-seconds``; loopback only.
