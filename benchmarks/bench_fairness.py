@@ -21,14 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.serving_common import (
-    add_model_arguments,
-    percentiles,
-    phase_summary,
-    run_record,
-    running_server,
-    save_result,
-)
+from benchmarks.serving_common import model_args, percentiles, phase_summary, run_record, running_server, save_result
 from transdenoiser.argtypes import positive_int
 
 TARGET_RATIO = 3.0
@@ -89,7 +82,7 @@ def measure(url: str, small: dict, large: dict, repeats: int, small_requests: in
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_fairness", description=__doc__.split("\n")[0])
-    add_model_arguments(parser)
+    model_args(parser)
     parser.add_argument("--repeats", type=positive_int, default=3, help="idle/loaded phase pairs")
     parser.add_argument("--small-requests", type=positive_int, default=10, help="small requests per phase")
     parser.add_argument("--quick", action="store_true", help="a 4-image n = 2,000 large request, 1 repeat")

@@ -30,14 +30,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.serving_common import (
-    add_model_arguments,
-    percentiles,
-    run_record,
-    running_server,
-    save_result,
-    worker_process,
-)
+from benchmarks.serving_common import model_args, percentiles, run_record, running_server, save_result, worker_process
 from transdenoiser.argtypes import positive_float, positive_int
 
 N0, SMALL_N, LARGE_IMAGES = 100, 100, 16
@@ -215,7 +208,7 @@ def measure_burst(url: str, bodies: int, body_bytes: int, memory_of=None, loop_c
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_overload", description=__doc__.split("\n")[0])
-    add_model_arguments(parser)
+    model_args(parser)
     parser.add_argument("--deadline-s", type=positive_float, default=30.0, help="the server's max_latency_ms, in s")
     parser.add_argument("--factor", type=positive_float, default=4.0, help="offered work / finishable work")
     parser.add_argument("--quick", action="store_true", help="deadline 10 s")

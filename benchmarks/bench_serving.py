@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.serving_common import add_model_arguments, closed_loop, save_result
+from benchmarks.serving_common import closed_loop, model_args, save_result
 from serving.bundle import write_model_dir
 from serving.process import ServerProcess
 from training.datasets import load_dataset
@@ -45,7 +45,7 @@ def run_phase(url: str, image: list, n: int, clients: int, total: int, max_secon
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_serving", description=__doc__.split("\n")[0])
-    add_model_arguments(parser, "runs/classifier")
+    model_args(parser, "runs/classifier")
     parser.add_argument("--sigma", type=positive_float, default=0.25, help="noise level, [0,1]-pixel units")
     parser.add_argument("--n", type=positive_int, default=1000, help="estimation samples per request")
     parser.add_argument("--clients", default="1,16", help="comma-separated concurrent client counts")

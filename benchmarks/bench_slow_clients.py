@@ -22,14 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.serving_common import (
-    add_model_arguments,
-    percentiles,
-    phase_summary,
-    run_record,
-    running_server,
-    save_result,
-)
+from benchmarks.serving_common import model_args, percentiles, phase_summary, run_record, running_server, save_result
 from transdenoiser.argtypes import positive_int
 
 TARGET_RATIO = 3.0
@@ -134,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_slow_clients",
                                      description=__doc__.split("\n")[0])
-    add_model_arguments(parser)
+    model_args(parser)
     parser.add_argument("--stalled", type=positive_int, default=2000, help="stalled connections held open")
     parser.add_argument("--repeats", type=positive_int, default=3, help="idle/stalled phase pairs per target")
     parser.add_argument("--requests", type=positive_int, default=30, help="good requests per phase")

@@ -36,14 +36,7 @@ import httpx
 import numpy as np
 from PIL import Image
 
-from benchmarks.serving_common import (
-    add_model_arguments,
-    percentiles,
-    run_record,
-    running_server,
-    save_result,
-    worker_process,
-)
+from benchmarks.serving_common import model_args, percentiles, run_record, running_server, save_result, worker_process
 from transdenoiser.argtypes import positive_float, positive_int
 
 SMALL_N, BATCH_N, BATCH_IMAGES = 100, 500, 4
@@ -194,7 +187,7 @@ def run_soak(url: str, images: np.ndarray, clients: int, seconds: float, memory_
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_soak", description=__doc__.split("\n")[0])
-    add_model_arguments(parser)
+    model_args(parser)
     parser.add_argument("--url", default=None, help="a running server on 127.0.0.1 (default: start one)")
     parser.add_argument("--clients", type=positive_int, default=16)
     parser.add_argument("--seconds", type=positive_float, default=300.0, help="no new request after this")

@@ -21,7 +21,7 @@ from serving.process import ServerProcess
 START_TIMEOUT_S = 300
 
 
-def add_model_arguments(parser, classifier_default: str = "runs/demo/classifier") -> None:
+def model_args(parser, classifier_default: str = "runs/demo/classifier") -> None:
     """``--classifier-dir`` and ``--denoiser-dir``: the checkpoints the benchmark's server serves."""
     parser.add_argument("--classifier-dir", default=classifier_default, help="classifier checkpoint directory")
     parser.add_argument("--denoiser-dir", default=None, help="optional denoiser checkpoint directory")
