@@ -21,8 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks import write_result
-from benchmarks.serving_common import percentiles, run_record, running_server
+from benchmarks.serving_common import model_args, percentiles, phase_summary, run_record, running_server, save_result
 from transdenoiser.argtypes import positive_int
 
 TARGET_RATIO = 3.0
@@ -83,8 +82,7 @@ def measure(url: str, small: dict, large: dict, repeats: int, small_requests: in
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_fairness", description=__doc__.split("\n")[0])
-    parser.add_argument("--classifier-dir", default="runs/demo/classifier", help="classifier checkpoint directory")
-    parser.add_argument("--denoiser-dir", default=None, help="optional denoiser checkpoint directory")
+    model_args(parser)
     parser.add_argument("--repeats", type=positive_int, default=3, help="idle/loaded phase pairs")
     parser.add_argument("--small-requests", type=positive_int, default=10, help="small requests per phase")
     parser.add_argument("--quick", action="store_true", help="a 4-image n = 2,000 large request, 1 repeat")
@@ -105,12 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     result = {**record, "small": "1 image, n = 100", "large": f"{large_images} images, n = {large_n}",
               "repeats": repeats, **figures}
     for phase in ("idle", "loaded"):
-        f = figures[phase]
-        print(f"{phase:7s} requests={f['count']:3d} p50={f['p50_s']:.3f}s p99={f['p99_s']:.3f}s")
+        print(phase_summary(phase, figures[phase]))
     print(f"loaded / idle: median {figures['median_ratio']:.2f}x, p99 {figures['p99_ratio']:.2f}x "
           f"(target <= {TARGET_RATIO:g}x: {'met' if figures['target_met'] else 'NOT met'})")
-    write_result(args.out, result)
-    print(f"results in {args.out}")
+    save_result(args.out, result)
     return 0
 
 

@@ -2,6 +2,7 @@
 
     python -m benchmarks.bench_overload [--classifier-dir runs/demo/classifier] [--deadline-s 30] [--factor 4]
     python -m benchmarks.bench_overload --quick      # deadline 10 s
+    python -m benchmarks.bench_overload --mode burst  # the burst of large bodies only (about a minute)
 
 A real server (``transdenoiser serve``, default settings but ``max_latency_ms`` = the deadline, sigma 0.25) starts
 on 127.0.0.1. After an idle phase (small requests: 1 image, n = 100, one after another), the measured rate
@@ -10,10 +11,13 @@ of what the server computes within the deadline, ``--factor`` times as much work
 deadline, all sent at once (no retries), while one client keeps sending small requests one after another.
 Figures: goodput (noisy samples of requests answered 200 / noisy samples computed, from /metrics), the large
 requests' statuses and Retry-After values, the time to each refusal, and each small request's latency against
-3x its idle median (or an immediate refusal). Then a burst: ``--burst-bodies`` JSON bodies just under the payload
-limit (2 MB) sent at once while /readyz and /livez are probed back to back: the probes' latency, the bodies'
-statuses and the worker's memory before and after. Bounded: the overload phase ends when every large request is
-answered (at most the deadline plus a margin), the burst when its bodies are answered; loopback only.
+3x its idle median (or an immediate refusal). Then a burst: after 10 s of probes alone (the baseline),
+``--burst-bodies`` JSON bodies just under the payload limit (2 MB) sent at once, then ``--loop-clients`` clients
+sending such bodies back to back for ``--loop-seconds``, while /readyz and /livez are probed back to back
+throughout: the probes' latency, the bodies' statuses and the worker's
+memory before, at its peak (sampled every 50 ms) and after. Bounded: the overload phase ends when every large
+request is answered (at most the deadline plus a margin), the burst when its bodies are answered, the loop after
+``--loop-seconds``; loopback only.
 """
 from __future__ import annotations
 
@@ -26,8 +30,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks import write_result
-from benchmarks.serving_common import percentiles, run_record, running_server
+from benchmarks.serving_common import model_args, percentiles, run_record, running_server, save_result, worker_process
 from transdenoiser.argtypes import positive_float, positive_int
 
 N0, SMALL_N, LARGE_IMAGES = 100, 100, 16
@@ -112,53 +115,110 @@ def measure(url: str, images, deadline_s: float, factor: float, idle_requests: i
     }
 
 
-def measure_burst(url: str, bodies: int, body_bytes: int, memory_of=None) -> dict:
-    """``bodies`` JSON bodies of about ``body_bytes`` at once; probes' latency meanwhile."""
+def burst_body(body_bytes: int) -> bytes:
+    """A valid one-image JSON body padded with spaces to about ``body_bytes`` bytes."""
     import json
 
     import numpy as np
 
     image = json.dumps(np.full((1, 28, 28), 0.123456789).tolist())
-    body = ('{"images": [' + image + "]" + " " * (body_bytes - len(image) - 20) + "}").encode()
-    statuses: list[int] = []
+    return ('{"images": [' + image + "]" + " " * (body_bytes - len(image) - 20) + "}").encode()
+
+
+def _probe_while(url: str, busy) -> list[float]:
+    """/readyz and /livez latencies (s), probed back to back while ``busy()`` is true (at least once each)."""
     probes: list[float] = []
-    before = memory_of() if memory_of else None
-
-    def post() -> None:
-        with httpx.Client(base_url=url, timeout=300) as client:
-            try:
-                statuses.append(client.post("/predict", content=body,
-                                            headers={"content-type": "application/json"}).status_code)
-            except httpx.TransportError:
-                statuses.append(0)
-
-    threads = [threading.Thread(target=post) for _ in range(bodies)]
     with httpx.Client(base_url=url, timeout=60) as http:
-        for thread in threads:
-            thread.start()
-        while any(thread.is_alive() for thread in threads):
+        while True:
             for path in ("/readyz", "/livez"):
                 started = time.perf_counter()
                 http.get(path)
                 probes.append(time.perf_counter() - started)
-    for thread in threads:
-        thread.join()
-    return {"bodies": bodies, "body_bytes": len(body), "statuses": dict(Counter(str(s) for s in statuses)),
-            "probes": percentiles(probes), "probes_over_100ms": sum(p > 0.1 for p in probes),
-            "rss_before_mib": before / 2**20 if before else None,
-            "rss_after_mib": memory_of() / 2**20 if memory_of else None}
+            if not busy():
+                return probes
+
+
+def _memory_sampler(memory_of, stop: threading.Event, peak: list[int]) -> threading.Thread:
+    def sample() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], memory_of())
+            stop.wait(0.05)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    return thread
+
+
+def measure_burst(url: str, bodies: int, body_bytes: int, memory_of=None, loop_clients: int = 2,
+                  loop_seconds: float = 30.0) -> dict:
+    """``bodies`` JSON bodies of about ``body_bytes`` sent at once, then ``loop_clients`` clients sending such
+    bodies back to back for ``loop_seconds``; /readyz and /livez probed back to back during each phase, the
+    worker's resident memory sampled every 50 ms (its peak) and after each phase."""
+    body = burst_body(body_bytes)
+    headers = {"content-type": "application/json"}
+
+    def phase(threads: list[threading.Thread], statuses: list[int]) -> dict:
+        peak = [memory_of() if memory_of else 0]
+        before = peak[0]
+        stop = threading.Event()
+        sampler = _memory_sampler(memory_of, stop, peak) if memory_of else None
+        for thread in threads:
+            thread.start()
+        probes = _probe_while(url, lambda: any(thread.is_alive() for thread in threads))
+        for thread in threads:
+            thread.join()
+        stop.set()
+        if sampler is not None:
+            sampler.join()
+        return {"statuses": dict(Counter(str(s) for s in statuses)), "probes": percentiles(probes),
+                "probes_over_100ms": sum(p > 0.1 for p in probes),
+                "rss_before_mib": before / 2**20 if memory_of else None,
+                "rss_peak_mib": peak[0] / 2**20 if memory_of else None,
+                "rss_after_mib": memory_of() / 2**20 if memory_of else None}
+
+    def post(client: httpx.Client, statuses: list[int]) -> None:
+        try:
+            statuses.append(client.post("/predict", content=body, headers=headers).status_code)
+        except httpx.TransportError:
+            statuses.append(0)  # a dropped connection: counted as status 0
+
+    def once(statuses: list[int]) -> None:
+        with httpx.Client(base_url=url, timeout=300) as client:
+            post(client, statuses)
+
+    def looping(statuses: list[int], until: float) -> None:
+        with httpx.Client(base_url=url, timeout=300) as client:
+            while time.perf_counter() < until:
+                post(client, statuses)
+
+    quiet_until = time.perf_counter() + min(10.0, loop_seconds)  # the probes without bodies: the baseline
+    at_once: list[int] = []
+    result = {"bodies": bodies, "body_bytes": len(body),
+              "quiet": {"seconds": min(10.0, loop_seconds), **phase(
+                  [threading.Thread(target=time.sleep, args=(max(0.0, quiet_until - time.perf_counter()),))], [])},
+              "at_once": phase([threading.Thread(target=once, args=(at_once,)) for _ in range(bodies)], at_once)}
+    if loop_clients > 0 and loop_seconds > 0:
+        looped: list[int] = []
+        until = time.perf_counter() + loop_seconds
+        result["looping"] = {"clients": loop_clients, "seconds": loop_seconds, "requests": None, **phase(
+            [threading.Thread(target=looping, args=(looped, until)) for _ in range(loop_clients)], looped)}
+        result["looping"]["requests"] = len(looped)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_overload", description=__doc__.split("\n")[0])
-    parser.add_argument("--classifier-dir", default="runs/demo/classifier", help="classifier checkpoint directory")
-    parser.add_argument("--denoiser-dir", default=None, help="optional denoiser checkpoint directory")
+    model_args(parser)
     parser.add_argument("--deadline-s", type=positive_float, default=30.0, help="the server's max_latency_ms, in s")
     parser.add_argument("--factor", type=positive_float, default=4.0, help="offered work / finishable work")
     parser.add_argument("--quick", action="store_true", help="deadline 10 s")
     parser.add_argument("--out", default="runs/bench/overload.json", help="JSON results file")
     parser.add_argument("--idle-requests", type=positive_int, default=5, help="small requests on the idle server")
-    parser.add_argument("--burst-bodies", type=int, default=100, help="bodies of the burst (0: no burst)")
+    parser.add_argument("--mode", choices=("all", "overload", "burst"), default="all",
+                        help="overload, burst of large bodies, or both (default)")
+    parser.add_argument("--burst-bodies", type=positive_int, default=100, help="bodies of the burst sent at once")
+    parser.add_argument("--loop-clients", type=int, default=2, help="clients looping large bodies after the burst")
+    parser.add_argument("--loop-seconds", type=positive_float, default=30.0, help="how long they loop")
     args = parser.parse_args(argv)
     from training.datasets import load_dataset
 
@@ -168,29 +228,45 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench_overload_") as tmp, \
             running_server(Path(tmp), args.classifier_dir, args.denoiser_dir, sigma=0.25,
                            max_latency_ms=int(deadline_s * 1000)) as server:
-        figures = measure(server.url, x[:32].numpy(), deadline_s, args.factor, args.idle_requests)
-        if args.burst_bodies > 0:
-            from benchmarks.serving_common import worker_process
-
+        figures = {}
+        if args.mode in ("all", "overload"):
+            figures = measure(server.url, x[:32].numpy(), deadline_s, args.factor, args.idle_requests)
+        if args.mode in ("all", "burst"):
             worker = worker_process(server)
             figures["burst"] = measure_burst(server.url, args.burst_bodies, 2 * 1024 * 1024 - 4096,
-                                             lambda: worker.memory_info().rss)
+                                             lambda: worker.memory_info().rss, args.loop_clients, args.loop_seconds)
     result = {**record, **figures}
+    if "goodput" in figures:
+        print_overload(figures)
+    if "burst" in figures:
+        print_burst(figures["burst"])
+    save_result(args.out, result)
+    return 0
+
+
+def print_overload(figures: dict) -> None:
     print(f"rate {figures['rate_samples_per_s']:.0f} samples/s; {figures['large_requests']} large requests "
           f"({figures['large']}), {figures['offered_samples'] / figures['finishable_samples']:.1f}x the finishable "
           f"work; statuses {figures['large_statuses']}; Retry-After {figures['retry_after_s']}")
     print(f"goodput {figures['goodput']:.3f} ({figures['completed_samples']:.0f} of {figures['computed_samples']:.0f} "
           f"computed samples); small requests {figures['small_statuses']}, "
           f"{figures['small_within_3x_idle']} within 3x idle ({figures['idle_small']['p50_s']:.3f} s)")
-    if "burst" in figures:
-        burst = figures["burst"]
-        print(f"burst of {burst['bodies']} bodies of {burst['body_bytes']} bytes: statuses {burst['statuses']}; "
-              f"probes p50 {burst['probes']['p50_s']:.3f}s max {burst['probes']['max_s']:.3f}s, "
-              f"{burst['probes_over_100ms']} of {burst['probes']['count']} over 100 ms; worker RSS "
-              f"{burst['rss_before_mib']:.0f} -> {burst['rss_after_mib']:.0f} MiB")
-    write_result(args.out, result)
-    print(f"results in {args.out}")
-    return 0
+
+
+def print_burst(burst: dict) -> None:
+    for name in ("quiet", "at_once", "looping"):
+        if name not in burst:
+            continue
+        phase = burst[name]
+        what = {"quiet": f"no bodies for {phase.get('seconds', 0):g} s (the baseline)",
+                "at_once": f"{burst['bodies']} bodies of {burst['body_bytes']} bytes at once",
+                "looping": f"{phase.get('clients')} clients looping such bodies for {phase.get('seconds', 0):g} s "
+                           f"({phase.get('requests')} sent)"}[name]
+        print(f"{what}: statuses {phase['statuses']}; probes p50 {phase['probes']['p50_s']:.3f} s, p99 "
+              f"{phase['probes']['p99_s']:.3f} s, max {phase['probes']['max_s']:.3f} s, "
+              f"{phase['probes_over_100ms']} of {phase['probes']['count']} over 100 ms; worker RSS "
+              f"{phase['rss_before_mib']:.0f} MiB before, {phase['rss_peak_mib']:.0f} peak, "
+              f"{phase['rss_after_mib']:.0f} after")
 
 
 if __name__ == "__main__":

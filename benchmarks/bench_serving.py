@@ -22,8 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks import write_result
-from benchmarks.serving_common import closed_loop
+from benchmarks.serving_common import closed_loop, model_args, save_result
 from serving.bundle import write_model_dir
 from serving.process import ServerProcess
 from training.datasets import load_dataset
@@ -46,8 +45,7 @@ def run_phase(url: str, image: list, n: int, clients: int, total: int, max_secon
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_serving", description=__doc__.split("\n")[0])
-    parser.add_argument("--classifier-dir", default="runs/classifier", help="classifier checkpoint directory")
-    parser.add_argument("--denoiser-dir", default=None, help="optional denoiser checkpoint directory")
+    model_args(parser, "runs/classifier")
     parser.add_argument("--sigma", type=positive_float, default=0.25, help="noise level, [0,1]-pixel units")
     parser.add_argument("--n", type=positive_int, default=1000, help="estimation samples per request")
     parser.add_argument("--clients", default="1,16", help="comma-separated concurrent client counts")
@@ -90,8 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                  / results["modes"]["one-at-a-time"][index]["requests_per_s"])
         results.setdefault("speedup", {})[str(count)] = ratio
         print(f"adaptive / one-at-a-time throughput at {count} clients: {ratio:.2f}x")
-    write_result(args.out, results)
-    print(f"hardware: {results['hardware']}; results in {args.out}")
+    save_result(args.out, results, f"hardware: {results['hardware']}; ")
     return 0
 
 

@@ -21,8 +21,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from benchmarks import write_result
-from benchmarks.serving_common import closed_loop, percentiles, run_record, running_server
+from benchmarks.serving_common import closed_loop, percentiles, run_record, running_server, save_result
 from transdenoiser.argtypes import positive_float, positive_int
 
 MODES = ("fixed", "decide")
@@ -128,8 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"decide / fixed requests per second at {args.clients} clients: {record['speedup']:.2f}x "
           f"(median of {args.repeats} interleaved phases; {record['images_compared']} images compared, "
           f"{len(record['disagreements'])} certified differently)")
-    write_result(args.out, record)
-    print(f"hardware: {record['hardware']}; commit {record['commit']}; results in {args.out}")
+    save_result(args.out, record, f"hardware: {record['hardware']}; commit {record['commit']}; ")
     return 0
 
 

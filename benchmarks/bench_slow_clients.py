@@ -22,8 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks import write_result
-from benchmarks.serving_common import percentiles, run_record, running_server
+from benchmarks.serving_common import model_args, percentiles, phase_summary, run_record, running_server, save_result
 from transdenoiser.argtypes import positive_int
 
 TARGET_RATIO = 3.0
@@ -128,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_slow_clients",
                                      description=__doc__.split("\n")[0])
-    parser.add_argument("--classifier-dir", default="runs/demo/classifier", help="classifier checkpoint directory")
+    model_args(parser)
     parser.add_argument("--stalled", type=positive_int, default=2000, help="stalled connections held open")
     parser.add_argument("--repeats", type=positive_int, default=3, help="idle/stalled phase pairs per target")
     parser.add_argument("--requests", type=positive_int, default=30, help="good requests per phase")
@@ -146,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     body = {"images": [x[0].tolist()], "n": 100}
     record = run_record(argv, "benchmarks.bench_slow_clients")
     with tempfile.TemporaryDirectory(prefix="bench_slow_") as tmp, \
-            running_server(Path(tmp), args.classifier_dir, sigma=0.25) as server:
+            running_server(Path(tmp), args.classifier_dir, args.denoiser_dir, sigma=0.25) as server:
         proxy = ProxyProcess(server.url, Path(tmp) / "proxy", free_port())
         try:
             proxy.wait_ready()
@@ -158,12 +157,10 @@ def main(argv: list[str] | None = None) -> int:
               "good_request": "1 image, n = 100", "targets": figures}
     for target, f in figures.items():
         for phase in ("idle", "stalled"):
-            p = f[phase]
-            print(f"{target:6s} {phase:7s} requests={p['count']:3d} p50={p['p50_s']}s p99={p['p99_s']}s")
+            print(f"{target:6s} " + phase_summary(phase, f[phase]))
         print(f"{target:6s} p99 stalled / idle: {f.get('p99_ratio')} failures={f['failures']} "
               f"target met: {f.get('target_met')}")
-    write_result(args.out, result)
-    print(f"results in {args.out}")
+    save_result(args.out, result)
     return 0
 
 

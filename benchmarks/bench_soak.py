@@ -24,6 +24,7 @@ import argparse
 import io
 import itertools
 import json
+import os
 import tempfile
 import threading
 import time
@@ -35,8 +36,7 @@ import httpx
 import numpy as np
 from PIL import Image
 
-from benchmarks import write_result
-from benchmarks.serving_common import percentiles, run_record, running_server, worker_process
+from benchmarks.serving_common import model_args, percentiles, run_record, running_server, save_result, worker_process
 from transdenoiser.argtypes import positive_float, positive_int
 
 SMALL_N, BATCH_N, BATCH_IMAGES = 100, 500, 4
@@ -86,6 +86,7 @@ def run_soak(url: str, images: np.ndarray, clients: int, seconds: float, memory_
     start = time.perf_counter()
     stop = threading.Event()
     memory: list[tuple[float, int]] = []
+    load: list[float] = []  # the machine's 1-minute load average, every 2 s (the machine may be shared)
 
     def request_for(index: int) -> tuple[str, dict]:
         if index % malformed_every == malformed_every - 1:
@@ -143,6 +144,7 @@ def run_soak(url: str, images: np.ndarray, clients: int, seconds: float, memory_
         while not stop.is_set():
             if memory_of is not None:
                 memory.append((time.perf_counter() - start, memory_of()))
+            load.append(os.getloadavg()[0])
             stop.wait(2.0)
 
     sampler = threading.Thread(target=sample_memory, daemon=True)
@@ -164,6 +166,9 @@ def run_soak(url: str, images: np.ndarray, clients: int, seconds: float, memory_
               "responses_5xx": sum(count for kind in statuses for status, count in statuses[kind].items()
                                    if status.startswith("5") and status != "503"),
               "refusals_503": sum(statuses[kind].get("503", 0) for kind in statuses),
+              "admitted_not_finished_504": sum(statuses[kind].get("504", 0) for kind in statuses),
+              "load_average_1min": {"min": min(load), "median": float(np.median(load)), "max": max(load)}
+              if load else None,
               "dropped_connections": len(dropped), "dropped_examples": dropped[:5],
               "unexpected": len(unexpected), "unexpected_examples": unexpected[:5]}
     if memory:
@@ -182,8 +187,7 @@ def run_soak(url: str, images: np.ndarray, clients: int, seconds: float, memory_
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_soak", description=__doc__.split("\n")[0])
-    parser.add_argument("--classifier-dir", default="runs/demo/classifier", help="classifier checkpoint directory")
-    parser.add_argument("--denoiser-dir", default=None, help="optional denoiser checkpoint directory")
+    model_args(parser)
     parser.add_argument("--url", default=None, help="a running server on 127.0.0.1 (default: start one)")
     parser.add_argument("--clients", type=positive_int, default=16)
     parser.add_argument("--seconds", type=positive_float, default=300.0, help="no new request after this")
@@ -215,10 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     for kind, figures in result["per_kind"].items():
         print(f"{kind:10s} requests={figures['count']:5d} p50={figures['p50_s']:.3f}s p99={figures['p99_s']:.3f}s "
               f"statuses={figures['statuses']}")
+    print(f"admitted but not finished (504): {result['admitted_not_finished_504']}; machine load "
+          f"{result['load_average_1min']}")
     print(f"5xx={result['responses_5xx']} dropped={result['dropped_connections']} unexpected={result['unexpected']} "
           f"memory={result.get('memory')} passed={result['passed']}")
-    write_result(args.out, result)
-    print(f"results in {args.out}")
+    save_result(args.out, result)
     return 0 if result["passed"] else 1
 
 

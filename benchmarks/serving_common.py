@@ -1,5 +1,6 @@
-"""Helpers shared by the serving benchmarks: a server started from a classifier checkpoint, closed-loop client
-load, percentiles, the server's worker process, and the run record (command, hardware, commit). Loopback only."""
+"""Helpers shared by the serving benchmarks: their model arguments, a server started from a classifier checkpoint,
+closed-loop client load, percentiles and their one-line summary, the server's worker process, the run record
+(command, hardware, commit) and its saving. Loopback only."""
 from __future__ import annotations
 
 import contextlib
@@ -18,6 +19,20 @@ from serving.bundle import write_model_dir
 from serving.process import ServerProcess
 
 START_TIMEOUT_S = 300
+
+
+def model_args(parser, classifier_default: str = "runs/demo/classifier") -> None:
+    """``--classifier-dir`` and ``--denoiser-dir``: the checkpoints the benchmark's server serves."""
+    parser.add_argument("--classifier-dir", default=classifier_default, help="classifier checkpoint directory")
+    parser.add_argument("--denoiser-dir", default=None, help="optional denoiser checkpoint directory")
+
+
+def save_result(out: str, result: dict, prefix: str = "") -> None:
+    """Write ``result`` to the JSON file ``out`` and say where (the CLI's last line)."""
+    from benchmarks import write_result
+
+    write_result(out, result)
+    print(f"{prefix}results in {out}")
 
 
 @contextlib.contextmanager
@@ -80,6 +95,14 @@ def percentiles(values: list[float]) -> dict[str, float | int | None]:
         return {"count": 0, "p50_s": None, "p99_s": None, "max_s": None}
     return {"count": len(values), "p50_s": float(np.percentile(values, 50)),
             "p99_s": float(np.percentile(values, 99)), "max_s": float(max(values))}
+
+
+def phase_summary(name: str, figures: dict) -> str:
+    """One line for a phase's ``percentiles``: its name, request count, p50 and p99."""
+    def seconds(value) -> str:
+        return "n/a" if value is None else f"{value:.3f}s"
+
+    return f"{name:7s} requests={figures['count']:3d} p50={seconds(figures['p50_s'])} p99={seconds(figures['p99_s'])}"
 
 
 def worker_process(server: ServerProcess) -> psutil.Process:

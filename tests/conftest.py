@@ -89,3 +89,12 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def run_cli(argv, capsys):
+    """Run the ``transdenoiser`` CLI in process with ``argv`` (each item str()-ed): (exit code, stdout, stderr)."""
+    from transdenoiser.cli import main
+
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err

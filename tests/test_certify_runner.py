@@ -13,6 +13,7 @@ from certify.rundir import read_rows
 from certify.runner import certify_dataset, rank_device
 from certify.summary import radius_grid, summarize
 from certify.units import Shard, pack_size, plan_units, select_indices
+from tests.conftest import run_cli
 from transdenoiser.cli import main
 from transdenoiser.errors import UserError
 
@@ -38,12 +39,6 @@ def tiny_classifier_dir(tmp_path_factory):
 
 def rows_without_time(path):
     return [line.rsplit("\t", 1)[0] for line in path.read_text().splitlines()]
-
-
-def run_cli(argv, capsys):
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 # ----------------------------------------------------------------------------------------------- library

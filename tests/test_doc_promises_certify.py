@@ -23,7 +23,7 @@ from scipy.stats import norm
 
 from certify.rundir import CertifyRecord
 from certify.summary import summarize
-from transdenoiser.cli import main
+from tests.conftest import run_cli
 
 SIGMA, N0, N, ALPHA = 0.5, 100, 1000, 0.001
 
@@ -89,12 +89,6 @@ def test_adaptive_summaries_give_the_documented_radius_cap_and_saving():
 
 FAST = ["--sigma", "0.25", "--n0", "8", "--n", "24", "--batch-size", "64", "--alpha", "0.01", "--device", "cpu",
         "--threads", "1"]
-
-
-def run_cli(argv, capsys):
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_resume_accepts_a_moved_checkpoint_but_refuses_other_weights(random_classifier_dir, tmp_path, capsys):

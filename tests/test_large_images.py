@@ -10,16 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from transdenoiser.cli import main
+from tests.conftest import run_cli
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SIDE = 224
-
-
-def run_cli(argv, capsys):
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 @pytest.fixture(scope="module")

@@ -12,19 +12,13 @@ from torch import nn
 from certify import numerics
 from certify.batching import batch_from_memory
 from certify.core import Smooth
-from transdenoiser.cli import main
+from tests.conftest import run_cli
 from transdenoiser.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 FAST = ["--sigma", "0.25", "--n0", "8", "--n", "40", "--batch-size", "64", "--alpha", "0.01", "--device", "cpu",
         "--max-index", "3"]
-
-
-def run_cli(argv, capsys):
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 class Margin(nn.Module):

@@ -11,6 +11,12 @@ samples delays each admitted request ``i`` by ``min(c, r_i) / rate``.
 - the request alone: ``c / rate`` within its deadline; otherwise it can never finish on this server and is
   refused at once (``never``);
 - the request among the admitted ones: its projected finish within ``new_margin`` of its deadline;
+- a *large* request (more than ``LARGE_FRACTION`` of what the server computes within the deadline) next to
+  admitted work: it and all the admitted work within ``new_margin`` of its deadline at ``RESCUE_SHARE`` of the
+  rate. Processor sharing over the admitted requests does not see the requests admitted later: a steady stream
+  of small ones keeps taking a share, and a large request admitted on the projection alone can drift behind
+  (measured: heavy requests ending in 504 in a mixed soak). The scheduler gives a request that falls behind
+  extra rounds (about half the compute, earliest deadline first), so this bound keeps it in time;
 - every admitted request that was on time stays on time (within ``admitted_margin`` of its remaining time).
   One already projected beyond it (the rate fell) does not block admission: protecting it would refuse every
   newcomer, small ones included, while it lasts (measured: most small requests refused under a mixed soak).
@@ -33,6 +39,8 @@ from dataclasses import dataclass
 
 NEW_MARGIN = 0.75  # a new request must be projected to finish within 75 % of its deadline
 ADMITTED_MARGIN = 0.9  # and no admitted request may be pushed beyond 90 % of its remaining time
+RESCUE_SHARE = 0.5  # the compute a request that falls behind is sure of (the scheduler's extra rounds)
+LARGE_FRACTION = 0.1  # a request of more than 10 % of what the server computes within a deadline is large
 
 
 @dataclass(frozen=True)
@@ -75,11 +83,18 @@ def admission(samples: int, deadline_s: float, admitted: Sequence[Admitted], rat
     finish_s = after[-1]
     late = [i for i, a in enumerate(admitted)
             if before[i] <= admitted_margin * a.remaining_s < after[i]]
-    if finish_s <= new_margin * deadline_s and not late:
+    # A large request next to admitted work must also fit behind all of it at the rescue share of the rate: the
+    # share it is sure of if later requests (a steady stream) or a falling rate leave it behind.
+    queued = sum(a.samples_left for a in admitted)
+    lane_s = (queued + samples) / (RESCUE_SHARE * rate) if admitted and samples > LARGE_FRACTION * rate * deadline_s \
+        else 0.0
+    if finish_s <= new_margin * deadline_s and not late and lane_s <= new_margin * deadline_s:
         return Decision(True, "ok", finish_s, alone_s, 0)
-    # Work that must drain first: the excess of the new request's own finish over its allowance, and for each
-    # admitted request it would make late, the delay it would add beyond that request's slack.
-    excess = max(0.0, finish_s - new_margin * deadline_s)
+    # Work that must drain first: the excess of the new request's own finish over its allowance, the admitted
+    # work beyond what fits in its rescue allowance (drained at the full rate), and for each admitted request it
+    # would make late, the delay it would add beyond that request's slack.
+    excess = max(0.0, finish_s - new_margin * deadline_s,
+                 (lane_s - new_margin * deadline_s) * RESCUE_SHARE if lane_s else 0.0)
     for i in late:
         excess = max(excess, after[i] - admitted_margin * admitted[i].remaining_s)
     horizon = max((a.remaining_s for a in admitted), default=1.0)

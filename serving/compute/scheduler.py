@@ -35,7 +35,7 @@ from typing import Any, Protocol
 import anyio
 import numpy as np
 
-from serving.compute.admission import Admitted, RateMeter, admission, doomed
+from serving.compute.admission import ADMITTED_MARGIN, Admitted, RateMeter, admission, doomed
 from serving.compute.engine import NoiseJob
 
 Disconnected = Callable[[], Awaitable[bool]]
@@ -104,6 +104,7 @@ class _Ticket:
     disconnected: Disconnected | None
     max_samples: int
     samples_taken: int = 0
+    behind: bool = False  # fell behind its deadline once: gets extra rounds until it finishes (``at_risk``)
 
 
 @dataclass
@@ -116,6 +117,7 @@ class SchedulerStats:
     refused: dict[str, int] = field(default_factory=dict)  # reason -> requests refused at admission
     finished_samples: int = 0  # noisy samples of requests that finished (goodput's numerator)
     pass_sizes: list[int] = field(default_factory=list)  # tickets served in each of the last passes
+    rescue_passes: int = 0  # passes begun with an extra round for an admitted request at risk
 
 
 class FairScheduler:
@@ -149,6 +151,8 @@ class FairScheduler:
         self._task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
         self._last_served: _Ticket | None = None  # the ticket whose round ended the last pass
+        self._rescue_turn = True  # whether the next pass may serve an admitted request at risk first
+        self._newcomer_went_first = False  # whether the last rescue turn let a new request's first round go first
 
     @property
     def depth(self) -> int:
@@ -271,26 +275,74 @@ class FairScheduler:
                 self._drop(ticket, ClientDisconnected("the client disconnected; its computation was stopped"),
                            "disconnected")
 
+    def at_risk(self) -> _Ticket | None:
+        """The admitted request most urgently behind, or None. A request falls behind when it needs more than
+        its round-robin share of the compute to finish within ``ADMITTED_MARGIN`` of its remaining time (samples
+        left / measured rate > margin x remaining time / requests in flight); it then stays behind until it
+        finishes. Among those, the one with the earliest deadline.
+
+        Admission projects round robin over the requests admitted so far; a steady stream of later requests (each
+        admitted, each small) keeps taking a share, and the rate may fall, so a large request admitted on time
+        can drift behind. Its needed share, unlike that projection, sees both."""
+        if self.rate <= 0 or len(self._tickets) < 2:
+            return None
+        now = self.clock()
+        share = ADMITTED_MARGIN / len(self._tickets)
+        for ticket in self._tickets:
+            if not ticket.behind and ticket.work.samples_left > share * self.rate * (ticket.deadline - now):
+                ticket.behind = True
+        behind = [ticket for ticket in self._tickets if ticket.behind and ticket.work.samples_left > 0]
+        return min(behind, key=lambda ticket: ticket.deadline, default=None)
+
+    def _round(self, ticket: _Ticket, room: int) -> list[tuple[Any, NoiseJob]] | None:
+        """``ticket``'s next jobs (at most ``room`` samples), or None when it was dropped for its budget."""
+        jobs = ticket.work.take(room)
+        size = sum(job.num_samples for _, job in jobs)
+        if ticket.samples_taken + size > ticket.max_samples:
+            self._drop(ticket, BudgetExceeded(f"the request asked for more than {ticket.max_samples} noisy "
+                                              f"samples (max_request_samples); its computation was stopped"),
+                       "budget")
+            return None
+        ticket.samples_taken += size
+        return jobs
+
     def _next_pass(self) -> list[tuple[_Ticket, Any, NoiseJob]]:
-        """One pass: the next ticket's round, or (sharing passes) rounds of the next tickets in turn."""
+        """One pass: the next ticket's round, or (sharing passes) rounds of the next tickets in turn.
+
+        Every other pass begins with an extra round for the admitted request at risk (``at_risk``), if any, so
+        work already admitted gets at least about half the compute however many requests arrive after it and
+        however the rate falls (within reason), while every other request keeps its round in turn. A new request
+        whose first round is next in turn goes before the extra round, once in a row: a small request next to a
+        large one at risk still waits for at most the pass already running."""
         batch: list[tuple[_Ticket, Any, NoiseJob]] = []
         total = 0
+        rescue = self.at_risk() if self._rescue_turn else None
+        if rescue is not None and not self._newcomer_went_first and self._tickets[0].samples_taken == 0 \
+                and self._tickets[0] is not rescue:
+            rescue, self._newcomer_went_first = None, True  # a new request's first round goes first, once
+        else:
+            # after a rescue, the next pass is round robin's, unless a newcomer just took that turn
+            self._rescue_turn = rescue is None or self._newcomer_went_first
+            self._newcomer_went_first = False
+        if rescue is not None:
+            jobs = self._round(rescue, self.round_samples)
+            if jobs:
+                batch.extend((rescue, key, job) for key, job in jobs)
+                total += sum(job.num_samples for _, job in jobs)
+                self.stats.rescue_passes += 1
+                if not self.share_passes or total >= self.pass_samples:
+                    return batch
         for _ in range(len(self._tickets)):
             ticket = self._tickets[0]
             self._tickets.rotate(-1)
             room = self.round_samples if not self.share_passes else min(self.round_samples,
                                                                          self.pass_samples - total)
-            jobs = ticket.work.take(room)
-            size = sum(job.num_samples for _, job in jobs)
-            if ticket.samples_taken + size > ticket.max_samples:
-                self._drop(ticket, BudgetExceeded(f"the request asked for more than {ticket.max_samples} noisy "
-                                                  f"samples (max_request_samples); its computation was stopped"),
-                           "budget")
+            jobs = self._round(ticket, room)
+            if jobs is None:
                 continue
-            ticket.samples_taken += size
             self._last_served = ticket
             batch.extend((ticket, key, job) for key, job in jobs)
-            total += size
+            total += sum(job.num_samples for _, job in jobs)
             if jobs and (not self.share_passes or total >= self.pass_samples):
                 break
         return batch
