@@ -147,6 +147,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "ticket = min(self._tickets, key=lambda t: t.work.samples_left)\n"
            "            self._tickets.remove(ticket)\n            self._tickets.append(ticket)", SCHEDULER,
            "round robin: the largest admitted request keeps receiving passes"),
+    Mutant("late_request_not_rescued", "serving/compute/scheduler.py", "FairScheduler._next_pass",
+           "rescue = self.at_risk() if self._rescue_turn else None", "rescue = None",
+           ("tests/test_serving_scheduler.py", "-k", "rate_falls"),
+           "an admitted request that falls behind its deadline gets extra rounds and finishes"),
     Mutant("noise_key_constant_by_default", "serving/compute/noise.py", "NoiseKey.from_setting",
            "secrets.token_bytes(KEY_BYTES)", "bytes(KEY_BYTES)", NOISE_KEY,
            "an unset noise_key is a fresh random secret per start"),
