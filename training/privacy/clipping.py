@@ -309,6 +309,9 @@ def plan_for_arm(arm, config, image_shape, device, record: dict | None) -> Execu
         choice = arm.group.from_rank_zero(torch.tensor([float(arm.execution.clipping == "ghost")],
                                                        dtype=torch.float64))
         arm.execution.clipping = "ghost" if float(choice[0]) > 0.5 else "vmap"
+    if not getattr(arm, "credit_possible", True):  # the transdenoiser arm when no step can be credited
+        arm.execution.reasons.append("transdenoiser: no step can be credited (merged noise, w > max_smin_dim), so "
+                                     "line 8's Taylor remainder is not computed and every step is sepdp's")
     return arm.execution
 
 
