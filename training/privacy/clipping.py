@@ -116,7 +116,8 @@ def device_chunk_size(model: nn.Module, device: torch.device, batch_rows: int, c
 
 def ghost_example_bytes(model: nn.Module, example_shape: tuple[int, ...], device: torch.device) -> int:
     """Bytes the ghost engine holds per example: GHOST_FOOTPRINT x the inputs and outputs of every module
-    owning parameters, measured by one forward pass of a zero image."""
+    owning parameters, measured by one forward pass of a zero image, plus one per-example gradient (what the
+    layers whose per-example weight gradients are formed directly keep, at most)."""
     total = 0
     handles = []
 
@@ -133,7 +134,7 @@ def ghost_example_bytes(model: nn.Module, example_shape: tuple[int, ...], device
     finally:
         for h in handles:
             h.remove()
-    return GHOST_FOOTPRINT * total
+    return GHOST_FOOTPRINT * total + parameter_bytes(model)
 
 
 def device_physical_batch(model: nn.Module, clipping: str, example_shape: tuple[int, ...], device: torch.device,
