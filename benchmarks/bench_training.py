@@ -256,15 +256,27 @@ def peak_rss(row: str, denoiser: str, kwargs: dict, shape, batch: int, device: s
 
 
 def _peak_row_main(spec_text: str) -> int:
-    import resource
-
     spec = json.loads(spec_text)
     x = synthetic_images(spec["batch"], tuple(spec["shape"]), torch.device(spec["device"]))
     step = build_row(spec["row"], spec["denoiser"], spec["kwargs"], x, spec["settings"])
     for _ in range(2):
         step()
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    print(peak_resident_bytes())
     return 0
+
+
+def peak_resident_bytes() -> int:
+    """This process's peak resident memory: Linux's VmHWM (of this process's own address space; ru_maxrss
+    would also count the parent's peak, which Linux carries over a fork and exec), else ru_maxrss."""
+    import resource
+
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def throughput_grid(args, device) -> dict:

@@ -201,18 +201,17 @@ def test_two_ranks_equal_one_process(name, runs):
 @pytest.mark.parametrize("name", ["sepdp", "transdenoiser", "transdenoiser_merged"])
 def test_one_bucketed_all_reduce_per_step(name, runs):
     """Counted by wrapping torch.distributed.all_reduce: one call per step, carrying every parameter's clipped sum
-    (sepdp: w floats + the loss sum; transdenoiser: both groups' sums, or the whole sum when every step is the
-    merged one, + loss sum + the batch's flags and factors)."""
+    (sepdp, and the transdenoiser arm when no step can be credited: w floats + the loss sum; transdenoiser
+    otherwise: both groups' sums + loss sum + the batch's flags and factors)."""
     two_ranks = runs[0]
     facts = json.loads((two_ranks / "facts.rank0.json").read_text())[name]
     history = _history(two_ranks / "ddp" / name)
     nonempty = history["batch_size"] > 0
     assert len(facts["all_reduce_bytes"]) == int(nonempty.sum())
-    if name == "sepdp":
+    if name in ("sepdp", "transdenoiser_merged"):  # merged, no step creditable: sepdp's step and all-reduce
         expected = [4 * (WIDTH2_PARAMETERS + 1)] * int(nonempty.sum())
     else:
-        sums = 1 if name == "transdenoiser_merged" else 2
-        expected = [4 * (sums * WIDTH2_PARAMETERS + 1 + 2 * int(b)) for b in history["batch_size"] if b > 0]
+        expected = [4 * (2 * WIDTH2_PARAMETERS + 1 + 2 * int(b)) for b in history["batch_size"] if b > 0]
     assert facts["all_reduce_bytes"] == expected
 
 

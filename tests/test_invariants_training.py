@@ -24,6 +24,7 @@ from training import private_train
 from training.models import build_model
 from training.privacy.accounting import RDP_ORDERS
 from training.privacy.dp import PoissonSampler
+from training.privacy.report import REMAINDER_NOT_COMPUTED
 from training.privacy.smin import smallest_eigenvalue_lower_bound
 from training.private_train import SepDPArm, TrainConfig, TransDenoiserArm, train_denoiser
 from transdenoiser.errors import UserError
@@ -133,7 +134,7 @@ def test_algorithm1_noise_on_nonempty_batches_matches_the_recorded_multiplier(sp
 def test_a_zero_taylor_remainder_counts_as_negative():
     """With z = x exactly (sigma far below a float32 ulp) line 8's remainder is 0: rounding must never move an
     example to the reduced-noise side, so every example gets line 22's full noise."""
-    arm = make_arm(TransDenoiserArm, sigma=1e-30)
+    arm = make_arm(TransDenoiserArm, sigma=1e-30, merge_uncredited_noise=False)  # the remainders are computed
     x = 0.1 + 0.9 * batch(n=6, seed=2)  # no zero pixel, so x + 1e-30 * noise == x in float32
     assert torch.equal(arm.noisy(x, torch.Generator().manual_seed(0)), x)
     _, record = arm.gradient(x, torch.Generator().manual_seed(0))
@@ -143,8 +144,9 @@ def test_a_zero_taylor_remainder_counts_as_negative():
 @pytest.mark.parametrize("split", [[False] * 6, [True] * 6, [True, False] * 3])
 def test_uncredited_steps_add_xi_up_noise_once_to_the_whole_sum(split):
     """merge_uncredited_noise (the default): no input-noise credit (S_min taken as 0), so one draw of xi_up x C
-    on the whole clipped sum, whatever the split: the step is sepdp's."""
-    arm = make_arm(TransDenoiserArm)
+    on the whole clipped sum, whatever the split: the step is sepdp's. (max_smin_dim >= w, so the split is
+    computed; S_min is 0 by the rank bound, w = 737 > n v = 384.)"""
+    arm = make_arm(TransDenoiserArm, max_smin_dim=4096)
     assert arm.config.merge_uncredited_noise is True
     route(arm, split)
     pieces = []
@@ -306,10 +308,14 @@ def test_transdenoiser_reports_equal_dp_accounting_after_resume(mnist10k, small_
     direct = direct_rdp_epsilon(q, explicit, cfg.delta)
     reported = guarantee(full, "explicit_noise_alone")["epsilon"]["rdp"]
     assert direct * (1 - 1e-9) <= reported <= direct * 1.02  # grouping may only round multipliers down
-    share = full["transdenoiser"]["nonnegative_share"]
     seen = sum(r.batch_size for r in spy.records)
-    assert share == pytest.approx(sum(r.num_nonnegative for r in spy.records) / seen, abs=1e-12)
     assert full["transdenoiser"]["examples_seen"] == seen
+    # merged noise and w = 77 > max_smin_dim = 10: no step can be credited, so line 8's remainder is never
+    # computed, and the report says so instead of a share
+    assert all(r.num_nonnegative == REMAINDER_NOT_COMPUTED for r in spy.records if r.batch_size)
+    assert full["transdenoiser"]["nonnegative_share"] is None and full["transdenoiser"]["examples_split"] == 0
+    assert f"not computed in {sum(1 for r in spy.records if r.batch_size)} steps ({seen} examples)" in \
+        full["transdenoiser"]["remainder_not_computed"]
 
 
 # ------------------------------------------------------------------------------------------------ S_min, integrity

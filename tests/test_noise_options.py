@@ -12,6 +12,7 @@ import torch
 
 from training.models import build_model
 from training.privacy.dp import GaussianNoise
+from training.privacy.report import REMAINDER_NOT_COMPUTED
 from training.private_train import SepDPArm, TrainConfig, TransDenoiserArm, line16_sigma_bar
 from transdenoiser.errors import UserError
 
@@ -40,12 +41,14 @@ def _batch(mnist10k, n=16):
 
 @pytest.mark.parametrize("merge,expected_calls", [(True, 1), (False, 2)])
 def test_uncredited_steps_add_sepdp_noise_once_when_merged(merge, expected_calls, mnist10k):
-    arm, _ = _arm(TransDenoiserArm, merge_uncredited_noise=merge, sigma=0.5)
+    # S_min may be computed (max_smin_dim >= w = 77), so the remainders are; here it is 0: no credit
+    arm, _ = _arm(TransDenoiserArm, merge_uncredited_noise=merge, sigma=0.5, max_smin_dim=4096)
     arm.noise = _Spy(arm.config.clip_norm)
     x = _batch(mnist10k)
-    # a batch holding both groups: half the Taylor remainders non-negative (w = 77 > max_smin_dim: no credit)
+    # a batch holding both groups: half the Taylor remainders non-negative
     split = torch.tensor([1.0, -1.0] * 8, dtype=torch.float64)
     arm.remainders = lambda z, x: (split, torch.zeros_like(split))
+    arm.smin = lambda x_nonneg, factors: (0.0, "rank_bound")
     _, record = arm.gradient(x, torch.Generator().manual_seed(1))
     assert record.num_nonnegative == 8 and record.sigma_bar == 2.0
     assert arm.noise.calls == [2.0] * expected_calls
@@ -59,7 +62,7 @@ def test_merged_credited_steps_never_add_more_noise_than_sepdp(merge, negatives,
     """A step with input-noise credit (sigma_bar < xi_up, S_min stubbed): merged, a batch with a negative group
     gets xi_up once (Algorithm 1 would add sqrt(sigma_bar^2 + xi_up^2) > xi_up) and an all-credited batch keeps
     sigma_bar; the paper's version noises each group."""
-    arm, _ = _arm(TransDenoiserArm, merge_uncredited_noise=merge, sigma=0.5)
+    arm, _ = _arm(TransDenoiserArm, merge_uncredited_noise=merge, sigma=0.5, max_smin_dim=4096)
     arm.noise = _Spy(arm.config.clip_norm)
     x = _batch(mnist10k)
     split = torch.tensor([1.0] * (16 - negatives) + [-1.0] * negatives, dtype=torch.float64)
@@ -82,16 +85,40 @@ def test_merged_credited_steps_never_add_more_noise_than_sepdp(merge, negatives,
         assert record.explicit_multiplier <= xi_up
 
 
-def test_merged_uncredited_step_equals_the_sepdp_step(mnist10k):
-    """Same model, batch and generator state: the merged transdenoiser update is sepdp's update exactly."""
-    td, _ = _arm(TransDenoiserArm, merge_uncredited_noise=True)
-    sep, _ = _arm(SepDPArm)
+@pytest.mark.parametrize("clipping", ["ghost", "vmap"])
+def test_merged_uncredited_step_equals_the_sepdp_step(clipping, mnist10k):
+    """Same model, batch and generator state, no step creditable (merged, w = 77 > max_smin_dim = 10): the
+    transdenoiser update is sepdp's bit for bit, line 8's remainder is never computed, and the record says so."""
+    td, _ = _arm(TransDenoiserArm, merge_uncredited_noise=True, clipping=clipping)
+    sep, _ = _arm(SepDPArm, clipping=clipping)
+    assert td.credit_possible is False
+
+    def never(*args):
+        raise AssertionError("line 8's remainder computed although no step can be credited")
+
+    td.remainders = td.smin = never
     x = _batch(mnist10k)
     g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
-    a, _ = td.gradient(x, g1)
-    b, _ = sep.gradient(x, g2)
+    a, record = td.gradient(x, g1)
+    b, sep_record = sep.gradient(x, g2)
     for name in a:
-        assert torch.allclose(a[name], b[name], atol=1e-6, rtol=1e-5), name
+        assert torch.equal(a[name], b[name]), name
+    assert torch.equal(g1.get_state(), g2.get_state())  # the same noise drawn, and no more
+    assert record.num_nonnegative == REMAINDER_NOT_COMPUTED and record.smin_method == "too_large"
+    assert record.explicit_multiplier == sep_record.explicit_multiplier == td.xi_up
+    assert record.mean_loss == sep_record.mean_loss
+
+
+def test_merged_arm_computes_the_remainders_when_credit_is_possible(mnist10k):
+    """Merged but S_min computable (w = 77 <= max_smin_dim): the remainders are computed, the record counts
+    the non-negative examples."""
+    td, _ = _arm(TransDenoiserArm, merge_uncredited_noise=True, max_smin_dim=4096, sigma=0.5, clipping="vmap")
+    assert td.credit_possible is True
+    calls = []
+    remainders = td.remainders
+    td.remainders = lambda z, x: calls.append(len(z)) or remainders(z, x)
+    _, record = td.gradient(_batch(mnist10k), torch.Generator().manual_seed(3))
+    assert calls == [16] and 0 <= record.num_nonnegative <= 16
 
 
 def test_noise_draws_average_then_clip_to_c(mnist10k):

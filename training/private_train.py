@@ -57,19 +57,19 @@ from training.privacy.dp import (
     PerExampleClipper,
     PerExampleGradients,
     PoissonSampler,
-    input_gradient_fn,
-    losses_fn,
-    model_params,
     per_example_norms,
 )
 from training.privacy.report import (
     NOT_RELEASED,
+    REMAINDER_NOT_COMPUTED,
     build_privacy_report,
     format_privacy_report,
     json_safe,
     released_privacy_report,
+    uncredited_by_construction,
 )
 from training.privacy.smin import DEFAULT_CHUNK_SIZE, DEFAULT_MAX_DIM, METHODS, smin_lower_bound
+from training.privacy.taylor import TaylorRemainders
 from training.recipe import ParameterAverage, refuse_batch_norm
 from transdenoiser.errors import UserError
 from transdenoiser.progress import Track, silent
@@ -79,10 +79,6 @@ from transdenoiser.toml import dataclass_from_dict
 ARMS = ("nodp", "sepdp", "transdenoiser")
 OPTIMIZERS = ("sgd", "adam")
 EVAL_BATCH = 500
-EPS64 = float(np.finfo(np.float64).eps)
-# Line 8's remainder is computed in float64; an example counts as non-negative only if its remainder exceeds
-# this many ulps of the terms it is made of, so rounding can only push examples to the full-noise side.
-REMAINDER_TOLERANCE_ULPS = 64
 STATE_FILE = "training_state"
 SUBSET_SEED = 0  # train_examples / eval_examples take a fixed random subset (the splits are sorted by class)
 REPORT_FILE = "privacy_report.txt"
@@ -390,6 +386,18 @@ class DPArm(Arm):
     def finish(self, summed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v / self.expected_batch for k, v in summed.items()}
 
+    def whole_batch_step(self, x, generator, multiplier: float) -> tuple[dict[str, torch.Tensor], float]:
+        """sepdp's step on a non-empty batch: the clipped sum of the whole batch (over ranks: one all-reduce with
+        the loss sum), ``multiplier`` x C noise drawn once on it, divided by B; and the mean loss."""
+        clipped = self.clipped_sums(x, generator)
+        summed, losses = clipped.whole(), clipped.losses
+        mean_loss = float(losses.mean())
+        if self.group.distributed:  # the one all-reduce of the step: every rank's clipped sum (and loss sum)
+            total = self.group.sum_over_ranks({**{f"grad.{k}": v for k, v in summed.items()},
+                                               "loss_sum": losses.sum()})
+            summed, mean_loss = {k: total[f"grad.{k}"] for k in summed}, float(total["loss_sum"]) / len(x)
+        return self.finish(self.noise.add(summed, multiplier, generator)), mean_loss  # one draw for the batch
+
 
 class SepDPArm(DPArm):
     """DP-SGD: noise N(0, (xi_up C)^2) on the summed clipped gradient every step (empty batch included)."""
@@ -404,15 +412,8 @@ class SepDPArm(DPArm):
         if len(x) == 0:
             return self.finish(self.noise.add(self.zeros(), self.xi_up, generator)), StepRecord(
                 0, explicit_multiplier=self.xi_up)
-        clipped = self.clipped_sums(x, generator)
-        summed, losses = clipped.whole(), clipped.losses
-        mean_loss = float(losses.mean())
-        if self.group.distributed:  # the one all-reduce of the step: every rank's clipped sum (and loss sum)
-            total = self.group.sum_over_ranks({**{f"grad.{k}": v for k, v in summed.items()},
-                                               "loss_sum": losses.sum()})
-            summed, mean_loss = {k: total[f"grad.{k}"] for k in summed}, float(total["loss_sum"]) / len(x)
-        noisy = self.noise.add(summed, self.xi_up, generator)  # after the sum: one draw for the whole batch
-        return self.finish(noisy), StepRecord(len(x), explicit_multiplier=self.xi_up, mean_loss=mean_loss)
+        update, mean_loss = self.whole_batch_step(x, generator, self.xi_up)
+        return update, StepRecord(len(x), explicit_multiplier=self.xi_up, mean_loss=mean_loss)
 
 
 class TransDenoiserArm(DPArm):
@@ -425,30 +426,28 @@ class TransDenoiserArm(DPArm):
     empty, where Algorithm 1 would add sqrt(sigma_bar^2 + xi_up^2) >= xi_up. So the merged arm never adds more
     explicit noise than sepdp; only a step whose whole batch is credited keeps line 17's sigma_bar < xi_up.
     Without it (the paper as written), each non-empty group gets its own noise.
+
+    When no step can be credited (merged, and S_min never computed: w > max_smin_dim), line 8's remainder
+    cannot change the update or any epsilon, so it is not computed: each step is sepdp's
+    (:meth:`DPArm.whole_batch_step`) and its record says the split was not computed.
     """
 
     name = "transdenoiser"
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.at_clean = input_gradient_fn(self.model)
-        self.losses = losses_fn(self.model)
-
-    def remainders(self, z: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Line 8 in float64: (o_i, tolerance_i) with o_i = l(z_i) - l(x_i) - (z_i - x_i)^T grad_x l(x_i)."""
-        params, buffers = model_params(self.model, torch.float64)
-        z64, x64 = z.to(torch.float64), x.to(torch.float64)
-        grad_x, loss_x = self.at_clean(params, buffers, x64)
-        loss_z = self.losses(params, buffers, z64, x64)
-        linear = ((z64 - x64) * grad_x).flatten(1)
-        remainder = loss_z - loss_x - linear.sum(1)
-        scale = loss_z.abs() + loss_x.abs() + linear.abs().sum(1)
-        return remainder, REMAINDER_TOLERANCE_ULPS * x[0].numel() * EPS64 * scale
+        self.remainders = TaylorRemainders(self.model)  # line 8 in float64: (o_i, tolerance_i)
+        self.credit_possible = not uncredited_by_construction(self.config.merge_uncredited_noise,
+                                                              count_parameters(self.model), self.config.max_smin_dim)
 
     def gradient(self, x, generator):
         if len(x) == 0:  # an empty Poisson batch: full noise, still a step
             return self.finish(self.noise.add(self.zeros(), self.xi_up, generator)), StepRecord(
                 0, explicit_multiplier=self.xi_up)
+        if not self.credit_possible:  # the remainder, the split and S_min could change nothing: sepdp's step
+            update, mean_loss = self.whole_batch_step(x, generator, self.xi_up)
+            return update, StepRecord(len(x), num_nonnegative=REMAINDER_NOT_COMPUTED, smin_method="too_large",
+                                      explicit_multiplier=self.xi_up, mean_loss=mean_loss)
         clipped = self.clipped_sums(x, generator, split=self.nonnegative)
         losses, factors, nonneg = clipped.losses, clipped.factors, clipped.mask.to(clipped.factors.device)
         mean_loss = float(losses.mean()) if not self.group.distributed else math.nan
@@ -470,8 +469,6 @@ class TransDenoiserArm(DPArm):
             record.explicit_multiplier = self.xi_up
             summed = clipped.whole() if sums is None else ClippedSums(losses, factors, sums).whole()
             return self.finish(self.noise.add(summed, self.xi_up, generator)), record
-        if sums is not None and "whole" in sums:  # sum_over_ranks sent only the whole sum: cannot happen
-            raise RuntimeError("a step with input-noise credit although S_min is never computed")
         total = self.zeros()
         explicit_variance = 0.0
         if num_nonneg > 0:  # lines 17-18
@@ -496,15 +493,10 @@ class TransDenoiserArm(DPArm):
         """torchrun: the step's one all-reduce. Each rank contributes both groups' clipped sums over its share,
         its loss sum, and its share's clip factors and non-negative flags placed in batch-length vectors (zeros
         elsewhere), so every rank ends with the sums of the whole batch and the flags and factors S_min needs.
-        When every step is the merged sepdp step (merge_uncredited_noise and S_min never computed: no credit
-        is possible), only the whole clipped sum is sent (half the bytes)."""
+        (When no step can be credited, :meth:`gradient` takes sepdp's step and its all-reduce instead.)"""
         factors, losses = clipped.factors, clipped.losses
         mask = clipped.mask.to(factors.dtype)
-        width = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-        if self.config.merge_uncredited_noise and width > self.config.max_smin_dim:
-            parts = {"whole": clipped.whole()}
-        else:
-            parts = {"nonneg": clipped.sums["nonneg"], "negative": clipped.sums["negative"]}
+        parts = {"nonneg": clipped.sums["nonneg"], "negative": clipped.sums["negative"]}
         names = list(clipped.sums["nonneg"])
         local = {f"{part}.{k}": v for part, summed in parts.items() for k, v in summed.items()}
         local.update({"loss_sum": losses.sum(), "factors": self.group.place(factors, batch_size),

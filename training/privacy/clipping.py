@@ -116,7 +116,8 @@ def device_chunk_size(model: nn.Module, device: torch.device, batch_rows: int, c
 
 def ghost_example_bytes(model: nn.Module, example_shape: tuple[int, ...], device: torch.device) -> int:
     """Bytes the ghost engine holds per example: GHOST_FOOTPRINT x the inputs and outputs of every module
-    owning parameters, measured by one forward pass of a zero image."""
+    owning parameters, measured by one forward pass of a zero image, plus one per-example gradient (what the
+    layers whose per-example weight gradients are formed directly keep, at most)."""
     total = 0
     handles = []
 
@@ -133,7 +134,7 @@ def ghost_example_bytes(model: nn.Module, example_shape: tuple[int, ...], device
     finally:
         for h in handles:
             h.remove()
-    return GHOST_FOOTPRINT * total
+    return GHOST_FOOTPRINT * total + parameter_bytes(model)
 
 
 def device_physical_batch(model: nn.Module, clipping: str, example_shape: tuple[int, ...], device: torch.device,
@@ -309,6 +310,9 @@ def plan_for_arm(arm, config, image_shape, device, record: dict | None) -> Execu
         choice = arm.group.from_rank_zero(torch.tensor([float(arm.execution.clipping == "ghost")],
                                                        dtype=torch.float64))
         arm.execution.clipping = "ghost" if float(choice[0]) > 0.5 else "vmap"
+    if not getattr(arm, "credit_possible", True):  # the transdenoiser arm when no step can be credited
+        arm.execution.reasons.append("transdenoiser: no step can be credited (merged noise, w > max_smin_dim), so "
+                                     "line 8's Taylor remainder is not computed and every step is sepdp's")
     return arm.execution
 
 

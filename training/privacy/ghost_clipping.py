@@ -132,10 +132,12 @@ def _conv_weight_grad(m: nn.Module, transposed: bool, a: torch.Tensor, b: torch.
         list(m.dilation), transposed, output_padding, groups, [False, True, False])[1]
 
 
-def _conv_weight_norms(m: nn.Module, transposed: bool, a: torch.Tensor, b: torch.Tensor, n: int) -> torch.Tensor:
-    """||dW_i||^2 per example, (n,). Small output maps (T (d_p + d_q) <= d_p d_q / GHOST_DISCOUNT): ghost norm
-    over unfolded patches; otherwise each row's weight gradient by ONE grouped convolution-backward call with
-    the rows as groups (the rows' gradients of this layer only, then summed per example and dropped)."""
+def _conv_weight_norms(m: nn.Module, transposed: bool, a: torch.Tensor, b: torch.Tensor, n: int
+                       ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(||dW_i||^2 per example (n,), None) by the ghost norm over unfolded patches, for small output maps
+    (T (d_p + d_q) <= d_p d_q / GHOST_DISCOUNT); otherwise (None, dW_i (n, *weight shape)): each row's weight
+    gradient by ONE grouped convolution-backward call with the rows as groups, summed per example. Those are
+    kept: the weighted sum over them is a cheap contraction, cheaper than another convolution backward."""
     rows = len(a)
     if transposed:  # P: input positions, Q: unfolded output-gradient patches
         d_p, d_q = a.shape[1] // m.groups, b.shape[1] // m.groups * math.prod(m.kernel_size)
@@ -152,12 +154,14 @@ def _conv_weight_norms(m: nn.Module, transposed: bool, a: torch.Tensor, b: torch
         else:
             patches = F.unfold(a, m.kernel_size, dilation=m.dilation, padding=m.padding, stride=m.stride)
             p, q = _positions(b.flatten(2), n, m.groups), _positions(patches, n, m.groups)
-        return _pair_norms(p, q, ghost=True)
+        return _pair_norms(p, q, ghost=True), None
     weight = m.weight
     grouped = (rows * weight.shape[0], *weight.shape[1:])
     per_row = _conv_weight_grad(m, transposed, a.reshape(1, -1, *a.shape[2:]), b.reshape(1, -1, *b.shape[2:]),
                                 torch.Size(grouped), rows * m.groups)
-    return per_row.reshape(n, rows // n, -1).sum(1).pow(2).sum(1)
+    if rows == n:
+        return None, per_row.reshape(n, *weight.shape)
+    return None, per_row.reshape(n, rows // n, *weight.shape).sum(1)
 
 
 class GhostClipping:
@@ -252,8 +256,12 @@ class GhostClipping:
             if "bias" in layer.params:
                 rows["bias"] = _per_example_sum(b, n)
             if "weight" in layer.params:
-                layer.pq = (a, b)
-                squares = squares + _conv_weight_norms(m, kind == "conv_transpose2d", a, b, n)
+                norms, per_example = _conv_weight_norms(m, kind == "conv_transpose2d", a, b, n)
+                if per_example is None:
+                    layer.pq = (a, b)
+                    squares = squares + norms
+                else:
+                    rows["weight"] = per_example
         elif kind == "group_norm":
             normalised = F.group_norm(a, m.num_groups, eps=m.eps)
             if "weight" in layer.params:
@@ -265,7 +273,7 @@ class GhostClipping:
         rows = {k: v for k, v in rows.items() if k in layer.params}
         layer.rows = rows
         for g in rows.values():
-            squares = squares + g.reshape(n, -1).pow(2).sum(1)
+            squares = squares + torch.linalg.vector_norm(g.reshape(n, -1), dim=1).square()
         return squares
 
     def _vmap_rows(self, layer: _Layer, a: torch.Tensor, b: torch.Tensor, n: int) -> Params:

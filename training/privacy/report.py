@@ -50,6 +50,15 @@ RELEASED_KEYS = ("arm", "sigma", "clip_norm", "xi_low", "xi_up", "merge_uncredit
                  "target_epsilon", "calibration_accountant", "noise", "initialisation", "privacy_claim")
 # Guarantees whose epsilon is computed from settings fixed in advance only (mmga's claim is still data-dependent).
 DATA_INDEPENDENT_GUARANTEES = ("sepdp", "mmga", "sepdp_equivalent")
+# A step's num_nonnegative when line 8's remainder was not computed (no step could be credited: see below).
+REMAINDER_NOT_COMPUTED = -1
+
+
+def uncredited_by_construction(merge_uncredited_noise: bool, num_parameters: int, max_smin_dim: int) -> bool:
+    """Whether no transdenoiser step can earn input-noise credit, whatever the data: S_min is never computed
+    (w > max_smin_dim: taken as 0, so line 16 gives sigma_bar = xi_up) and uncredited steps are merged, so every
+    step adds xi_up once to the whole clipped sum (the sepdp step). Then line 8's remainder changes nothing."""
+    return merge_uncredited_noise and num_parameters > max_smin_dim
 
 
 def json_safe(value: Any) -> Any:
@@ -127,7 +136,7 @@ def build_privacy_report(*, arm: str, sigma: float, clip_norm: float, xi_low: fl
     report["guarantees"].append({"name": "mmga", "label": MMGA_LABEL, "data_independent": False,
                                  "noise_multiplier": xi_up,
                                  "epsilon": epsilon_report(sample_rate, xi_up, steps_done, delta)})
-    if merge_uncredited_noise and num_parameters > max_smin_dim:
+    if uncredited_by_construction(merge_uncredited_noise, num_parameters, max_smin_dim):
         report["guarantees"].append({"name": "sepdp_equivalent", "label": SEPDP_EQUIVALENT_LABEL,
                                      "data_independent": True, "noise_multiplier": xi_up,
                                      "epsilon": epsilon_report(sample_rate, xi_up, steps_done, delta)})
@@ -140,10 +149,17 @@ def build_privacy_report(*, arm: str, sigma: float, clip_norm: float, xi_low: fl
     sigma_bar = np.asarray(history["sigma_bar"], dtype=np.float64)
     input_mult = np.asarray(history["input_multiplier"], dtype=np.float64)
     has_nonneg = nonneg > 0
+    split = nonneg != REMAINDER_NOT_COMPUTED  # steps whose remainders were computed
     method_counts = {m: smin_methods.count(m) for m in sorted(set(smin_methods)) if m}
     report["transdenoiser"] = {
-        "nonnegative_share": float(nonneg.sum() / max(1, batch.sum())),
-        "examples_seen": int(batch.sum()), "nonnegative_examples": int(nonneg.sum()),
+        "nonnegative_share": float(nonneg[split].sum() / batch[split].sum()) if batch[split].sum() else None,
+        "examples_seen": int(batch.sum()), "examples_split": int(batch[split].sum()),
+        "nonnegative_examples": int(nonneg[split].sum()) if split.any() else None,
+        "remainder_not_computed": (f"line 8's Taylor remainder not computed in {int((~split).sum())} steps "
+                                   f"({int(batch[~split].sum())} examples): w={num_parameters} > max_smin_dim="
+                                   f"{max_smin_dim} with merged noise, so no step could be credited and each was "
+                                   "the sepdp step (the whole batch's clipped sum, xi_up once)"
+                                   if not split.all() else None),
         "smin": distribution(smin[has_nonneg]),
         "smin_methods": method_counts,
         "smin_not_computed": (f"not computed in {method_counts['too_large']} steps: w={num_parameters} > "
@@ -246,8 +262,12 @@ def format_privacy_report(report: dict[str, Any]) -> str:
                          f"steps with none: {g['steps_without_explicit_noise']}")
     td = report.get("transdenoiser")
     if td:
-        lines.append(f"  non-negative cases (line 8 remainder >= 0): {100 * td['nonnegative_share']:.1f}% of "
-                     f"{td['examples_seen']} examples; steps with any: {td['steps_with_nonnegative_cases']}")
+        if td.get("nonnegative_share") is not None:
+            lines.append(f"  non-negative cases (line 8 remainder >= 0): {100 * td['nonnegative_share']:.1f}% of "
+                         f"{td.get('examples_split', td['examples_seen'])} examples split; steps with any: "
+                         f"{td['steps_with_nonnegative_cases']}")
+        if td.get("remainder_not_computed"):
+            lines.append(f"  {td['remainder_not_computed']}")
         lines.append(f"  S_min(K_t): {_dist(td['smin'])}; how obtained: {td['smin_methods']}")
         if td.get("smin_not_computed"):
             lines.append(f"  S_min {td['smin_not_computed']}")
