@@ -258,7 +258,7 @@ def test_paper_configs_hold_the_papers_settings(name, sigma, channels, size):
     from training.denoisers import denoiser_kwargs
     from training.models import build_model
     from training.private_train import TrainConfig
-    from training.train_cli import read_toml
+    from transdenoiser.toml import read_toml
 
     path = REPO / "configs" / f"{name}.toml"
     config = TrainConfig.from_dict(read_toml(path, "--config"), source=str(path))

@@ -4,13 +4,11 @@ released privacy report with its text."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from training.baselines.common import format_guarantee_lines
+from training.baselines.stobatch_config import StoBatchConfig
 from training.privacy.report import format_number as _number
-
-if TYPE_CHECKING:
-    from training.baselines.stobatch import StoBatchConfig
 
 ARM = "stobatch"  # the arm's name, in its metadata and privacy report
 PAPER_ANALYSIS_LABEL = (

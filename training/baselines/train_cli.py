@@ -28,7 +28,7 @@ SECURESGD_FIELDS = ("sigma", "clip_norm", "target_epsilon", "calibration_account
 def securesgd_config_from_args(args) -> SecureSGDConfig:
     """A SecureSGDConfig from ``transdenoiser train``'s flags (and ``--config``); settings of the product's arms
     that have no meaning here are refused rather than ignored."""
-    from training.train_cli import config_from_args
+    from training.train_flags import config_from_args
 
     if getattr(args, "resume", False):
         raise UserError("--resume is not available for the SecureSGD arms; train again into a new --out")
