@@ -112,8 +112,9 @@ def test_the_bento_holds_every_module_the_service_runs(checkpoints, tmp_path):
             shutil.copy2(path, bento / relative)
     # the Bento ships no training code: of training/, only the core that loads models (tests/test_import_layers.py)
     shipped = sorted(path.relative_to(bento).as_posix() for path in (bento / "training").rglob("*.py"))
-    assert shipped == ["training/__init__.py", "training/checkpoint.py", "training/denoisers.py",
-                       "training/linear_probe.py", "training/models.py"], shipped
+    assert shipped == ["training/__init__.py", "training/checkpoint.py", "training/classifiers.py",
+                       "training/denoisers.py", "training/linear_probe.py", "training/model_registry.py",
+                       "training/models.py"], shipped
     classifier, denoiser = checkpoints
     model_dir = write_model_dir(tmp_path / "model", classifier, denoiser, sigma=0.25, n0=20, n=100, max_n=400)
     env = {**os.environ, "PYTHONPATH": str(bento), "TRANSDENOISER_MODEL_DIR": str(model_dir),

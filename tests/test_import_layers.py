@@ -38,6 +38,8 @@ LAYER_OF = (
     ("transdenoiser/*", "core"),
     ("training/checkpoint.py", "core"),
     ("training/models.py", "core"),
+    ("training/model_registry.py", "core"),
+    ("training/classifiers.py", "core"),
     ("training/denoisers.py", "core"),
     ("training/datasets.py", "core"),
     ("training/linear_probe.py", "core"),
@@ -133,3 +135,58 @@ def test_a_planted_back_import_is_caught(tmp_path, source):
     (tmp_path / "serving" / "service.py").write_text("app = None\n")
     (tmp_path / "training" / "checkpoint.py").write_text(source)
     assert violations(tmp_path) == {("training/checkpoint.py", "serving/service.py")}
+
+
+def import_cycles(root: Path) -> list[list[str]]:
+    """The groups of our modules that import each other in a ring (strongly connected components of more than
+    one module, Tarjan's algorithm), imports inside functions included."""
+    graph: dict[str, set[str]] = {}
+    for module, target in import_edges(root):
+        graph.setdefault(module, set()).add(target)
+        graph.setdefault(target, set())
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def test_no_import_cycle():
+    found = import_cycles(ROOT)
+    assert not found, "modules that import each other in a ring (imports inside functions count):\n" + "\n".join(
+        "  " + ", ".join(group) for group in found)
+
+
+def test_a_planted_cycle_is_caught(tmp_path):
+    for package in PACKAGES:
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "training" / "a.py").write_text("import training.b\n")
+    (tmp_path / "training" / "b.py").write_text("def f():\n    from training import a\n")
+    assert import_cycles(tmp_path) == [["training/a.py", "training/b.py"]]

@@ -1,4 +1,4 @@
-"""Denoiser architectures g, registered in :mod:`training.models` (``build_model("autoencoder", ...)``).
+"""Denoiser architectures g, registered in :mod:`training.model_registry` (``build_model("autoencoder", ...)``).
 
 All take and return images with pixels in [0, 1] (N, C, H, W); the loss is eq. (1) of the TransDenoiser
 paper, ``l(z, theta) = ||g(z) - x||^2`` summed over pixels. None uses batch statistics (no BatchNorm): a
@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from training.models import register
+from training.model_registry import register
 from transdenoiser.errors import UserError
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh, "silu": nn.SiLU, "softplus": nn.Softplus}

@@ -13,7 +13,8 @@ import math
 import torch
 from torch import nn
 
-from training.models import build_model, register
+from training.classifiers import build_classifier
+from training.model_registry import register
 from transdenoiser.errors import UserError
 
 FEATURES = ("penultimate", "pixels")
@@ -51,7 +52,7 @@ class LinearProbe(nn.Module):
         if features == "penultimate":
             if base_architecture is None:
                 raise UserError("penultimate features need the base classifier's architecture")
-            self.extractor, width = penultimate_extractor(build_model(base_architecture, **(base_kwargs or {})))
+            self.extractor, width = penultimate_extractor(build_classifier(base_architecture, **(base_kwargs or {})))
             if feature_dim and feature_dim != width:
                 raise UserError(f"feature_dim {feature_dim} does not match the extractor's width {width}")
             feature_dim = width

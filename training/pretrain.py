@@ -9,8 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from training.classifiers import default_classifier_for
 from training.datasets import Dataset
-from training.models import build_model, default_classifier_for
+from training.models import build_model
 from transdenoiser.errors import UserError
 from transdenoiser.progress import Track, silent
 
