@@ -22,16 +22,10 @@ def read_certify_rows(tsv: Path, *prefixes: str) -> list[list[dict]]:
             for prefix in prefixes or ("",)]
 
 
-def certified_accuracy(rows: list[dict], radius: float) -> float:
-    """:func:`certify.summary.certified_accuracy` of rows read by :func:`read_certify_rows` (abstentions count
-    wrong)."""
-    from certify.summary import certified_accuracy as of_rows
-
-    return of_rows(rows, radius)
-
-
 def accuracy_by_radius(rows_per_seed: list[list[dict]], radii: list[float]) -> dict:
     """Certified accuracy at each radius: mean and range over the seeds' rows."""
+    from certify.summary import certified_accuracy  # torch: imported only when results are read
+
     return {f"{r:g}": mean_and_range([certified_accuracy(rows, r) for rows in rows_per_seed]) for r in radii}
 
 

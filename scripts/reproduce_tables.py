@@ -17,7 +17,7 @@ from reproduce_common import (
     flag_value,
     number,
 )
-from reproduce_results import certified_accuracy, collect
+from reproduce_results import collect
 
 
 def percent(entry: dict | None) -> str:
@@ -150,6 +150,8 @@ def plot_figures(result: dict, folder: Path, settings: Settings) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from certify.summary import certified_accuracy
 
     folder.mkdir(parents=True, exist_ok=True)
     written = []
