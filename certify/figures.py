@@ -16,6 +16,8 @@ import numpy as np
 from certify.rundir import CertifyRecord
 from certify.summary import RADIUS_STEP
 from training.checkpoint import write_bytes
+from transdenoiser.errors import UserError
+from transdenoiser.records import Guarantee, PrivacyReport, recorded_arm
 
 CURVE_POINTS = 400
 
@@ -23,15 +25,9 @@ CURVE_POINTS = 400
 # ----------------------------------------------------------------------------------------------- labels
 
 def denoiser_arm(denoiser_metadata: dict[str, Any] | None) -> str | None:
-    """The training arm of a denoiser (nodp, sepdp, transdenoiser, ...) from its metadata, if it says."""
-    if not isinstance(denoiser_metadata, dict):
-        return None
-    privacy = denoiser_metadata.get("privacy")
-    for source in (privacy if isinstance(privacy, dict) else {}, denoiser_metadata,
-                   denoiser_metadata.get("train") if isinstance(denoiser_metadata.get("train"), dict) else {}):
-        if source.get("arm"):
-            return str(source["arm"])
-    return None
+    """The training arm of a denoiser (nodp, sepdp, transdenoiser, ...) from its metadata, if it says
+    (:func:`transdenoiser.records.recorded_arm`: the one place that knows where each writer records it)."""
+    return recorded_arm(denoiser_metadata)
 
 
 def run_label(summary: dict[str, Any]) -> str:
@@ -46,26 +42,29 @@ def run_label(summary: dict[str, Any]) -> str:
 
 
 def epsilon_text(denoiser_metadata: dict[str, Any] | None) -> str | None:
-    """The denoiser's privacy in a few words for a legend, each epsilon with its analysis; None if unknown."""
+    """The denoiser's privacy in a few words for a legend, each epsilon with its analysis; None if unknown (no
+    report, or one that is not a valid privacy report)."""
     privacy = (denoiser_metadata or {}).get("privacy") if isinstance(denoiser_metadata, dict) else None
-    if not isinstance(privacy, dict):
+    try:
+        report = PrivacyReport.from_json(privacy) if isinstance(privacy, dict) else None
+    except UserError:
         return None
-    if privacy.get("arm") == "nodp":
+    if report is None:
+        return None
+    if report.arm == "nodp":
         return "no DP"
-    guarantees = [g for g in privacy.get("guarantees", []) if isinstance(g, dict)]
-    delta = privacy.get("delta")
-    delta_text = f", delta {delta:g}" if isinstance(delta, (int, float)) else ""
+    delta_text = f", delta {report.delta:g}" if report.delta is not None else ""
 
-    def rdp(guarantee: dict) -> str:
-        value = (guarantee.get("epsilon") or {}).get("rdp")
-        return f"{value:.3g}" if isinstance(value, (int, float)) and math.isfinite(value) else "inf"
+    def rdp(guarantee: Guarantee) -> str:
+        value = guarantee.epsilon.value("rdp") if guarantee.epsilon else None
+        return f"{value:.3g}" if value is not None and math.isfinite(value) else "inf"
 
-    proven = [g for g in guarantees if g.get("data_independent") and g.get("name") != "data_independent"]
+    proven = report.data_independent()
     if proven:
         return f"eps {rdp(proven[0])} (RDP{delta_text})"
-    mmga = [g for g in guarantees if g.get("name") == "mmga"]
+    mmga = report.named("mmga")
     if mmga:
-        return f"no data-independent eps; MMGA eps {rdp(mmga[0])} (data-dependent, unproven{delta_text})"
+        return f"no data-independent eps; MMGA eps {rdp(mmga)} (data-dependent, unproven{delta_text})"
     return None
 
 

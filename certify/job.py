@@ -144,13 +144,13 @@ def check_models_and_data(job: CertifyJob, pipeline, data_name: str, warn: Calla
     """Refuse a sigma other than the denoiser's training sigma (unless allowed) and models of another dataset."""
     from transdenoiser.checks import check_same_dataset, check_sigma
 
-    warning = check_sigma(job.sigma, pipeline.denoiser_metadata, allow_mismatch=job.allow_sigma_mismatch,
+    warning = check_sigma(job.sigma, pipeline.denoiser_record, allow_mismatch=job.allow_sigma_mismatch,
                           denoiser=f"denoiser {job.denoiser}")
     if warning:
         warn(warning)
-    check_same_dataset(data_name, pipeline.classifier_metadata, f"classifier {job.classifier}")
-    if pipeline.denoiser_metadata is not None:
-        check_same_dataset(data_name, pipeline.denoiser_metadata, f"denoiser {job.denoiser}")
+    check_same_dataset(data_name, pipeline.classifier_record, f"classifier {job.classifier}")
+    if pipeline.denoiser_record is not None:
+        check_same_dataset(data_name, pipeline.denoiser_record, f"denoiser {job.denoiser}")
 
 
 def run_job(job: CertifyJob, track: Track = silent, warn: Callable[[str], None] = _ignore) -> JobOutcome:
@@ -212,14 +212,14 @@ def _run_locked(job: CertifyJob, mode: str | None, shard, track: Track, warn: Ca
                      if mode == "estimate" else None,
                      **look_settings(job.sequential)}
         fingerprint = split.fingerprint()
-        trained = pipeline.classifier_metadata.get("dataset", {})
-        if trained.get("fingerprints", {}).get(trained.get("trained_on")) == fingerprint:
+        trained = pipeline.classifier_record.dataset
+        if trained is not None and trained.fingerprint(trained.trained_on) == fingerprint:
             warn(f"note: the classifier was trained on this very split ({what}): the figures are not test figures")
         settings = RunSettings(
             task=task, classifier=str(job.classifier.resolve()),
-            classifier_sha256=pipeline.classifier_metadata.get("files", {}).get("weights.safetensors", ""),
+            classifier_sha256=pipeline.classifier_record.weights_sha256 or "",
             denoiser=str(job.denoiser.resolve()) if job.denoiser else None,
-            denoiser_sha256=(pipeline.denoiser_metadata or {}).get("files", {}).get("weights.safetensors"),
+            denoiser_sha256=pipeline.denoiser_record.weights_sha256 if pipeline.denoiser_record else None,
             dataset=dataset.name, data_root=str(job.data_root.resolve()) if job.data_root else None,
             split_seed=job.split_seed, split=job.split, split_fingerprint=fingerprint, split_size=len(split),
             sigma=job.sigma, n0=n0, n=n, alpha=job.alpha, batch=batch, skip=job.skip, max=job.max_index,

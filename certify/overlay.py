@@ -11,6 +11,7 @@ from certify.report import PLOT_FILE, REPORT_FILE, read_certify_run
 from certify.rundir import CertifyRecord, write_json, write_text
 from certify.summary import ACR_DEFINITION, certified_accuracy, radius_grid
 from transdenoiser.errors import UserError
+from transdenoiser.records import CertificationSummary, thaw
 
 
 def overlay_warnings(summaries: Sequence[dict[str, Any]]) -> list[str]:
@@ -52,8 +53,9 @@ def overlay_certify_runs(run_dirs: list[Path], out_dir: Path, warn: Callable[[st
     from certify.numerics import refuse_mixed_numerics
 
     runs = [read_certify_run(d) for d in run_dirs]
-    refuse_mixed_numerics([(str(d), summary.get("settings") or {}) for d, (summary, _) in zip(run_dirs, runs,
-                                                                                            strict=True)], "overlay")
+    summaries = [CertificationSummary.from_json(summary) for summary, _ in runs]
+    refuse_mixed_numerics([(str(d), thaw(s.settings) or {}) for d, s in zip(run_dirs, summaries, strict=True)],
+                          "overlay")
     warnings = overlay_warnings([summary for summary, _ in runs])
     for line in warnings:
         if warn is not None:
@@ -61,21 +63,20 @@ def overlay_certify_runs(run_dirs: list[Path], out_dir: Path, warn: Callable[[st
     plain = [legend_label(summary) for summary, _ in runs]
     labels = [f"{label} ({run_dir.name})" if plain.count(label) > 1 else label  # same label twice: add the folder
               for label, run_dir in zip(plain, run_dirs, strict=True)]
-    largest = max(summary["max_certifiable_radius"] for summary, _ in runs)
-    radii = sorted(set(radius_grid(largest)) | {s["decide"]["radius"] for s, _ in runs if "decide" in s})
+    largest = max(s.max_certifiable_radius for s in summaries)
+    radii = sorted(set(radius_grid(largest)) | {s.decide["radius"] for s in summaries if s.decide is not None})
     table = []
-    for label, run_dir, (summary, records) in zip(labels, run_dirs, runs, strict=True):
+    for label, run_dir, s, (_, records) in zip(labels, run_dirs, summaries, runs, strict=True):
         # a decide run measured one radius: the others are None (not measured), not its certified accuracy
-        measured = [summary["decide"]["radius"]] if "decide" in summary else radii
+        measured = [s.decide["radius"]] if s.decide is not None else radii
         table.append({"label": label, "run": str(run_dir), "images": len(records),
-                      "smoothed_clean_accuracy": summary["smoothed_clean_accuracy"],
-                      "abstention_rate": summary["abstention_rate"],
-                      "average_certified_radius": summary["average_certified_radius"],
+                      "smoothed_clean_accuracy": s.smoothed_clean_accuracy,
+                      "abstention_rate": s.abstention_rate,
+                      "average_certified_radius": s.average_certified_radius,
                       "certified_accuracy": {f"{r:.2f}": certified_accuracy(records, r) if r in measured else None
                                              for r in radii},
-                      "settings": {k: summary.get("settings", {}).get(k) for k in ("sigma", "n0", "n", "alpha",
-                                                                                    "dataset", "split", "mode",
-                                                                                    "radius")}})
+                      "settings": {k: thaw((s.settings or {}).get(k)) for k in ("sigma", "n0", "n", "alpha",
+                                                                               "dataset", "split", "mode", "radius")}})
     caps = [cap for cap in (cap_note(summary) for summary, _ in runs) if cap]
     curves, points = curves_and_points([(label, summary, records)
                                          for label, (summary, records) in zip(labels, runs, strict=True)])

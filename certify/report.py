@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from certify.figures import cap_note, curves_and_points, denoiser_arm, legend_label, plot_certified_accuracy, run_label
+from certify.figures import cap_note, curves_and_points, legend_label, plot_certified_accuracy, run_label
 from certify.rundir import (
     HEARTBEAT_SECONDS,
     MODELS_FILE,
@@ -27,6 +27,7 @@ from certify.rundir import (
 )
 from certify.summary import ACR_DEFINITION, summarize, summarize_predictions
 from transdenoiser.errors import UserError
+from transdenoiser.records import CertificationSummary, Epsilon, PrivacyReport
 
 SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.md"
@@ -102,19 +103,19 @@ def _privacy_lines(denoiser_metadata: dict[str, Any] | None) -> list[str]:
     privacy = denoiser_metadata.get("privacy")
     if not isinstance(privacy, dict):
         return ["The denoiser's metadata holds no privacy report: no privacy claim is made for it."]
-    lines = [f"Arm {privacy.get('arm')}: {privacy.get('privacy_claim', '')}".rstrip(), "",
-             f"Training: sigma {_number(privacy.get('sigma'))}, clip norm C {_number(privacy.get('clip_norm'))}, "
-             f"noise multiplier xi_up {_number(privacy.get('xi_up'))}, sample rate q "
-             f"{_number(privacy.get('sample_rate'))}, {privacy.get('steps_done', privacy.get('steps_planned'))} "
-             f"steps, delta {_number(privacy.get('delta'))}.", ""]
-    guarantees = [g for g in privacy.get("guarantees", []) if isinstance(g, dict)]
-    if guarantees:
+    report = PrivacyReport.from_json(privacy, "summary.json's denoiser_metadata.privacy")
+    lines = [f"Arm {report.arm}: {report.privacy_claim or ''}".rstrip(), "",
+             f"Training: sigma {_number(report.sigma)}, clip norm C {_number(report.clip_norm)}, "
+             f"noise multiplier xi_up {_number(report.xi_up)}, sample rate q "
+             f"{_number(report.sample_rate)}, {report.steps_done if report.steps_done is not None else report.steps_planned} "
+             f"steps, delta {_number(report.delta)}.", ""]
+    if report.guarantees:
         lines += ["| guarantee | data-independent | epsilon (RDP) | epsilon (PLD) | epsilon (GDP, approximate) |",
                   "| --- | --- | ---: | ---: | ---: |"]
-        for g in guarantees:
-            eps = g.get("epsilon") or {}
-            lines.append(f"| {g.get('label') or g.get('name')} | {'yes' if g.get('data_independent') else 'no'} | "
-                         f"{_number(eps.get('rdp'))} | {_number(eps.get('pld'))} | {_number(eps.get('gdp_epsilon'))} |")
+        for g in report.guarantees:
+            eps = g.epsilon or Epsilon()
+            lines.append(f"| {g.label or g.name} | {'yes' if g.data_independent else 'no'} | "
+                         f"{_number(eps.rdp)} | {_number(eps.pld)} | {_number(eps.gdp_epsilon)} |")
         lines.append("")
     lines.append("The full privacy report (every analysis and setting) is in summary.json, under "
                  "`denoiser_metadata.privacy`.")
@@ -143,6 +144,7 @@ def _as_run(settings: dict[str, Any]) -> str:
 def format_run_report(summary: dict[str, Any]) -> str:
     settings = summary.get("settings", {})
     cm = summary.get("classifier_metadata") or {}
+    record = CertificationSummary.from_json(summary, "summary.json")
     lines = [f"# {'Certification' if summary['task'] == 'certify' else 'Prediction'} report", "",
              f"{summary['images']} images of {settings.get('dataset')} ({settings.get('split')} split), "
              f"sigma {summary['sigma']:g} (L2 noise std, pixels in [0,1]), alpha {summary['alpha']:g}.",
@@ -180,8 +182,8 @@ def format_run_report(summary: dict[str, Any]) -> str:
               f"{_number(cm.get('test_accuracy'))} as recorded in its metadata), sha256 "
               f"{str(settings.get('classifier_sha256'))[:16]}...",
               f"- denoiser: `{settings.get('denoiser')}`" + (
-                  f" ({(summary.get('denoiser_metadata') or {}).get('architecture')}, arm "
-                  f"{denoiser_arm(summary.get('denoiser_metadata'))})" if settings.get("denoiser") else ""),
+                  f" ({(record.denoiser_metadata or {}).get('architecture')}, arm {record.arm})"
+                  if settings.get("denoiser") else ""),
               "", *_privacy_lines(summary.get("denoiser_metadata")), "",
               "## Settings", "", *_settings_table(settings), ""]
     return "\n".join(lines)
@@ -238,6 +240,17 @@ def finalize_run(run_dirs: Sequence[Path], out_dir: Path | None = None) -> dict[
 def read_certify_run(run_dir: Path) -> tuple[dict[str, Any], list[CertifyRecord]]:
     """summary.json and certify.tsv of a finished certify run."""
     summary = read_json(run_dir / SUMMARY_FILE, "run summary: finish or merge the run first")
-    if summary.get("task") != "certify":
+    record = read_certify_summary(run_dir, summary)
+    return record.to_json(), read_rows(run_dir / "certify.tsv", "certify")  # type: ignore[return-value]
+
+
+def read_certify_summary(run_dir: Path, summary: dict[str, Any] | None = None) -> CertificationSummary:
+    """A finished certify run's summary.json as a record (refused with one line if it is not a certify summary)."""
+    if summary is None:
+        summary = read_json(run_dir / SUMMARY_FILE, "run summary: finish or merge the run first")
+    if isinstance(summary, dict) and summary.get("task") not in (None, "certify"):
         raise UserError(f"{run_dir}: summary.json is for task {summary.get('task')!r}, not certify")
-    return summary, read_rows(run_dir / "certify.tsv", "certify")  # type: ignore[return-value]
+    record = CertificationSummary.from_json(summary, f"{run_dir}/{SUMMARY_FILE}")
+    if record.task != "certify":  # pragma: no cover - the check above
+        raise UserError(f"{run_dir}: summary.json is for task {record.task!r}, not certify")
+    return record

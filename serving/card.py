@@ -1,24 +1,27 @@
 """The model card served by ``/metadata``: what is deployed and what it guarantees, from checkpoint metadata only."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from serving.bundle import ModelBundle
+from transdenoiser.records import CheckpointMetadata, PrivacyReport, thaw
 
 NO_DENOISER = "no denoiser: this pipeline is the classifier alone and makes no differential-privacy claim"
 NO_REPORT = "the denoiser checkpoint carries no privacy report: no differential-privacy claim is made"
+DATASET_KEYS = ("name", "source", "split_seed", "trained_on", "fingerprints")
 
 
-def _model_summary(metadata: dict[str, Any]) -> dict[str, Any]:
-    dataset = metadata.get("dataset") or {}
+def _model_summary(record: CheckpointMetadata) -> dict[str, Any]:
+    dataset = record.dataset
     return {
-        "architecture": metadata.get("architecture"),
-        "arch_kwargs": metadata.get("arch_kwargs"),
-        "num_parameters": metadata.get("num_parameters"),
-        "input_shape": metadata.get("input_shape"),
-        "dataset": {key: dataset.get(key) for key in ("name", "source", "split_seed", "trained_on", "fingerprints")},
-        "weights_sha256": (metadata.get("files") or {}).get("weights.safetensors"),
-        "package_version": metadata.get("package_version"),
+        "architecture": record.architecture,
+        "arch_kwargs": thaw(record.arch_kwargs),
+        "num_parameters": record.num_parameters,
+        "input_shape": thaw(record.input_shape),
+        "dataset": {key: thaw(getattr(dataset, key)) if dataset else None for key in DATASET_KEYS},
+        "weights_sha256": record.weights_sha256,
+        "package_version": record.package_version,
     }
 
 
@@ -27,52 +30,59 @@ ACCOUNTANTS = (("rdp", "RDP moments accountant: an upper bound"),
                ("gdp_epsilon", "Gaussian DP central-limit approximation: can underestimate, not a guarantee"))
 
 
-def epsilon_statements(report: dict[str, Any] | None) -> list[dict[str, Any]]:
+def _report(report: PrivacyReport | Mapping[str, Any] | None) -> PrivacyReport | None:
+    return None if not report else PrivacyReport.from_json(report, "the denoiser's privacy report")
+
+
+def epsilon_statements(report: PrivacyReport | Mapping[str, Any] | None) -> list[dict[str, Any]]:
     """Every epsilon of a privacy report, one statement per (guarantee, accountant).
 
     Each names its guarantee (``sepdp``, ``mmga``, ``data_independent``, ...) with that guarantee's label,
     the accountant (analysis) behind the number, delta, and whether the figure is data-independent.
     """
+    record = _report(report)
     statements: list[dict[str, Any]] = []
-    for guarantee in (report or {}).get("guarantees", []):
-        epsilon = guarantee.get("epsilon") or {}
-        analyses = epsilon.get("analyses") or {}
+    for guarantee in (record.guarantees or ()) if record else ():
+        epsilon = guarantee.epsilon
+        analyses = (epsilon.analyses if epsilon else None) or {}
+        delta = epsilon.delta if epsilon and epsilon.delta is not None else record.delta
         for key, default_label in ACCOUNTANTS:
             statements.append({
-                "guarantee": guarantee.get("name"), "analysis": f"{guarantee.get('name')}/{key}",
-                "accountant": analyses.get(key, default_label), "label": guarantee.get("label"),
-                "epsilon": epsilon.get(key), "delta": epsilon.get("delta", (report or {}).get("delta")),
-                "data_independent": bool(guarantee.get("data_independent")) and key != "gdp_epsilon",
+                "guarantee": guarantee.name, "analysis": f"{guarantee.name}/{key}",
+                "accountant": analyses.get(key, default_label), "label": guarantee.label,
+                "epsilon": getattr(epsilon, key) if epsilon else None, "delta": delta,
+                "data_independent": bool(guarantee.data_independent) and key != "gdp_epsilon",
             })
     return statements
 
 
-def privacy_section(report: dict[str, Any] | None) -> dict[str, Any]:
+def privacy_section(report: PrivacyReport | Mapping[str, Any] | None) -> dict[str, Any]:
     """The card's privacy section: each epsilon with its analysis, delta and data-independence, how the noise
     was drawn, and what the release leaves out (the private training record is never served)."""
-    if not report:
+    record = _report(report)
+    if record is None:
         return {"statement": NO_REPORT, "noise": None, "epsilons": [], "not_released": [], "report": None}
-    noise = report.get("noise") or {"mode": "unknown"}
-    statement = report.get("privacy_claim")
+    noise = thaw(record.noise) or {"mode": "unknown"}
+    statement = record.privacy_claim
     if noise.get("mode") == "reproducible" and noise.get("warning", "") not in (statement or ""):
         statement = f"{noise['warning']} {statement or ''}".strip()
-    return {"statement": statement, "noise": noise, "epsilons": epsilon_statements(report),
-            "not_released": report.get("not_released", []),
+    return {"statement": statement, "noise": noise, "epsilons": epsilon_statements(record),
+            "not_released": list(record.not_released or []),
             "private_training_record": "not part of this deployment (never copied into a model directory)",
-            "report": report}
+            "report": record.to_json()}
 
 
 def model_card(bundle: ModelBundle, device: str, batching: str, as_run: str | None = None) -> dict[str, Any]:
     """The served model's card; ``as_run`` describes how the base classifier runs (``Smooth.describe``)."""
     pipeline, config = bundle.pipeline, bundle.config
-    classifier = _model_summary(pipeline.classifier_metadata)
-    classifier["test_accuracy"] = pipeline.classifier_metadata.get("test_accuracy")
-    if pipeline.denoiser_metadata is None:
+    classifier = _model_summary(pipeline.classifier_record)
+    classifier["test_accuracy"] = pipeline.classifier_record.test_accuracy
+    if pipeline.denoiser_record is None:
         denoiser = None
         privacy = {"statement": NO_DENOISER, "noise": None, "epsilons": [], "not_released": [], "report": None}
     else:
-        denoiser = _model_summary(pipeline.denoiser_metadata)
-        privacy = privacy_section(pipeline.denoiser_metadata.get("privacy"))
+        denoiser = _model_summary(pipeline.denoiser_record)
+        privacy = privacy_section(pipeline.denoiser_record.privacy)
     return {
         "service": "transdenoiser",
         "task": "image classification with certified L2 robustness (randomized smoothing, Cohen et al. 2019)",

@@ -93,10 +93,10 @@ def _bundle(args: argparse.Namespace) -> int:
         raise UserError("give --sigma (the smoothing noise; it is taken from the denoiser's training sigma when "
                         "there is a denoiser)")
     from serving.bundle import write_model_dir
-    from training.checkpoint import read_metadata
+    from training.checkpoint import read_record
     from transdenoiser.checks import check_sigma, denoiser_sigma
 
-    denoiser_meta = read_metadata(args.denoiser) if args.denoiser is not None else None
+    denoiser_meta = read_record(args.denoiser) if args.denoiser is not None else None
     sigma = args.sigma if args.sigma is not None else denoiser_sigma(denoiser_meta)
     if sigma is None:
         raise UserError("give --sigma (the smoothing noise; it is taken from the denoiser's training sigma when "
@@ -133,7 +133,7 @@ def _serve(args: argparse.Namespace) -> int:
     from transdenoiser.checks import check_sigma
 
     bundle = load_model_dir(model_dir, device="cpu")  # every setting and both checkpoints, before starting
-    warning = check_sigma(bundle.config.sigma, bundle.pipeline.denoiser_metadata, allow_mismatch=True,
+    warning = check_sigma(bundle.config.sigma, bundle.pipeline.denoiser_record, allow_mismatch=True,
                           where="serving.toml sigma", denoiser="its denoiser")
     if warning:
         print(f"transdenoiser serve: {warning}", file=sys.stderr)

@@ -25,10 +25,11 @@ from torch import nn
 
 from training.models import build_model, count_parameters
 from transdenoiser.errors import CheckpointError, UserError
+from transdenoiser.records import CHECKPOINT_FORMAT, CheckpointMetadata
 from transdenoiser.version import __version__
 
-FORMAT = "transdenoiser-checkpoint"
-FORMAT_VERSION = 1
+FORMAT = CHECKPOINT_FORMAT
+FORMAT_VERSION = CheckpointMetadata.FORMAT_VERSION
 WEIGHTS = "weights.safetensors"
 METADATA = "metadata.json"
 
@@ -47,6 +48,11 @@ class Checkpoint:
     model: nn.Module
     metadata: dict[str, Any]
     path: Path
+
+    @property
+    def record(self) -> CheckpointMetadata:
+        """The metadata as a typed record (refused with a :class:`CheckpointError` if it is malformed)."""
+        return CheckpointMetadata.from_json(self.metadata, f"checkpoint {self.path}: {METADATA}")
 
 
 def write_bytes(path: Path, data: bytes) -> None:
@@ -233,6 +239,13 @@ def read_metadata(directory: str | Path) -> dict[str, Any]:
     return meta
 
 
+def read_record(directory: str | Path) -> CheckpointMetadata:
+    """The checkpoint's ``metadata.json`` as a typed record: :func:`read_metadata`'s checks, then every recorded
+    field's type (a malformed dataset reference or privacy report is refused with a one-line
+    :class:`CheckpointError`)."""
+    return CheckpointMetadata.from_json(read_metadata(directory), f"checkpoint {directory}: {METADATA}")
+
+
 def load_extra_tensors(directory: str | Path, stem: str) -> dict[str, torch.Tensor]:
     meta = read_metadata(directory)
     name = f"{stem}.safetensors"
@@ -246,8 +259,9 @@ def load_checkpoint(directory: str | Path, kind: str | None = None,
     """Load a checkpoint, checking its hash, its kind and that the weights fit the architecture."""
     directory = Path(directory)
     meta = read_metadata(directory)
-    if kind is not None and meta.get("kind") != kind:
-        raise UserError(f"checkpoint {directory} holds a {meta.get('kind')}, expected a {kind}")
+    record = CheckpointMetadata.from_json(meta, f"checkpoint {directory}: {METADATA}")
+    if kind is not None and record.kind != kind:
+        raise UserError(f"checkpoint {directory} holds a {record.kind}, expected a {kind}")
     files = meta["files"]
     if WEIGHTS not in files:
         raise CheckpointError(f"checkpoint {directory}: metadata lists no {WEIGHTS}")

@@ -6,23 +6,27 @@ CLI prints it). Used by ``bundle``/``serve`` and by ``certify`` and ``attack``.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from transdenoiser.errors import UserError
+from transdenoiser.records import CheckpointMetadata
 
 SIGMA_RTOL = 1e-9  # sigmas are settings, not measurements: equal means equal up to float formatting
 SAME_DISTRIBUTION = {"mnist10k": "mnist"}  # dataset names whose images come from one distribution
 
 
-def denoiser_sigma(denoiser_metadata: dict[str, Any] | None) -> float | None:
+def denoiser_sigma(denoiser_metadata: CheckpointMetadata | Mapping[str, Any] | None) -> float | None:
     """The input-noise sigma a denoiser was trained at (its metadata's ``sigma``), or None if unknown."""
+    if isinstance(denoiser_metadata, CheckpointMetadata):
+        return denoiser_metadata.trained_sigma
     if not denoiser_metadata:
         return None
     value = denoiser_metadata.get("sigma", (denoiser_metadata.get("config") or {}).get("sigma"))
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
-def check_sigma(sigma: float, denoiser_metadata: dict[str, Any] | None, *, allow_mismatch: bool,
+def check_sigma(sigma: float, denoiser_metadata: CheckpointMetadata | Mapping[str, Any] | None, *, allow_mismatch: bool,
                 where: str = "--sigma", denoiser: str = "the denoiser") -> str | None:
     """Refuse a smoothing ``sigma`` other than the denoiser's training sigma unless ``allow_mismatch``.
 
@@ -39,9 +43,12 @@ def check_sigma(sigma: float, denoiser_metadata: dict[str, Any] | None, *, allow
     return f"warning: {text} (allowed by --allow-sigma-mismatch)"
 
 
-def check_same_dataset(data_name: str, model_metadata: dict[str, Any], model: str) -> None:
+def check_same_dataset(data_name: str, model_metadata: CheckpointMetadata | Mapping[str, Any], model: str) -> None:
     """Refuse data from another dataset than the one ``model`` was trained or measured on (when recorded)."""
-    recorded = (model_metadata.get("dataset") or {}).get("name")
+    if isinstance(model_metadata, CheckpointMetadata):
+        recorded = model_metadata.dataset.name if model_metadata.dataset else None
+    else:
+        recorded = (model_metadata.get("dataset") or {}).get("name")
     if recorded and data_name and SAME_DISTRIBUTION.get(recorded, recorded) != SAME_DISTRIBUTION.get(data_name,
                                                                                                     data_name):
         raise UserError(f"{model} was trained on {recorded}, the data is {data_name}; pass --dataset {recorded} "
