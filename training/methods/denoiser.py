@@ -39,24 +39,28 @@ class DenoiserConfig(TrainConfig):
         return TrainConfig(**{f.name: getattr(self, f.name) for f in fields(TrainConfig)})
 
 
-def training_examples(config: TrainConfig, dataset) -> int:
-    """N: the examples the run trains on (its split, or the fixed subset of ``train_examples``)."""
-    size = len(dataset.split(config.train_on))
+def training_examples(config, dataset) -> int:
+    """N: the examples the run trains on (its split, or the fixed subset of ``train_examples``); a config without
+    ``train_on`` (a baseline's) trains on the private split."""
+    size = len(dataset.split(getattr(config, "train_on", "private")))
     return min(config.train_examples, size) if config.train_examples else size
 
 
-def plan_batch(config: DenoiserConfig, num_examples: int):
+def plan_batch(config, num_examples: int):
     """The recipe's batch plan (:func:`training.recipe.plan_batch_sizes`) for ``config``'s target epsilon:
-    (every candidate's plan, the chosen one, the plan as text)."""
+    (every candidate's plan, the chosen one, the plan as text). ``config``: a DenoiserConfig, or any config of
+    Poisson-sampled DP-SGD with ``arm``, ``target_epsilon``, ``delta``, ``epochs`` and ``calibration_accountant``
+    (``train --plan --arm securesgd-*``), planned for at least ``min_steps`` (default 200) steps."""
     from training.recipe import choose_batch_size, format_plan, plan_batch_sizes
 
     if config.target_epsilon is None or config.arm == "nodp":
         raise UserError("--batch-size auto and --plan need --target-epsilon and a DP arm (sepdp or transdenoiser)")
     plans = plan_batch_sizes(config.target_epsilon, config.delta, num_examples, config.epochs,
                              accountant=config.calibration_accountant)
-    chosen = choose_batch_size(plans, config.min_steps)
+    min_steps = getattr(config, "min_steps", DEFAULT_MIN_STEPS)
+    chosen = choose_batch_size(plans, min_steps)
     text = format_plan(plans, chosen, config.target_epsilon, config.delta, config.calibration_accountant,
-                       config.epochs, config.min_steps)
+                       config.epochs, min_steps)
     return plans, chosen, text
 
 
