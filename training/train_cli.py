@@ -12,14 +12,14 @@ import os
 import sys
 from pathlib import Path
 
-from training.train_flags import FLAG_FIELDS, config_from_args  # noqa: F401 (config_from_args: API)
+from training.train_flags import FLAG_FIELDS, config_from_args  # noqa: F401 (FLAG_FIELDS: tests)
 from transdenoiser.argtypes import nonnegative_float, nonnegative_int, open_unit_interval, positive_float, positive_int
 from transdenoiser.errors import UserError
 from transdenoiser.progress import bar, silent
 from transdenoiser.runtime import hardware_description, resolve_device, seed_everything
 
 DEFAULT_DATASET = "mnist10k"  # training.cli.add_dataset_args's default
-DEFAULT_MIN_STEPS = 200  # --batch-size auto: the largest batch that leaves at least this many steps
+DEFAULT_MIN_STEPS = 200  # --batch-size auto: training.methods.denoiser.DEFAULT_MIN_STEPS (imported without torch)
 
 # the per-epoch figures computed from the private split or the run itself (losses, times): printed for the trainer,
 # stored only in the private training record, never in the released files `bundle` copies
@@ -177,32 +177,27 @@ def interrupted_message(out: Path, epochs: int) -> str:
 
 
 def resolve_auto_batch(args, config, num_examples: int, print=builtins.print) -> None:  # noqa: A002
-    """``--batch-size auto`` or ``--plan``: plan the batch sizes for the target epsilon (training.recipe), print
-    the plan, and set ``config.batch_size`` to the chosen one."""
-    from training.recipe import choose_batch_size, format_plan, plan_batch_sizes
+    """``--batch-size auto`` or ``--plan``: plan the batch sizes for the target epsilon (the recipe mode of the
+    denoiser methods, training/methods/denoiser.py), print the plan, and set ``config.batch_size`` to the chosen
+    one."""
+    from training.methods.denoiser import plan_batch
 
-    if config.target_epsilon is None or config.arm == "nodp":
-        raise UserError("--batch-size auto and --plan need --target-epsilon and a DP arm (sepdp or transdenoiser)")
-    min_steps = args.min_steps or DEFAULT_MIN_STEPS
-    plans = plan_batch_sizes(config.target_epsilon, config.delta, num_examples, config.epochs,
-                             accountant=config.calibration_accountant)
-    chosen = choose_batch_size(plans, min_steps)
-    print(format_plan(plans, chosen, config.target_epsilon, config.delta, config.calibration_accountant,
-                      config.epochs, min_steps), file=sys.stderr if not args.plan else sys.stdout)
+    _, chosen, text = plan_batch(config, num_examples)
+    print(text, file=sys.stderr if not args.plan else sys.stdout)
     config.batch_size = chosen.batch_size
 
 
 def _plan_only(args) -> int:
     """``train --plan``: the batch-size plan for this data set and target epsilon; nothing is trained or written."""
     from training.cli import load_dataset_from_args
+    from training.methods.denoiser import training_examples
 
     if args.arm == "stobatch":
         raise UserError("--plan plans Poisson-sampled DP-SGD; the stobatch arm trains on disjoint batches (each "
                         "example once per epoch): leave out --plan and give --batch-size")
     config, _ = config_from_args(args)
     dataset = load_dataset_from_args(args)
-    split = dataset.split(config.train_on)
-    resolve_auto_batch(args, config, min(config.train_examples, len(split)) if config.train_examples else len(split))
+    resolve_auto_batch(args, config, training_examples(config, dataset))
     return 0
 
 
@@ -234,23 +229,80 @@ def cmd_train(args) -> int:
 
 
 def _train(args, device, group) -> int:
+    """flags -> the method's settings -> its config -> its training -> text: the denoiser arms and the baselines
+    have their own console text (below and training/baselines/train_cli.py), any other registered method the
+    generic one (:func:`_train_method`)."""
+    from training.train_flags import method_and_settings
+
+    writer = group is None or group.is_writer
+    print = builtins.print if writer else _silent  # noqa: A001 -- only rank 0 speaks under torchrun
+    saved = None
+    if args.resume and args.arm is None:  # the saved run's arm, unless --arm or --config names one
+        from training.checkpoint import read_metadata
+
+        try:
+            saved = read_metadata(args.out).get("config")
+        except UserError:
+            saved = None  # no run there: said below, by the method's own resume
+    method, _, _ = method_and_settings(args, {"arm": saved.get("arm")} if isinstance(saved, dict) else None)
+    name = method.name
+    method.check_run(resume=args.resume, distributed="WORLD_SIZE" in os.environ)
+    if name in ("securesgd-prt", "securesgd-sct"):  # Phan et al.'s SecureSGD baselines (training/baselines)
+        from training.baselines.train_cli import cmd_train_securesgd
+
+        return cmd_train_securesgd(args, method, device, print)
+    if name == "stobatch":  # Phan et al.'s StoBatch baseline (training/baselines/stobatch.py)
+        from training.baselines.train_cli import cmd_train_stobatch
+
+        return cmd_train_stobatch(args, method, device, print)
+    if name in ("nodp", "sepdp", "transdenoiser"):
+        return _train_denoiser(args, method, device, group, print)
+    return _train_method(args, method, device, print)
+
+
+def _train_method(args, method, device, print=builtins.print) -> int:  # noqa: A002
+    """A registered method without console text of its own: its config from the flags, training with a progress
+    bar and one line per epoch, its checkpoint saved in --out, then its metadata (JSON) or one summary line."""
+    import json
+
+    from training.checkpoint import load_checkpoint
+    from training.cli import load_dataset_from_args
+    from training.methods import Hooks
+    from training.train_flags import method_and_settings
+
+    _, settings, source = method_and_settings(args)
+    config = method.config_from_settings(settings, source)
+    seed_everything(getattr(config, "seed", args.seed))
+    dataset = load_dataset_from_args(args)
+    classifier = None
+    if args.classifier is not None:
+        classifier = load_checkpoint(args.classifier, kind="classifier", map_location=device)
+    print(f"train {method.name}: on {dataset.name}, device {hardware_description(device)}", file=sys.stderr)
+
+    def on_epoch(row: dict) -> None:
+        shown = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items())
+        print(shown, file=sys.stderr, flush=True)
+
+    result = method.train(config, dataset, classifier, device, Hooks(track=bar, on_epoch=on_epoch), out=args.out)
+    method.save(config, result, args.out)
+    if args.json:
+        print(json.dumps(result.metadata, indent=2))
+    else:
+        print(f"trained {method.name}: checkpoint {args.out}")
+    return 0
+
+
+def _train_denoiser(args, method, device, group, print=builtins.print) -> int:  # noqa: A002
     import json
 
     from training.checkpoint import load_checkpoint, read_metadata, recover_interrupted_save
     from training.cli import load_dataset_from_args
+    from training.methods import Hooks
+    from training.methods.denoiser import training_examples
     from training.privacy.report import format_privacy_report
-    from training.private_train import train_denoiser
+    from training.train_flags import method_and_settings
 
     writer = group is None or group.is_writer
-    print = builtins.print if writer else _silent  # noqa: A001 -- only rank 0 speaks under torchrun
-    if args.arm in ("securesgd-prt", "securesgd-sct"):  # Phan et al.'s SecureSGD baselines (training/baselines)
-        from training.baselines.train_cli import cmd_train_securesgd
-
-        return cmd_train_securesgd(args, print)
-    if args.arm == "stobatch":  # Phan et al.'s StoBatch baseline (training/baselines/stobatch.py)
-        from training.baselines.train_cli import cmd_train_stobatch
-
-        return cmd_train_stobatch(args, print)
     base = None
     if args.resume:
         if writer:
@@ -274,14 +326,13 @@ def _train(args, device, group) -> int:
         if args.classifier is None:
             raise UserError("--classifier is required (the frozen classifier checkpoint directory)")
         classifier_dir = args.classifier
-    config, _ = config_from_args(args, base)
+    _, settings, source = method_and_settings(args, base)
+    config = method.config_from_settings(settings, source, base)
     seed_everything(config.seed)
     dataset = load_dataset_from_args(args)
     classifier = load_checkpoint(classifier_dir, kind="classifier", map_location=device)
-    if args.batch_size == "auto":
-        split = dataset.split(config.train_on)
-        resolve_auto_batch(args, config, min(config.train_examples, len(split)) if config.train_examples
-                           else len(split), print=print)
+    if config.batch_size == "auto":
+        resolve_auto_batch(args, config, training_examples(config, dataset), print=print)
     config.validate(len(dataset.private) if not config.train_examples
                     else min(config.train_examples, len(dataset.private)))
     print(f"train {config.arm}: {config.denoiser} ({config.activation}) on {dataset.name} {config.train_on} split, "
@@ -310,16 +361,17 @@ def _train(args, device, group) -> int:
               f"g(x+noise) {row['accuracy_denoised']:.4f}  |  PRIVATE: train loss {row['train_loss']:.3f}, "
               f"{row['seconds']:.0f} s", file=sys.stderr, flush=True)
 
+    hooks = Hooks(track=bar if writer else silent, on_epoch=on_epoch if writer else None,
+                  on_plan=(lambda text: print(text, file=sys.stderr)) if writer else None)
     try:
-        model, meta = train_denoiser(config, dataset, classifier, device, track=bar if writer else silent,
-                                     checkpoint_dir=args.out, resume=args.resume,
-                                     on_epoch=on_epoch if writer else None, group=group,
-                                     on_plan=(lambda text: print(text, file=sys.stderr)) if writer else None)
+        result = method.train(config, dataset, classifier, device, hooks, out=args.out, resume=args.resume,
+                              group=group)
     except KeyboardInterrupt:
         print(interrupted_message(args.out, config.epochs), file=sys.stderr)
         return 130
     if not writer:
         return 0
+    model, meta = result.model, result.metadata
     if args.json:
         print(json.dumps(meta, indent=2))
         return 0

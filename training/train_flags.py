@@ -1,15 +1,21 @@
-"""``transdenoiser train``'s flags as a :class:`training.private_train.TrainConfig`: one flag, one config field.
+"""``transdenoiser train``'s flags as settings of a training method (training/methods): one flag, one config field.
 
-Shared by the ``train`` command and the baselines' own command handlers (training/baselines/train_cli.py).
+The settings are a dict of what was given, in rising precedence ``--config FILE`` (TOML, keys are the method's
+config fields) then the flags, each flag under the name of the config field it sets (:data:`FLAG_FIELDS`). The
+method named by ``--arm`` (or the file's ``arm``) builds its config from them and refuses any setting its config
+type has no field for (:meth:`training.methods.base.Method.config_from_settings`).
 """
 from __future__ import annotations
 
-from dataclasses import fields
+from typing import Any
 
-from transdenoiser.errors import UserError
+from training.methods.base import SettingsSource
 from transdenoiser.toml import read_toml
 
-# flag destination -> TrainConfig field
+DEFAULT_ARM = "transdenoiser"
+
+# flag destination -> config field (the denoiser arms' TrainConfig names; a baseline's config may call one of them
+# by its own name: training/methods/securesgd.py, stobatch.py)
 FLAG_FIELDS = {"arm": "arm", "sigma": "sigma", "clip_norm": "clip_norm", "xi_up": "xi_up", "xi_low": "xi_low",
                "target_epsilon": "target_epsilon", "delta": "delta", "batch_size": "batch_size", "epochs": "epochs",
                "optimizer": "optimizer", "lr": "learning_rate", "momentum": "momentum", "denoiser": "denoiser",
@@ -19,38 +25,58 @@ FLAG_FIELDS = {"arm": "arm", "sigma": "sigma", "clip_norm": "clip_norm", "xi_up"
                "noise_draws": "noise_draws", "train_on": "train_on", "init_from": "init_from",
                "noise": "noise", "shape_examples": "shape_examples", "i_understand_unsound": "acknowledge_unsound"}
 FLAG_FIELDS["ema"] = "ema_decay"  # the tuned recipe (training/recipe.py)
+FLAG_FIELDS["min_steps"] = "min_steps"  # the recipe's batch plan (training/methods/denoiser.py)
 FLAG_FIELDS.update({"clipping": "clipping", "grad_chunk_size": "grad_chunk_size",  # training/privacy/clipping.py
                     "physical_batch_size": "physical_batch_size", "compile": "compile"})
+# flags that set one entry of the denoiser_kwargs field
+DENOISER_KWARG_FLAGS = {"denoiser_width": "width", "dncnn_depth": "depth", "norm": "norm"}
 
 
-def config_from_args(args, base: dict | None = None):
-    """TrainConfig from defaults (or ``base``), then ``--config``, then the flags given."""
-    from training.private_train import TrainConfig
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
 
-    values = dict(base) if base is not None else {}
-    given: dict = {}
-    if args.config is not None:
-        given.update(read_toml(args.config, "--config"))
-        known = {f.name for f in fields(TrainConfig)}
-        unknown = sorted(set(given) - known)
-        if unknown:
-            raise UserError(f"--config {args.config}: unknown setting(s) {', '.join(unknown)}")
+
+def settings_from_args(args, base: dict | None = None) -> tuple[dict[str, Any], SettingsSource]:
+    """(settings, where each came from): ``--config``'s keys, then the flags given; ``arm`` included when given.
+    ``base``: a saved run's config (``--resume``), onto whose ``denoiser_kwargs`` the flags' entries go."""
+    settings: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    if getattr(args, "config", None) is not None:
+        settings.update(read_toml(args.config, "--config"))
+        spelled.update({key: f"{key} (in --config {args.config})" for key in settings})
     for flag, name in FLAG_FIELDS.items():
         value = getattr(args, flag, None)
         if value is not None:
-            given[name] = value
-    extra = dict(given.get("denoiser_kwargs", values.get("denoiser_kwargs", {})))
-    if args.denoiser_width is not None:
-        extra["width"] = args.denoiser_width
-    if args.dncnn_depth is not None:
-        extra["depth"] = args.dncnn_depth
-    if getattr(args, "norm", None) is not None:
-        extra["norm"] = args.norm
-    if given.get("batch_size") == "auto":  # resolved by resolve_auto_batch once the data set's size is known
-        del given["batch_size"]
+            settings[name] = value
+            spelled[name] = _flag(flag)
+    extra = {}
+    kwarg_flags = []
+    for flag, key in DENOISER_KWARG_FLAGS.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            extra[key] = value
+            kwarg_flags.append(_flag(flag))
     if extra:
-        given["denoiser_kwargs"] = extra
-    if base is None or args.seed != 0:
-        given["seed"] = args.seed
-    values.update(given)
-    return TrainConfig.from_dict(values, source=str(args.config or "flags")), given
+        settings["denoiser_kwargs"] = {**settings.get("denoiser_kwargs", (base or {}).get("denoiser_kwargs", {})),
+                                       **extra}
+        spelled["denoiser_kwargs"] = ", ".join(kwarg_flags)
+    if base is None or getattr(args, "seed", 0) != 0:
+        settings["seed"] = getattr(args, "seed", 0)
+        spelled["seed"] = "--seed"
+    return settings, SettingsSource(str(getattr(args, "config", None) or "flags"), spelled)
+
+
+def method_and_settings(args, base: dict | None = None):
+    """(the training method, its settings without ``arm``, their source): the method named by ``--arm``, else by
+    the ``--config`` file's ``arm``, else by ``base``'s (a saved run's), else the default arm."""
+    from training.methods import get_method
+
+    settings, source = settings_from_args(args, base)
+    name = settings.pop("arm", None) or (base or {}).get("arm") or DEFAULT_ARM
+    return get_method(name), settings, source
+
+
+def config_from_args(args, base: dict | None = None):
+    """(the config of the method ``args`` name, the settings given): defaults (or ``base``), ``--config``, flags."""
+    method, settings, source = method_and_settings(args, base)
+    return method.config_from_settings(settings, source, base), settings

@@ -193,42 +193,6 @@ def _stobatch(args, device, seed: int) -> _Baseline:
     return _Baseline(baseline.metadata, own, smooth, COLUMNS + STOBATCH_COLUMNS, note, summary)
 
 
-def resume_rows(out: Path, settings: dict[str, Any]) -> dict[int, dict[str, Any]]:
-    """The rows an earlier, interrupted run with the same ``settings`` recorded in ``out``, by image index (a last
-    line cut short by the interruption is dropped, to be certified again). A run with other settings is refused;
-    rows without a settings file are of unknown origin and are discarded."""
-    import json
-
-    from training.checkpoint import write_json, write_text
-
-    settings_path, rows_path = out / SETTINGS_FILE, out / ROWS_FILE
-    if not settings_path.exists():
-        rows_path.unlink(missing_ok=True)
-        write_json(settings_path, settings)
-        return {}
-    try:
-        recorded = json.loads(settings_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{settings_path} is unreadable ({exc}); give another --out") from exc
-    if recorded != settings:
-        changed = sorted(k for k in settings.keys() | recorded.keys() if recorded.get(k) != settings.get(k))
-        raise UserError(f"{out} holds a baseline-certify run with other settings ({', '.join(changed)}); give "
-                        "another --out, or the same settings to resume it")
-    rows: dict[int, dict[str, Any]] = {}
-    lines = rows_path.read_text().splitlines(keepends=True) if rows_path.exists() else []
-    for line in lines:
-        try:
-            row = json.loads(line) if line.endswith("\n") else None
-        except ValueError:
-            row = None
-        if not isinstance(row, dict) or row.get("idx") not in settings["indices"]:
-            break  # cut short (or not ours): this image and any after it are certified again
-        rows[row["idx"]] = row
-    if len(rows) != len(lines):  # keep only the whole rows, so that new ones start on a line of their own
-        write_text(rows_path, "".join(json.dumps(row) + "\n" for row in rows.values()))
-    return rows
-
-
 def _format(value: Any) -> str:
     if value is None:
         return ""
@@ -251,6 +215,7 @@ def _run(args, arm: str) -> int:
     import numpy as np
 
     from certify.core import validate_sampling
+    from certify.journal import RowJournal
     from training.checkpoint import write_json, write_text
     from training.cli import load_dataset_from_args
     from transdenoiser.checks import check_same_dataset
@@ -285,11 +250,12 @@ def _run(args, arm: str) -> int:
         "split_seed": args.split_seed,
         "split": args.split, "indices": indices, "n0": args.n0, "n": args.n, "alpha": args.alpha,
         "seed": args.seed, "sigma": smooth.sigma, "batch_size": args.batch_size}))
-    done = resume_rows(args.out, settings)
+    journal = RowJournal(args.out, SETTINGS_FILE, ROWS_FILE, key="idx", what="baseline-certify")
+    done = journal.open(settings, indices)
     todo = [i for i, idx in enumerate(indices) if idx not in done]
     if done:
         print(f"resuming {args.out}: {len(done)} of {len(indices)} images done", file=sys.stderr)
-    with (args.out / ROWS_FILE).open("a") as record:
+    with journal.appending() as record:
         for i in bar(todo, desc="baseline-certify", total=len(todo)):
             idx, x, y = indices[i], images[i], int(labels[i])
             started = time.perf_counter()
@@ -298,8 +264,7 @@ def _run(args, arm: str) -> int:
             row.update({"smooth_predict": cohen.prediction, "smooth_radius": cohen.radius,
                         "smooth_correct": int(cohen.prediction == y), "smooth_p_lower": cohen.p_lower,
                         "smooth_count": cohen.count, "seconds": time.perf_counter() - started})
-            record.write(json.dumps(row) + "\n")
-            record.flush()
+            record.write(row)
             done[idx] = row
     smooth.close()
     rows = [done[idx] for idx in indices]

@@ -81,7 +81,7 @@ class SecureSGDConfig:
     calibration_accountant: str = "rdp"
     delta: float = 1e-5
     batch_size: int = 64  # expected batch size B; Poisson rate q = B / N
-    epochs: int = 5
+    epochs: int = 10
     optimizer: str = "sgd"
     learning_rate: float = 0.1
     momentum: float = 0.9
@@ -129,6 +129,9 @@ class SecureSGDConfig:
             (self.attack_bound > 0, f"attack bound must be > 0, got {self.attack_bound}"),
             (0 <= self.redistribution_mix < 1, f"redistribution mix must lie in [0, 1), got {self.redistribution_mix}"),
             (self.redistribution_steps >= 0, "redistribution steps must be >= 0"),
+            (isinstance(self.grad_chunk_size, int) and self.grad_chunk_size >= 1,
+             f"grad_chunk_size must be an integer >= 1 (auto is not available for this arm), got "
+             f"{self.grad_chunk_size!r}"),
             (num_examples >= 1, "the private training set is empty"),
         ]
         for ok, message in checks:

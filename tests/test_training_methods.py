@@ -1,0 +1,164 @@
+"""The training-method interface (training/methods): the registry, each method's config refusing the settings it
+does not use (by its config type's fields), the train command going through the registry, and the resumable row
+journal baseline-certify keeps (certify/journal.py)."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pytest
+
+from training.methods import Hooks, SettingsSource, TrainResult, get_method, method_names, register, unregister
+from transdenoiser.cli import build_parser, main
+from transdenoiser.errors import UserError
+
+FLAGS = SettingsSource("flags", {"xi_low": "--xi-low", "sigma": "--sigma", "robust_epsilon": "robust_epsilon "
+                                 "(in --config run.toml)", "xi_up": "--xi-up"})
+
+
+def test_the_registry_knows_every_arm_and_names_them_on_an_unknown_one():
+    names = method_names()
+    assert names[:6] == ("nodp", "sepdp", "transdenoiser", "securesgd-prt", "securesgd-sct", "stobatch")
+    for name in names[:6]:
+        method = get_method(name)
+        assert method.name == name
+        assert (method.certificate is None) == (name in ("nodp", "sepdp", "transdenoiser"))
+    with pytest.raises(UserError) as error:
+        get_method("sgd")
+    message = str(error.value)
+    assert len(message.splitlines()) == 1 and "'sgd'" in message and all(n in message for n in names[:6])
+
+
+@pytest.mark.parametrize("name", ["securesgd-prt", "securesgd-sct", "stobatch"])
+def test_a_baselines_config_refuses_xi_low_in_one_line(name):
+    method = get_method(name)
+    with pytest.raises(UserError) as error:
+        method.config_from_settings({"xi_low": 0.5, "epochs": 2}, FLAGS)
+    message = str(error.value)
+    assert len(message.splitlines()) == 1 and f"--arm {name} does not take --xi-low" in message
+    config = method.config_from_settings({"epochs": 2, "xi_up": 3.0}, FLAGS)  # the flag's name -> the config's own
+    assert config.epochs == 2 and config.noise_multiplier == 3.0
+    assert isinstance(config, method.config_type)
+
+
+def test_the_denoiser_arms_refuse_a_baselines_setting_and_keep_their_records_plain():
+    method = get_method("sepdp")
+    with pytest.raises(UserError, match=r"^--arm sepdp does not take robust_epsilon \(in --config run.toml\)$"):
+        method.config_from_settings({"robust_epsilon": 2.0}, FLAGS)
+    config = method.config_from_settings({"batch_size": "auto", "target_epsilon": 2.0, "min_steps": 20,
+                                          "epochs": 10}, FLAGS)
+    assert config.arm == "sepdp" and config.batch_size == "auto"
+    with pytest.raises(UserError, match="batch size auto"):  # planned from the data's size first (test_recipe.py)
+        config.train_config()
+    config.batch_size = 128
+    assert "min_steps" not in asdict(config.train_config())  # checkpoints record the plain TrainConfig
+
+
+def test_stobatch_takes_a_noise_multiplier_alone_and_a_flag_beats_the_config_file():
+    method = get_method("stobatch")
+    source = SettingsSource("run.toml", {"noise_multiplier": "noise_multiplier (in --config run.toml)",
+                                         "xi_up": "--xi-up"})
+    config = method.config_from_settings({"noise_multiplier": 2.0, "xi_up": 4.0}, source)
+    assert config.noise_multiplier == 4.0 and config.target_epsilon is None
+
+
+def test_train_refuses_a_flag_the_arm_does_not_use(tmp_path, capsys):
+    assert main(["train", "--arm", "securesgd-sct", "--xi-low", "0.2", "--norm", "group", "--out",
+                 str(tmp_path / "o"), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--arm securesgd-sct does not take --norm, --xi-low" in err
+
+
+@dataclass
+class FakeConfig:
+    epochs: int = 1
+    seed: int = 0
+
+
+class FakeMethod:
+    """A method of a test: it 'trains' by counting epochs, and saves its config as JSON."""
+
+    name = "fake-for-test"
+    config_type = FakeConfig
+    certificate = None
+    resumable = False
+
+    def __init__(self):
+        self.trained = []
+
+    def config_from_settings(self, settings, source, base=None):
+        from training.methods.base import refuse_unknown
+
+        refuse_unknown(self.name, FakeConfig, settings, source)
+        return FakeConfig(**{**(base or {}), **settings})
+
+    def check_run(self, *, resume=False, distributed=False):
+        if resume:
+            raise UserError("fake cannot resume")
+
+    def plan(self, config, num_examples):
+        return {"total_steps": config.epochs}
+
+    def train(self, config, data, classifier, device, hooks=Hooks(), *, out=None, resume=False, group=None):
+        for epoch in hooks.track(range(config.epochs), desc="fake", total=config.epochs):
+            if hooks.on_epoch is not None:
+                hooks.on_epoch({"epoch": epoch + 1, "images": len(data.private)})
+        self.trained.append((config, data.name, classifier))
+        return TrainResult(None, {"kind": "fake", "config": asdict(config)})
+
+    def save(self, config, result, out):
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "fake.json").write_text(json.dumps(result.metadata))
+        return Path(out)
+
+    def load(self, out, device="cpu"):
+        return json.loads((Path(out) / "fake.json").read_text())
+
+
+def test_train_runs_a_registered_method_through_the_registry(tmp_path, capsys):
+    from training.train_cli import cmd_train
+
+    method = register(FakeMethod())
+    try:
+        assert "fake-for-test" in method_names() and get_method("fake-for-test") is method
+        words = ["train", "--epochs", "3", "--seed", "5", "--out", str(tmp_path / "run"), "--device", "cpu"]
+        args = build_parser(words).parse_args(words)
+        args.arm = "fake-for-test"  # not an --arm choice of the parser: the CLI function takes any registered name
+        assert cmd_train(args) == 0
+        out = capsys.readouterr()
+        assert out.out.strip() == f"trained fake-for-test: checkpoint {tmp_path / 'run'}"
+        assert out.err.count("images ") == 3
+        (config, data_name, classifier), = method.trained
+        assert config == FakeConfig(epochs=3, seed=5) and data_name == "mnist10k" and classifier is None
+        assert method.load(tmp_path / "run")["config"] == {"epochs": 3, "seed": 5}
+        words = ["train", "--xi-low", "0.1", "--out", str(tmp_path / "other"), "--device", "cpu"]
+        args = build_parser(words).parse_args(words)
+        args.arm = "fake-for-test"
+        with pytest.raises(UserError, match="^--arm fake-for-test does not take --xi-low$"):
+            cmd_train(args)
+    finally:
+        unregister("fake-for-test")
+    assert "fake-for-test" not in method_names()
+    with pytest.raises(UserError):
+        get_method("fake-for-test")
+
+
+def test_the_row_journal_resumes_whole_rows_and_refuses_other_settings(tmp_path):
+    from certify.journal import RowJournal
+
+    journal = RowJournal(tmp_path / "run", "s.json", "rows.jsonl", what="test")
+    settings = {"seed": 1, "indices": [0, 5, 9]}
+    assert journal.open(settings, [0, 5, 9]) == {}
+    with journal.appending() as rows:
+        rows.write({"idx": 0, "value": 1.5})
+        rows.write({"idx": 5, "value": None})
+    with journal.rows_path.open("a") as handle:
+        handle.write('{"idx": 9, "val')  # the interrupted third row
+    again = RowJournal(tmp_path / "run", "s.json", "rows.jsonl", what="test")
+    assert again.open(settings, [0, 5, 9]) == {0: {"idx": 0, "value": 1.5}, 5: {"idx": 5, "value": None}}
+    assert journal.rows_path.read_text().endswith("}\n")  # the cut row is gone
+    with pytest.raises(UserError) as error:
+        again.open({"seed": 2, "indices": [0, 5, 9]}, [0, 5, 9])
+    assert len(str(error.value).splitlines()) == 1 and "other settings (seed)" in str(error.value)
+    assert len(journal.rows_path.read_text().splitlines()) == 2  # refused: the recorded rows are kept

@@ -1,0 +1,155 @@
+"""The training-method interface: a :class:`Method` protocol, its :class:`Hooks` and :class:`TrainResult`, where
+a method's settings came from (:class:`SettingsSource`), and the registry of methods by name.
+
+A method is one way to train a model on the private split: its settings are one dataclass (``config_type``) and
+every setting a user gives is a field of it, by name. A setting the config type does not have is refused with one
+line naming how the user gave it (the flag, or the key of a ``--config`` file) and the method: no method keeps a
+list of the settings it ignores.
+
+Library code: nothing here prints; errors are :class:`~transdenoiser.errors.UserError` (a ``ValueError``).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from transdenoiser.errors import UserError
+from transdenoiser.progress import Track, silent
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """What a method calls while it trains (library code never prints): ``track(iterable, desc=, total=)`` wraps
+    each epoch's steps (a progress bar or :func:`~transdenoiser.progress.silent`); ``on_epoch(row)`` after every
+    epoch with its figures; ``on_plan(text)`` once with how the method will compute its steps (when it says)."""
+
+    track: Track = silent
+    on_epoch: Callable[[dict], None] | None = None
+    on_plan: Callable[[str], None] | None = None
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """A finished training: the model (eval mode), its released metadata, and the checkpoint directory the method
+    wrote while training (None when it was given no ``out``)."""
+
+    model: Any
+    metadata: dict[str, Any]
+    checkpoint: Path | None = None
+
+
+@dataclass(frozen=True)
+class SettingsSource:
+    """Where a method's settings came from, to name them in error messages: ``spelled`` maps a setting to how the
+    user wrote it (``--xi-low``; ``xi_low in --config run.toml``); a setting not in it is named as is."""
+
+    label: str = "settings"
+    spelled: Mapping[str, str] = field(default_factory=dict)
+
+    def name(self, setting: str) -> str:
+        return self.spelled.get(setting, setting)
+
+
+@runtime_checkable
+class Method(Protocol):
+    """One way to train. ``name`` is what ``transdenoiser train --arm`` calls it."""
+
+    name: str
+    config_type: type
+    # the method's own robustness certificate, beside randomized smoothing (``baseline-certify``); None: smoothing only
+    certificate: Callable[..., Any] | None
+
+    def config_from_settings(self, settings: Mapping[str, Any], source: SettingsSource,
+                             base: Mapping[str, Any] | None = None) -> Any:
+        """The config from its defaults (or ``base``, a saved run's), then ``settings``; a setting that is not a
+        field of ``config_type`` is refused (:func:`refuse_unknown`)."""
+
+    def plan(self, config: Any, num_examples: int) -> dict[str, Any]:
+        """The schedule for ``num_examples`` private examples: sample rate, steps, the noise multiplier."""
+
+    def train(self, config: Any, data: Any, classifier: Any, device: Any, hooks: Hooks = Hooks(), *,
+              out: Path | None = None, resume: bool = False, group: Any = None) -> TrainResult:
+        """Train on ``data`` (a :class:`training.datasets.Dataset`); with ``out``, the checkpoint is in ``out`` when
+        it returns (written after every epoch, or once at the end, as the method does)."""
+
+    def save(self, config: Any, result: TrainResult, out: Path) -> Path:
+        """Write ``result``'s released checkpoint into ``out`` (nothing when ``train`` already wrote it there)."""
+
+    def load(self, out: Path, device: Any = "cpu") -> Any:
+        """A checkpoint this method wrote, loaded (hash-checked)."""
+
+
+def refuse_unknown(method: str, config_type: type, settings: Mapping[str, Any], source: SettingsSource,
+                   note: str = "") -> None:
+    """One line naming every setting in ``settings`` that ``config_type`` has no field for, and the method."""
+    known = {f.name for f in fields(config_type)}
+    unknown = [name for name in settings if name not in known]
+    if unknown:
+        spelled = sorted({source.name(name) for name in unknown})
+        raise UserError(f"--arm {method} does not take {', '.join(spelled)}" + (f" ({note})" if note else ""))
+
+
+def renamed(settings: Mapping[str, Any], renames: Mapping[str, str], source: SettingsSource) -> dict[str, Any]:
+    """``settings`` with the product's names of some settings turned into a config type's own (``xi_up`` ->
+    ``noise_multiplier``). Given under both names, a flag wins over a ``--config`` key (flags override the file);
+    two keys of the file are refused."""
+    out = dict(settings)
+    for old, new in renames.items():
+        if old not in out:
+            continue
+        value = out.pop(old)
+        if new in out:
+            old_flag, new_flag = source.name(old).startswith("--"), source.name(new).startswith("--")
+            if old_flag == new_flag:
+                raise UserError(f"{source.name(old)} and {source.name(new)} set the same thing: give one")
+            if new_flag:
+                continue
+        out[new] = value
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ registry
+
+_METHODS: dict[str, Method] = {}
+# the methods of this package, registered when their module is first imported (they import torch)
+BUILTIN = ("nodp", "sepdp", "transdenoiser", "securesgd-prt", "securesgd-sct", "stobatch")
+
+
+def register(method: Method) -> Method:
+    """Add ``method`` under ``method.name``; a name already taken is refused."""
+    if not isinstance(getattr(method, "name", None), str) or not method.name:
+        raise ValueError("a method needs a non-empty name")
+    if method.name in _METHODS and _METHODS[method.name] is not method:
+        raise ValueError(f"a training method named {method.name!r} is already registered")
+    _METHODS[method.name] = method
+    return method
+
+
+def unregister(name: str) -> None:
+    """Remove the method registered as ``name`` (tests; a built-in one comes back on the next lookup)."""
+    _METHODS.pop(name, None)
+
+
+def _load_builtin(name: str) -> None:
+    if name in ("nodp", "sepdp", "transdenoiser"):
+        import training.methods.denoiser  # noqa: F401  (registers the denoiser arms)
+    elif name in ("securesgd-prt", "securesgd-sct"):
+        import training.methods.securesgd  # noqa: F401
+    elif name == "stobatch":
+        import training.methods.stobatch  # noqa: F401
+
+
+def method_names() -> tuple[str, ...]:
+    """Every method's name: the built-in ones in their order, then those registered since."""
+    return BUILTIN + tuple(sorted(n for n in _METHODS if n not in BUILTIN))
+
+
+def get_method(name: str) -> Method:
+    """The method registered as ``name``; an unknown name is one line listing the known ones."""
+    if name not in _METHODS:
+        _load_builtin(name)
+    if name not in _METHODS:
+        raise UserError(f"unknown training method {name!r}; known: {', '.join(method_names())}")
+    return _METHODS[name]
