@@ -13,7 +13,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from training.methods.base import Hooks, SettingsSource, TrainResult, refuse_unknown, register
+from training.methods.base import Hooks, SettingsSource, TrainResult, refuse_unknown
+from training.methods.registry import register
 from training.private_train import TrainConfig, train_denoiser
 from training.private_train import plan as plan_schedule
 from transdenoiser.errors import UserError

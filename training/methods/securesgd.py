@@ -10,7 +10,8 @@ from typing import Any
 
 from training.baselines.securesgd import SecureSGDConfig, plan, train_securesgd
 from training.baselines.securesgd_certify import load_securesgd, phan_certificate
-from training.methods.base import Hooks, SettingsSource, TrainResult, refuse_unknown, register, renamed
+from training.methods.base import Hooks, SettingsSource, TrainResult, refuse_unknown, renamed
+from training.methods.registry import register
 from transdenoiser.errors import UserError
 
 RENAMES = {"xi_up": "noise_multiplier"}  # the product's name of the gradient noise multiplier -> this config's

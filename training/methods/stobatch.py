@@ -12,7 +12,8 @@ from training.baselines.stobatch import save_stobatch, train_stobatch
 from training.baselines.stobatch_certify import certified_robustness, load_stobatch
 from training.baselines.stobatch_config import StoBatchConfig
 from training.baselines.stobatch_privacy import ARM, plan
-from training.methods.base import Hooks, SettingsSource, TrainResult, refuse_unknown, register, renamed
+from training.methods.base import Hooks, SettingsSource, TrainResult, refuse_unknown, renamed
+from training.methods.registry import register
 from transdenoiser.errors import UserError
 
 RENAMES = {"xi_up": "noise_multiplier"}  # the product's name of the DP-SGD noise multiplier z -> this config's
