@@ -1,4 +1,4 @@
-"""``transdenoiser train``'s flags as a :class:`training.private_train.TrainConfig`: one flag, one config field.
+"""``transdenoiser train``'s flags as a :class:`training.train_config.TrainConfig`: one flag, one config field.
 
 Shared by the ``train`` command and the baselines' own command handlers (training/baselines/train_cli.py).
 """
@@ -25,7 +25,7 @@ FLAG_FIELDS.update({"clipping": "clipping", "grad_chunk_size": "grad_chunk_size"
 
 def config_from_args(args, base: dict | None = None):
     """TrainConfig from defaults (or ``base``), then ``--config``, then the flags given."""
-    from training.private_train import TrainConfig
+    from training.train_config import TrainConfig
 
     values = dict(base) if base is not None else {}
     given: dict = {}
