@@ -77,7 +77,7 @@ def one_run(values: dict, seed: int, scale: float, canaries: int, classifier, da
     import torch
 
     from training.privacy.audit import AuditSettings, privacy_audit
-    from training.private_train import TrainConfig
+    from training.train_config import TrainConfig
 
     config = TrainConfig.from_dict({**values, "seed": seed}, source="bench_audit_seeds")
     settings = AuditSettings(mode="whitebox", num_canaries=canaries, audit_seed=seed, membership=False, **settings_kw)
@@ -109,7 +109,8 @@ def simulate(values: dict, runs: int, scale: float, canaries: int, settings_kw: 
         noise_scale_test,
         simulate_scores,
     )
-    from training.private_train import TrainConfig, plan
+    from training.private_train import plan
+    from training.train_config import TrainConfig
 
     schedule = plan(TrainConfig.from_dict(values, source="bench_audit_seeds"), values["train_examples"])
     q, steps, xi = schedule["sample_rate"], schedule["total_steps"], schedule["xi_up"]

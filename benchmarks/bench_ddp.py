@@ -44,11 +44,12 @@ def _worker(rank: int, world_size: int, threads: int, port: int, spec: dict, out
     from transdenoiser.runtime import keep_freed_memory
 
     keep_freed_memory()  # as the CLI does in every rank (transdenoiser.cli)
+    from training.arms import ARM_CLASSES
     from training.datasets import load_dataset
     from training.distributed import RankGroup, close, rank_group_from_environment
     from training.models import build_model
     from training.privacy.dp import PoissonSampler
-    from training.private_train import ARM_CLASSES, TrainConfig
+    from training.train_config import TrainConfig
 
     device = torch.device("cpu")
     group = rank_group_from_environment(device) if world_size > 1 else RankGroup(device=device)

@@ -26,8 +26,9 @@ from pathlib import Path
 import torch
 
 from benchmarks import prepare_process
+from training.arms import SepDPArm, TransDenoiserArm
 from training.models import build_model, count_parameters
-from training.private_train import SepDPArm, TrainConfig, TransDenoiserArm
+from training.train_config import TrainConfig
 from transdenoiser.runtime import hardware_description
 
 
@@ -210,7 +211,9 @@ def activation_study(classifier_dir: Path, activations: list[str], device) -> di
 
     from training.checkpoint import load_checkpoint
     from training.datasets import load_dataset
-    from training.private_train import TrainConfig, load_private_record, train_denoiser
+    from training.private_train import train_denoiser
+    from training.release import load_private_record
+    from training.train_config import TrainConfig
 
     dataset = load_dataset("mnist10k")
     classifier = load_checkpoint(classifier_dir, kind="classifier", map_location=device)

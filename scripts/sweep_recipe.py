@@ -70,7 +70,8 @@ def grid(args, num_examples: int) -> list[dict]:
 def run_one(settings: dict, args, data, classifier, device) -> dict:
     import torch
 
-    from training.private_train import TrainConfig, train_denoiser
+    from training.private_train import train_denoiser
+    from training.train_config import TrainConfig
 
     config = TrainConfig(arm="sepdp", sigma=args.sigma, target_epsilon=args.target_epsilon, delta=args.delta,
                          epochs=args.epochs, clip_norm=args.clip_norm, momentum=0.9, seed=args.seed,

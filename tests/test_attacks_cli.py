@@ -191,7 +191,8 @@ def test_audit_library_counts_and_refuses_bad_runs(certify_run, classifier_dir, 
 
 def test_attack_refuses_a_sigma_the_denoiser_was_not_trained_at(classifier_dir, mnist10k, tmp_path, capsys):
     from training.checkpoint import load_checkpoint
-    from training.private_train import TrainConfig, train_denoiser
+    from training.private_train import train_denoiser
+    from training.train_config import TrainConfig
 
     denoiser = tmp_path / "den"
     config = TrainConfig(arm="nodp", denoiser="tiny", denoiser_kwargs={"width": 2}, epochs=1, batch_size=32,

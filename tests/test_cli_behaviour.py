@@ -141,11 +141,11 @@ def test_startup_benchmark_quick(tmp_path):
 
 
 def test_torch_free_training_choices_match_the_modules():
-    from training import choices, denoisers, private_train
+    from training import choices, denoisers, train_config
     from training.baselines import securesgd, stobatch
 
-    assert choices.ARMS == (*private_train.ARMS, *securesgd.ARMS, stobatch.ARM)
-    assert choices.OPTIMIZERS == private_train.OPTIMIZERS
+    assert choices.ARMS == (*train_config.ARMS, *securesgd.ARMS, stobatch.ARM)
+    assert choices.OPTIMIZERS == train_config.OPTIMIZERS
     assert choices.DENOISERS == denoisers.DENOISERS and choices.ACTIVATIONS == tuple(denoisers.ACTIVATIONS)
 
 

@@ -16,7 +16,9 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
 from training.distributed import RankGroup
-from training.private_train import TrainConfig, load_private_record, train_denoiser
+from training.private_train import train_denoiser
+from training.release import load_private_record
+from training.train_config import TrainConfig
 from transdenoiser.errors import UserError
 
 BASE = dict(denoiser="tiny", denoiser_kwargs={"width": 2}, activation="silu", batch_size=16, train_examples=64,
@@ -285,8 +287,8 @@ def test_rank_shares_sum_to_the_whole_batch(noise_draws):
     """Each rank's contribution (its share of 5 examples, each the mean over noise_draws input-noise draws, clipped)
     summed over the 2 ranks is the one-process clipped sum, and every rank consumes the generator exactly as one
     process does (so the shared generator stays in step)."""
+    from training.arms import SepDPArm
     from training.models import build_model
-    from training.private_train import SepDPArm
 
     torch.manual_seed(0)
     model = build_model("tiny", width=2, in_channels=1)

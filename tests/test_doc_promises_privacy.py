@@ -80,7 +80,9 @@ def test_a_default_merged_run_that_computes_smin_claims_no_data_independent_epsi
     from the private batches and the released metadata must not carry sepdp's epsilon."""
     from training.checkpoint import load_checkpoint, read_metadata
     from training.datasets import load_dataset
-    from training.private_train import TrainConfig, load_private_record, train_denoiser
+    from training.private_train import train_denoiser
+    from training.release import load_private_record
+    from training.train_config import TrainConfig
 
     classifier = load_checkpoint(random_classifier_dir, kind="classifier")
     config = TrainConfig(arm="transdenoiser", denoiser="tiny", denoiser_kwargs={"width": 2}, activation="silu",

@@ -173,8 +173,9 @@ def test_device_sizing_and_plan():
 # ------------------------------------------------------------------------------------------------ the arms
 
 def _arm_gradient(arm_name: str, clipping: str, physical: int, seed: int = 3, **overrides):
+    from training.arms import ARM_CLASSES
     from training.models import build_model
-    from training.private_train import ARM_CLASSES, TrainConfig
+    from training.train_config import TrainConfig
 
     torch.manual_seed(0)
     model = build_model("autoencoder", in_channels=1, widths=[4, 8], norm="group", groups=2)
@@ -205,7 +206,7 @@ def test_arms_release_the_same_update_with_either_engine_and_any_pieces(arm_name
 def test_train_cli_flags_reach_the_plan_and_the_private_record(classifier_dir, tmp_path, capsys):
     import json
 
-    from training.private_train import load_private_record
+    from training.release import load_private_record
     from transdenoiser.cli import build_parser
 
     out = tmp_path / "run"

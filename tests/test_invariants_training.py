@@ -21,12 +21,14 @@ import torch
 from dp_accounting.rdp import RdpAccountant
 
 from training import private_train
+from training.arms import SepDPArm, TransDenoiserArm
 from training.models import build_model
 from training.privacy.accounting import RDP_ORDERS
 from training.privacy.dp import PoissonSampler
 from training.privacy.report import REMAINDER_NOT_COMPUTED
 from training.privacy.smin import smallest_eigenvalue_lower_bound
-from training.private_train import SepDPArm, TrainConfig, TransDenoiserArm, train_denoiser
+from training.private_train import train_denoiser
+from training.train_config import TrainConfig
 from transdenoiser.errors import UserError
 
 IMAGE = (1, 8, 8)
@@ -282,7 +284,7 @@ def test_sampler_rate_is_the_q_the_accountant_is_given_also_after_resume(mnist10
 # ------------------------------------------------------------------------------------------------ reports
 
 def test_transdenoiser_reports_equal_dp_accounting_after_resume(mnist10k, small_classifier, monkeypatch, tmp_path):
-    from training.private_train import load_private_record
+    from training.release import load_private_record
 
     spy = Spy(monkeypatch)
     cfg = config(arm="transdenoiser", epochs=2, xi_up=4.0)

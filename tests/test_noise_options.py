@@ -10,10 +10,11 @@ import shutil
 import pytest
 import torch
 
+from training.arms import SepDPArm, TransDenoiserArm, line16_sigma_bar
 from training.models import build_model
 from training.privacy.dp import GaussianNoise
 from training.privacy.report import REMAINDER_NOT_COMPUTED
-from training.private_train import SepDPArm, TrainConfig, TransDenoiserArm, line16_sigma_bar
+from training.train_config import TrainConfig
 from transdenoiser.errors import UserError
 
 
@@ -157,7 +158,7 @@ def test_noise_draws_only_for_sepdp():
 
 
 def test_paper_configs_keep_algorithm_1_as_written():
-    from training.private_train import load_config_file
+    from training.train_config import load_config_file
 
     for name in ("mnist_sigma025", "mnist_sigma010"):
         assert load_config_file(f"configs/{name}.toml").merge_uncredited_noise is False

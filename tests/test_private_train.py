@@ -9,19 +9,13 @@ import numpy as np
 import pytest
 import torch
 
+from training.arms import ARM_CLASSES, SepDPArm, TransDenoiserArm, line16_sigma_bar
 from training.checkpoint import load_checkpoint, read_metadata
 from training.models import build_model
 from training.privacy.dp import GaussianNoise, PerExampleClipper, PerExampleGradients, PoissonSampler, per_example_norms
-from training.private_train import (
-    ARM_CLASSES,
-    SepDPArm,
-    TrainConfig,
-    TransDenoiserArm,
-    line16_sigma_bar,
-    load_private_record,
-    plan,
-    train_denoiser,
-)
+from training.private_train import plan, train_denoiser
+from training.release import load_private_record
+from training.train_config import TrainConfig
 from transdenoiser.errors import UserError
 
 FAST = dict(denoiser="tiny", denoiser_kwargs={"width": 2}, activation="silu", epochs=1, batch_size=16,

@@ -28,7 +28,7 @@ def test_every_time_names_the_machine_and_whether_it_was_quiet():
 
 
 def test_the_tour_config_has_the_defaults_the_readme_describes():
-    from training.private_train import TrainConfig
+    from training.train_config import TrainConfig
 
     assert "configs/tour_sigma025.toml" in README
     tour = tomllib.loads((ROOT / "configs" / "tour_sigma025.toml").read_text())

@@ -15,8 +15,9 @@ from torch import nn
 import training.private_train as private_train
 from training.checkpoint import load_checkpoint
 from training.models import build_model
-from training.private_train import TrainConfig, train_denoiser
+from training.private_train import train_denoiser
 from training.recipe import batch_norm_to_group_norm, choose_batch_size, plan_batch_sizes, refuse_batch_norm
+from training.train_config import TrainConfig, load_config_file
 from transdenoiser.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,8 +32,8 @@ def _config(**overrides) -> TrainConfig:
 
 
 def _recording_optimizer(trajectory: list):
-    """Wrap private_train._optimizer: record the live weights at creation and after every optimiser step."""
-    original = private_train._optimizer
+    """Wrap private_train.build_optimizer: record the live weights at creation and after every optimiser step."""
+    original = private_train.build_optimizer
 
     def make(config, model):
         optimizer = original(config, model)
@@ -50,7 +51,7 @@ def test_ema_equals_an_independent_recomputation(mnist10k, random_classifier_dir
     (post-processing only); and a run interrupted after one epoch and resumed releases the same average."""
     classifier = load_checkpoint(random_classifier_dir, kind="classifier")
     trajectory: list = []
-    monkeypatch.setattr(private_train, "_optimizer", _recording_optimizer(trajectory))
+    monkeypatch.setattr(private_train, "build_optimizer", _recording_optimizer(trajectory))
     model, meta = train_denoiser(_config(), mnist10k, classifier, torch.device("cpu"), checkpoint_dir=tmp_path / "a")
     steps = meta["steps_done"]
     assert steps == 8 and len(trajectory) == steps + 1
@@ -184,7 +185,7 @@ def test_sweep_quick_runs_every_run_at_the_target(random_classifier_dir, tmp_pat
     assert len(summary["runs"]) == 2
     for run in summary["runs"]:
         assert 0.99 * summary["target_epsilon"] <= run["epsilon_rdp"] <= summary["target_epsilon"]
-    config = private_train.load_config_file(tmp_path / "best.toml")
+    config = load_config_file(tmp_path / "best.toml")
     assert config.target_epsilon == summary["target_epsilon"] and config.arm == "sepdp"
     assert config.ema_decay == summary["best"]["ema_decay"]
     assert np.isfinite(summary["best"]["validation_mse"])

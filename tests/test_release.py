@@ -17,14 +17,10 @@ from hypothesis import strategies as st
 import training.checkpoint as checkpoint_module
 from training.checkpoint import load_checkpoint, read_metadata
 from training.datasets import Split
-from training.private_train import (
-    PRIVATE_DIR,
-    TrainConfig,
-    _subset,
-    evaluate,
-    load_private_record,
-    train_denoiser,
-)
+from training.evaluation import evaluate, subset
+from training.private_train import train_denoiser
+from training.release import PRIVATE_DIR, load_private_record
+from training.train_config import TrainConfig
 from transdenoiser.errors import UserError
 
 FAST = dict(denoiser="tiny", denoiser_kwargs={"width": 2}, activation="silu", epochs=1, batch_size=16,
@@ -109,7 +105,7 @@ def test_released_files_do_not_depend_on_the_private_data(arm, mnist10k, clf, tm
     assert record_a["dataset_fingerprints"]["private"] != record_b["dataset_fingerprints"]["private"]
     for directory, meta in ((tmp_path / "a", meta_a), (tmp_path / "b", meta_b)):
         model = load_checkpoint(directory, kind="denoiser").model
-        x, y = _subset(mnist10k.test, config.eval_examples).tensors()
+        x, y = subset(mnist10k.test, config.eval_examples).tensors()
         again = evaluate(model, clf.model, x, y, config.sigma, config.eval_noise_seed)
         assert again == pytest.approx({k: meta["metrics"][-1][k] for k in again}, rel=1e-6)
         assert set(meta["metrics"][-1]) == {"epoch", "mse", "psnr", "accuracy_denoised"}

@@ -211,9 +211,9 @@ def test_plan_and_estimate_name_the_full_mode_without_running(quick_run):
 
     from tests.test_datasets import make_mnist_layout
     from training.datasets import load_dataset
-    from training.private_train import TrainConfig
     from training.private_train import plan as plan_training
     from training.train_cli import config_from_args
+    from training.train_config import TrainConfig
 
     # full Fashion-MNIST's shape (60,000 training and 10,000 test images) in the torchvision layout, so the plan does
     # not need the data installed; the split sizes, all the planner reads, are those of the real data
@@ -256,7 +256,7 @@ def test_paper_configs_hold_the_papers_settings(name, sigma, channels, size):
 
     from training.denoisers import denoiser_kwargs
     from training.models import build_model
-    from training.private_train import TrainConfig
+    from training.train_config import TrainConfig
     from transdenoiser.toml import read_toml
 
     path = REPO / "configs" / f"{name}.toml"

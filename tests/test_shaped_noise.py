@@ -151,8 +151,9 @@ def test_training_loops_run_and_report():
 # ------------------------------------------------------------------------------------------- in the denoiser trainer
 
 def _tiny_sepdp_arm(noise="shaped", xi_up=1.5, batch=8.0):
+    from training.arms import SepDPArm
     from training.models import build_model
-    from training.private_train import SepDPArm, TrainConfig
+    from training.train_config import TrainConfig
 
     torch.manual_seed(0)
     model = build_model("tiny", width=2, in_channels=1, activation="silu")
@@ -248,7 +249,9 @@ def test_public_shape_of_a_denoiser_meets_the_budget_and_gives_multiplier_z():
 @pytest.fixture(scope="module")
 def shaped_run(tmp_path_factory, classifier_dir, mnist10k):
     from training.checkpoint import load_checkpoint
-    from training.private_train import TrainConfig, load_private_record, train_denoiser
+    from training.private_train import train_denoiser
+    from training.release import load_private_record
+    from training.train_config import TrainConfig
 
     config = TrainConfig(arm="sepdp", noise="shaped", shape_examples=16, denoiser="tiny",
                          denoiser_kwargs={"width": 2}, activation="silu", epochs=1, batch_size=16, train_examples=64,
@@ -286,7 +289,7 @@ def test_shaped_run_epsilon_is_dp_accountings_for_z(shaped_run):
 
 
 def test_optimized_noise_is_refused_without_the_acknowledgement(classifier_dir, capsys, tmp_path):
-    from training.private_train import TrainConfig
+    from training.train_config import TrainConfig
     from transdenoiser.cli import main
     from transdenoiser.errors import UserError
 
@@ -303,7 +306,8 @@ def test_optimized_noise_is_refused_without_the_acknowledgement(classifier_dir, 
 
 def test_optimized_run_reports_no_data_independent_epsilon(tmp_path, classifier_dir, mnist10k):
     from training.checkpoint import load_checkpoint
-    from training.private_train import TrainConfig, train_denoiser
+    from training.private_train import train_denoiser
+    from training.train_config import TrainConfig
 
     config = TrainConfig(arm="sepdp", noise="optimized", acknowledge_unsound=True, denoiser="tiny",
                          denoiser_kwargs={"width": 2}, activation="silu", epochs=1, batch_size=16, train_examples=64,
@@ -324,7 +328,7 @@ def test_blackbox_privacy_audit_of_a_shaped_run_does_not_contradict_its_epsilon(
     component that the shaper bypasses, is refused rather than passed vacuously."""
     from training.checkpoint import load_checkpoint
     from training.privacy.audit import AuditSettings, privacy_audit
-    from training.private_train import TrainConfig
+    from training.train_config import TrainConfig
     from transdenoiser.errors import UserError
 
     config = TrainConfig(arm="sepdp", noise="shaped", shape_examples=16, denoiser="tiny",
@@ -362,7 +366,8 @@ def test_python_api_trains_with_shaped_noise():
 def test_shaped_run_resumes_bit_for_bit(tmp_path, classifier_dir, mnist10k):
     """The public shape is a function of (seed, step): a resumed shaped run recomputes the same shapes."""
     from training.checkpoint import load_checkpoint
-    from training.private_train import TrainConfig, train_denoiser
+    from training.private_train import train_denoiser
+    from training.train_config import TrainConfig
 
     config = TrainConfig(arm="sepdp", noise="shaped", shape_examples=8, denoiser="tiny", denoiser_kwargs={"width": 2},
                          activation="silu", epochs=2, batch_size=16, train_examples=48, eval_examples=20,

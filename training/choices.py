@@ -1,9 +1,9 @@
 """The names the training flags accept, importable without torch (so that ``transdenoiser train --help`` and
 its flag errors need not load torch). tests/test_cli_behaviour.py checks them against the modules that use them."""
 
-ARMS = ("nodp", "sepdp", "transdenoiser",  # training.private_train.ARMS
+ARMS = ("nodp", "sepdp", "transdenoiser",  # training.train_config.ARMS
         "securesgd-prt", "securesgd-sct",  # training.baselines.securesgd.ARMS
         "stobatch")  # training.baselines.stobatch.ARM
-OPTIMIZERS = ("sgd", "adam")  # training.private_train.OPTIMIZERS
+OPTIMIZERS = ("sgd", "adam")  # training.train_config.OPTIMIZERS
 DENOISERS = ("autoencoder", "tiny", "dncnn")  # training.denoisers.DENOISERS
 ACTIVATIONS = ("relu", "tanh", "silu", "softplus")  # the keys of training.denoisers.ACTIVATIONS

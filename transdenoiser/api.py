@@ -245,13 +245,14 @@ def train_private_denoiser(classifier: nn.Module, images, *, test, arm: str = "s
     on a data-dependent analysis and the report says so) or ``nodp`` (no privacy claim).
     ``noise_multiplier``: std of the Gaussian noise on the summed clipped gradient over the clipping norm
     ``clip_norm`` (the paper's xi_up; default 2.0); ``target_epsilon``: calibrate it to this epsilon instead.
-    ``settings``: any other field of ``training.private_train.TrainConfig`` (``clip_norm``, ``xi_up``,
+    ``settings``: any other field of ``training.train_config.TrainConfig`` (``clip_norm``, ``xi_up``,
     ``xi_low``, ``learning_rate``, ``optimizer``, ``denoiser`` (architecture), ``activation``, ...).
     ``out``: also write the checkpoint there (a directory, as ``transdenoiser train`` writes).
     Returns (denoiser in eval mode, the released privacy report: format it with :func:`format_privacy_report`).
     """
     from training.checkpoint import Checkpoint
-    from training.private_train import TrainConfig, train_denoiser
+    from training.private_train import train_denoiser
+    from training.train_config import TrainConfig
 
     if not isinstance(classifier, nn.Module):
         raise UserError(f"classifier must be a torch.nn.Module, got {type(classifier).__name__}")

@@ -59,6 +59,8 @@ from training.baselines.securesgd_mechanisms import (
     hgm_noise_std,
 )
 from training.datasets import Dataset
+from training.evaluation import check_classifier_fits, classifier_baselines, classifier_summary, evaluate, subset
+from training.release import noise_description
 from transdenoiser.errors import UserError
 from transdenoiser.progress import Track, silent
 from transdenoiser.toml import dataclass_from_dict
@@ -194,18 +196,6 @@ def redistribution_vector(model: NoiseLayerModel, x: torch.Tensor, targets: torc
 
 # ------------------------------------------------------------------------------------------ training
 
-def _noise_description(config: SecureSGDConfig) -> dict[str, Any]:
-    from training.private_train import noise_description
-
-    return noise_description(config)  # same wording as the product's arms (reads mode and seed only)
-
-
-def _subset(split, size: int):
-    from training.private_train import _subset as subset
-
-    return subset(split, size)
-
-
 @torch.no_grad()
 def _classifier_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, sigma: float, seed: int,
                          layer_scale: torch.Tensor | None = None) -> float:
@@ -228,8 +218,6 @@ def _classifier_accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, sig
 @torch.no_grad()
 def _denoiser_metrics(model: NoiseLayerModel, classifier: nn.Module, x: torch.Tensor, y: torch.Tensor, sigma: float,
                       seed: int, layer_scale: torch.Tensor) -> dict[str, float]:
-    from training.private_train import evaluate
-
     plain = evaluate(model.base, classifier, x, y, sigma, seed)  # the registered denoiser: what certify runs
     noisy = _classifier_accuracy(lambda xb, noise=None: classifier(model(xb, noise)), x, y, sigma, seed,
                                  layer_scale)
@@ -247,13 +235,11 @@ def train_securesgd(config: SecureSGDConfig, dataset: Dataset, device: torch.dev
     privacy_report.txt). The returned model is the registered architecture (``autoencoder`` or ``cnn28``) without
     the noise layer; :func:`load_securesgd` rebuilds the noisy model from a checkpoint."""
     device = torch.device(device)
-    train_split = _subset(dataset.private, config.train_examples)
+    train_split = subset(dataset.private, config.train_examples)
     config.validate(len(train_split))
     if config.arm == "securesgd-prt" and classifier is None:
         raise UserError("securesgd-prt trains a denoiser in front of a frozen classifier: pass --classifier")
     if classifier is not None:
-        from training.private_train import check_classifier_fits
-
         check_classifier_fits(classifier, dataset)
     if len(dataset.test) == 0 or len(dataset.public) == 0:
         raise UserError(f"{dataset.name}: SecureSGD needs non-empty public and test splits")
@@ -311,7 +297,7 @@ def train_securesgd(config: SecureSGDConfig, dataset: Dataset, device: torch.dev
     else:
         generator = torch.Generator().manual_seed(secrets.randbits(63))
     x_train, y_train = train_split.tensors(device)
-    test = _subset(dataset.test, config.eval_examples)
+    test = subset(dataset.test, config.eval_examples)
     x_test, y_test = test.tensors(device)
     model.eval()  # no dropout: a per-example gradient must not depend on other randomness than the drawn noise
     for name, p in model.named_parameters():
@@ -327,8 +313,6 @@ def train_securesgd(config: SecureSGDConfig, dataset: Dataset, device: torch.dev
     sampler = PoissonSampler(num_examples, schedule["sample_rate"])
     baselines = None
     if frozen is not None:
-        from training.private_train import classifier_baselines
-
         baselines = classifier_baselines(frozen, x_test, y_test, config.sigma, config.eval_noise_seed)
     metrics: list[dict[str, Any]] = []
     steps_done = 0
@@ -401,14 +385,14 @@ def _privacy(config, schedule, steps_done, num_examples, noise_std, r, model) ->
         arm=config.arm, sigma=config.sigma, clip_norm=config.clip_norm, noise_multiplier=schedule["noise_multiplier"],
         sample_rate=schedule["sample_rate"], num_examples=num_examples, expected_batch_size=float(config.batch_size),
         delta=config.delta, steps_planned=schedule["total_steps"], steps_done=steps_done,
-        noise=_noise_description(config), target_epsilon=config.target_epsilon,
+        noise=noise_description(config),  # same wording as the product's arms (reads mode and seed only)
+        target_epsilon=config.target_epsilon,
         calibration_accountant=config.calibration_accountant if config.target_epsilon is not None else None,
         claim=claim, extra={"noise_layer": noise_layer})
 
 
 def _metadata(config, dataset, classifier, architecture, kwargs, schedule, steps_done, metrics, baselines, noise_std,
               r, model, num_examples, device) -> dict[str, Any]:
-    from training.private_train import _classifier_summary
     from transdenoiser.runtime import hardware_description
 
     securesgd = {"paper": "Phan et al., IJCAI 2019 (SecureSGD, HGM)", "layer": model.first_layer_name,
@@ -435,7 +419,7 @@ def _metadata(config, dataset, classifier, architecture, kwargs, schedule, steps
                                        "note": "from the public split; applied inside the model"},
                      "test_accuracy": metrics[-1]["accuracy_clean"] if metrics else None})
     else:
-        meta.update({"kind": "denoiser", "classifier": _classifier_summary(classifier), "baselines": baselines})
+        meta.update({"kind": "denoiser", "classifier": classifier_summary(classifier), "baselines": baselines})
     return meta
 
 

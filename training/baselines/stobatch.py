@@ -95,12 +95,12 @@ def train_stobatch(config: StoBatchConfig, dataset, device: torch.device | str =
                    on_epoch: Callable[[dict], None] | None = None) -> tuple[nn.Module, dict[str, Any]]:
     """Train a StoBatch classifier from scratch on ``dataset.private``; return it (eval mode) and its released
     metadata (a classifier checkpoint's, with the privacy report). Nothing private is returned."""
+    from training.evaluation import subset
     from training.models import build_model
-    from training.private_train import _subset
     from transdenoiser.runtime import hardware_description
 
     device = torch.device(device)
-    train_split = _subset(dataset.private, config.train_examples)
+    train_split = subset(dataset.private, config.train_examples)
     num_examples = len(train_split)
     config.validate(num_examples)
     if tuple(dataset.image_shape[1:]) != (28, 28):
@@ -137,7 +137,7 @@ def train_stobatch(config: StoBatchConfig, dataset, device: torch.device | str =
                     else torch.zeros(out_shape) for _ in batches]
 
     x_all, y_all = train_split.tensors(device)
-    test = _subset(dataset.test, config.eval_examples)
+    test = subset(dataset.test, config.eval_examples)
     x_test, y_test = test.tensors(device)
     params = [p for p in model.parameters() if p.requires_grad]
     names = [k for k, p in model.named_parameters() if p.requires_grad]

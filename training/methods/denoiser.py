@@ -15,8 +15,9 @@ from typing import Any
 
 from training.methods.base import Hooks, SettingsSource, TrainResult, refuse_unknown
 from training.methods.registry import register
-from training.private_train import TrainConfig, train_denoiser
 from training.private_train import plan as plan_schedule
+from training.private_train import train_denoiser
+from training.train_config import TrainConfig
 from transdenoiser.errors import UserError
 
 DEFAULT_MIN_STEPS = 200  # batch_size "auto": the largest batch that leaves at least this many steps
@@ -26,7 +27,7 @@ AUTO = "auto"
 
 @dataclass
 class DenoiserConfig(TrainConfig):
-    """:class:`~training.private_train.TrainConfig` and the recipe's batch plan: ``batch_size`` may be ``"auto"``
+    """:class:`~training.train_config.TrainConfig` and the recipe's batch plan: ``batch_size`` may be ``"auto"``
     (planned for ``target_epsilon`` by :func:`plan_batch`), leaving at least ``min_steps`` steps. The run itself
     is the TrainConfig of :meth:`train_config` (what checkpoints record)."""
 

@@ -193,11 +193,11 @@ def claimed_noise_consistency(config, settings: AuditSettings, canaries, privacy
 # ------------------------------------------------------------------------------------------------ the audit
 
 def _swap_arm(arm: str, cls: type | None):
-    from training import private_train
+    from training import arms
 
-    original = private_train.ARM_CLASSES[arm]
+    original = arms.ARM_CLASSES[arm]
     if cls is not None:
-        private_train.ARM_CLASSES[arm] = cls
+        arms.ARM_CLASSES[arm] = cls
     return original
 
 
@@ -208,15 +208,18 @@ def privacy_audit(config, dataset, classifier, device: torch.device, settings: A
     Returns the JSON-safe audit summary (also stored as the checkpoint's ``audit`` entry): mode, canaries,
     the lower bounds, the claims, the verdict and, if requested, membership inference.
     """
+    from training.arms import ARM_CLASSES
     from training.denoisers import denoiser_kwargs
+    from training.evaluation import subset
     from training.models import build_model
-    from training.private_train import ARM_CLASSES, _subset, load_private_record, train_denoiser
+    from training.private_train import train_denoiser
+    from training.release import load_private_record
 
     settings.validate()
     out_dir = Path(out_dir)
     if (out_dir / AUDIT_FILE).exists() or (out_dir / MODEL_DIR).exists():
         raise UserError(f"{out_dir} already holds an audit; choose another --out (nothing is overwritten)")
-    members = _subset(dataset.private, config.train_examples)
+    members = subset(dataset.private, config.train_examples)
     train_config = dataclasses.replace(config, train_examples=0)
     m = settings.num_canaries
     canaries: GradientCanaries | ImageCanaries
@@ -344,7 +347,7 @@ def membership_inference(model, config, dataset, members, classifier, device, se
 def _write_outputs(out_dir: Path, model_dir: Path, meta: dict, result: dict, scores, included, bounds, counts) -> None:
     from training.checkpoint import write_json, write_text
     from training.privacy.report import format_privacy_report
-    from training.private_train import REPORT_FILE
+    from training.release import REPORT_FILE
 
     stored = {**meta, "audit": result}
     write_json(model_dir / "metadata.json", {**_read_json(model_dir / "metadata.json"), "audit": result})

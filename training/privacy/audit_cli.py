@@ -118,7 +118,7 @@ def register(subparsers, common) -> None:
 
 
 def _config(args):
-    from training.private_train import TrainConfig
+    from training.train_config import TrainConfig
     from transdenoiser.toml import read_toml
 
     values = dict(read_toml(args.config, "--config")) if args.config is not None else {}
