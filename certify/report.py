@@ -104,11 +104,11 @@ def _privacy_lines(denoiser_metadata: dict[str, Any] | None) -> list[str]:
     if not isinstance(privacy, dict):
         return ["The denoiser's metadata holds no privacy report: no privacy claim is made for it."]
     report = PrivacyReport.from_json(privacy, "summary.json's denoiser_metadata.privacy")
+    steps = report.steps_done if report.steps_done is not None else report.steps_planned
     lines = [f"Arm {report.arm}: {report.privacy_claim or ''}".rstrip(), "",
              f"Training: sigma {_number(report.sigma)}, clip norm C {_number(report.clip_norm)}, "
              f"noise multiplier xi_up {_number(report.xi_up)}, sample rate q "
-             f"{_number(report.sample_rate)}, {report.steps_done if report.steps_done is not None else report.steps_planned} "
-             f"steps, delta {_number(report.delta)}.", ""]
+             f"{_number(report.sample_rate)}, {steps} steps, delta {_number(report.delta)}.", ""]
     if report.guarantees:
         lines += ["| guarantee | data-independent | epsilon (RDP) | epsilon (PLD) | epsilon (GDP, approximate) |",
                   "| --- | --- | ---: | ---: | ---: |"]
