@@ -337,13 +337,13 @@ def test_train_interrupt_says_what_was_kept_and_how_to_resume(mnist10k, clf, tmp
 
 
 def test_train_cli_interrupt_exits_130_with_the_message(classifier_dir, tmp_path, capsys, monkeypatch):
-    import training.private_train
+    import training.methods.denoiser
     from transdenoiser.cli import main
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(training.private_train, "train_denoiser", interrupted)
+    monkeypatch.setattr(training.methods.denoiser, "train_denoiser", interrupted)  # what the sepdp method calls
     code = main(["train", "--arm", "sepdp", "--denoiser", "tiny", "--train-examples", "32", "--batch-size", "16",
                  "--delta", "1e-3", "--classifier", str(classifier_dir), "--out", str(tmp_path / "run"),
                  "--device", "cpu"])

@@ -6,6 +6,8 @@ denoiser in front of the classifier on fixed noise; :func:`classifier_baselines`
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -61,21 +63,51 @@ def classifier_baselines(classifier: nn.Module, x: torch.Tensor, y: torch.Tensor
         noisy += int((classifier(zb).argmax(1) == yb).sum())
     return {"accuracy_clean": clean / max(1, len(x)), "accuracy_noisy_no_denoiser": noisy / max(1, len(x))}
 
-def classifier_summary(classifier: Checkpoint) -> dict[str, Any]:
-    meta = classifier.metadata
-    return {"num_classes": meta.get("num_classes"), "architecture": meta.get("architecture"),
-            "input_shape": meta.get("input_shape"), "test_accuracy": meta.get("test_accuracy"),
-            "path": str(classifier.path), "weights_sha256": meta.get("files", {}).get("weights.safetensors"),
-            "dataset": meta.get("dataset")}
+@dataclass(frozen=True)
+class FrozenClassifier:
+    """The frozen classifier h that a denoiser trains in front of: its module and what a release records of it.
+
+    Made from a classifier checkpoint (:meth:`of`) or, by the Python API, from any ``nn.Module`` with its
+    ``architecture`` description, input shape and number of classes (``path`` names where it came from;
+    ``weights_sha256`` is None when there is no weights file).
+    """
+
+    model: nn.Module
+    architecture: str | None
+    input_shape: tuple[int, ...] | None
+    num_classes: int | None
+    path: str
+    weights_sha256: str | None = None
+    test_accuracy: float | None = None
+    dataset: Mapping[str, Any] | None = None
+
+    @classmethod
+    def of(cls, classifier: Checkpoint | FrozenClassifier) -> FrozenClassifier:
+        """``classifier`` itself, or the classifier a checkpoint holds (refused if it holds something else)."""
+        if isinstance(classifier, FrozenClassifier):
+            return classifier
+        meta = classifier.metadata
+        if meta.get("kind") != "classifier":
+            raise UserError(f"{classifier.path} holds a {meta.get('kind')}, expected a classifier")
+        shape = meta.get("input_shape")
+        return cls(model=classifier.model, architecture=meta.get("architecture"),
+                   input_shape=tuple(shape) if shape is not None else None, num_classes=meta.get("num_classes"),
+                   path=str(classifier.path), weights_sha256=meta.get("files", {}).get("weights.safetensors"),
+                   test_accuracy=meta.get("test_accuracy"), dataset=meta.get("dataset"))
+
+    def summary(self) -> dict[str, Any]:
+        """What a released denoiser's metadata records of its classifier (``"classifier"``)."""
+        return {"num_classes": self.num_classes, "architecture": self.architecture,
+                "input_shape": list(self.input_shape) if self.input_shape is not None else None,
+                "test_accuracy": self.test_accuracy, "path": self.path, "weights_sha256": self.weights_sha256,
+                "dataset": dict(self.dataset) if self.dataset is not None else None}
 
 
-def check_classifier_fits(classifier: Checkpoint, dataset: Dataset) -> None:
-    meta = classifier.metadata
-    if meta.get("kind") != "classifier":
-        raise UserError(f"{classifier.path} holds a {meta.get('kind')}, expected a classifier")
-    if list(meta.get("input_shape", [])) != list(dataset.image_shape):
-        raise UserError(f"classifier {classifier.path} takes images of shape {meta.get('input_shape')}, "
+def check_classifier_fits(classifier: FrozenClassifier, dataset: Dataset) -> None:
+    if list(classifier.input_shape or []) != list(dataset.image_shape):
+        shape = list(classifier.input_shape) if classifier.input_shape is not None else None
+        raise UserError(f"classifier {classifier.path} takes images of shape {shape}, "
                         f"{dataset.name} has {list(dataset.image_shape)}")
-    if meta.get("num_classes") != dataset.num_classes:
-        raise UserError(f"classifier {classifier.path} has {meta.get('num_classes')} classes, "
+    if classifier.num_classes != dataset.num_classes:
+        raise UserError(f"classifier {classifier.path} has {classifier.num_classes} classes, "
                         f"{dataset.name} has {dataset.num_classes}")

@@ -28,7 +28,7 @@ from training.checkpoint import WEIGHTS, Checkpoint, load_checkpoint, recover_in
 from training.datasets import Dataset
 from training.denoisers import check_denoiser_fits, denoiser_kwargs
 from training.distributed import RankGroup
-from training.evaluation import check_classifier_fits, classifier_baselines, evaluate, subset
+from training.evaluation import FrozenClassifier, check_classifier_fits, classifier_baselines, evaluate, subset
 from training.models import build_model, count_parameters
 from training.privacy.clipping import plan_for_arm
 from training.privacy.dp import PoissonSampler
@@ -106,13 +106,17 @@ def initialise_from_public(model: nn.Module, config: TrainConfig, dataset: Datas
     return meta["files"][WEIGHTS]
 
 
-def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint, device: torch.device,
+def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint | FrozenClassifier,
+                   device: torch.device,
                    track: Track = silent, *, checkpoint_dir: str | Path | None = None, resume: bool = False,
                    on_epoch: Callable[[dict], None] | None = None,
                    stop_after_epochs: int | None = None,
                    group: RankGroup | None = None,
                    on_plan: Callable[[str], None] | None = None) -> tuple[nn.Module, dict[str, Any]]:
     """Train a denoiser on ``dataset.private`` in front of the frozen ``classifier``; return (model, metadata).
+
+    ``classifier``: a classifier checkpoint, or a :class:`training.evaluation.FrozenClassifier` (any module with
+    its description: the Python API's way in).
 
     ``metadata`` is what a release may carry (see :func:`training.release.released_metadata`): public settings,
     the privacy report's data-independent figures, and evaluation on the test split. ``checkpoint_dir``: written
@@ -132,6 +136,7 @@ def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint
     group = group if group is not None else RankGroup(device=torch.device(device))
     train_split = subset(dataset.split(config.train_on), config.train_examples)
     config.validate(len(train_split))
+    classifier = FrozenClassifier.of(classifier)
     check_classifier_fits(classifier, dataset)
     if len(dataset.test) == 0:
         raise UserError(f"{dataset.name}: the test split is empty")

@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from training.evaluation import classifier_summary
 from training.privacy.report import NOT_RELEASED, build_privacy_report, json_safe, released_privacy_report
 from training.train_config import HISTORY_FIELDS, StepRecord, TrainConfig
 from transdenoiser.errors import UserError
@@ -115,7 +114,7 @@ def released_metadata(run: RunFacts, records: list[StepRecord], metrics: list[di
     return json_safe({
         "kind": "denoiser", "architecture": config.denoiser, "arch_kwargs": run.kwargs,
         "input_shape": list(dataset.image_shape),
-        "classifier": classifier_summary(run.classifier),
+        "classifier": run.classifier.summary(),
         "dataset": {"name": dataset.name, "split_seed": dataset.split_seed, "trained_on": config.train_on,
                     "train_examples": run.num_examples,
                     "fingerprints": dataset.released_fingerprints(),

@@ -130,7 +130,7 @@ def resume_training_state(directory: Path, config, dataset, classifier, model, o
     if record.get("dataset_fingerprints") != dataset.fingerprints():
         raise UserError(f"--resume: the data differs from the run saved in {directory} (split fingerprints)")
     saved_sha = meta["classifier"].get("weights_sha256")
-    if saved_sha != classifier.metadata.get("files", {}).get("weights.safetensors"):
+    if saved_sha != classifier.weights_sha256:
         raise UserError(f"--resume: classifier {classifier.path} is not the one the saved run used "
                         f"({meta['classifier'].get('path')})")
     saved = load_checkpoint(directory, kind="denoiser", map_location=device)

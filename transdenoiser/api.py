@@ -250,7 +250,7 @@ def train_private_denoiser(classifier: nn.Module, images, *, test, arm: str = "s
     ``out``: also write the checkpoint there (a directory, as ``transdenoiser train`` writes).
     Returns (denoiser in eval mode, the released privacy report: format it with :func:`format_privacy_report`).
     """
-    from training.checkpoint import Checkpoint
+    from training.evaluation import FrozenClassifier
     from training.private_train import train_denoiser
     from training.train_config import TrainConfig
 
@@ -276,14 +276,13 @@ def train_private_denoiser(classifier: nn.Module, images, *, test, arm: str = "s
         if int(test_labels.max(initial=0)) >= num_classes:
             raise UserError(f"test labels go up to {int(test_labels.max())}, the classifier has {num_classes} classes")
         dataset = _in_memory_dataset(private, test_images, test_labels, num_classes, dataset_name)
-        metadata = {"kind": "classifier", "architecture": f"python:{type(classifier).__qualname__}",
-                    "input_shape": list(dataset.image_shape), "num_classes": num_classes, "test_accuracy": None,
-                    "dataset": {"name": dataset_name, "source": IN_MEMORY}, "files": {}}
+        frozen = FrozenClassifier(model=classifier, architecture=f"python:{type(classifier).__qualname__}",
+                                  input_shape=tuple(dataset.image_shape), num_classes=num_classes, path=IN_MEMORY,
+                                  dataset={"name": dataset_name, "source": IN_MEMORY})
         config = TrainConfig.from_dict({"arm": arm, "sigma": sigma, "epochs": epochs, "batch_size": batch_size,
                                         "target_epsilon": target_epsilon, "delta": delta, **settings},
                                        source="train_private_denoiser")
-        model, released = train_denoiser(config, dataset, Checkpoint(classifier, metadata, Path(IN_MEMORY)), device,
-                                         track, checkpoint_dir=out)
+        model, released = train_denoiser(config, dataset, frozen, device, track, checkpoint_dir=out)
     finally:
         for name, p in classifier.named_parameters():
             p.requires_grad_(flags[name])

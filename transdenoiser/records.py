@@ -274,7 +274,7 @@ class CheckpointMetadata(_Record):
                                   f"(format {record.format!r})")
         for name, value in (record.files or {}).items():
             if not isinstance(value, str):
-                raise CheckpointError(f"{where + ': ' if where else ''}{cls.NAME}'s 'files' gives no SHA-256 for "
+                raise CheckpointError(f"{where + ': ' if where else ''}{cls.NAME}'s 'files' gives no valid SHA-256 for "
                                       f"{name} (got {value!r})")
         return record
 

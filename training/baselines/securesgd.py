@@ -59,7 +59,7 @@ from training.baselines.securesgd_mechanisms import (
     hgm_noise_std,
 )
 from training.datasets import Dataset
-from training.evaluation import check_classifier_fits, classifier_baselines, classifier_summary, evaluate, subset
+from training.evaluation import FrozenClassifier, check_classifier_fits, classifier_baselines, evaluate, subset
 from training.release import noise_description
 from transdenoiser.errors import UserError
 from transdenoiser.progress import Track, silent
@@ -240,6 +240,7 @@ def train_securesgd(config: SecureSGDConfig, dataset: Dataset, device: torch.dev
     if config.arm == "securesgd-prt" and classifier is None:
         raise UserError("securesgd-prt trains a denoiser in front of a frozen classifier: pass --classifier")
     if classifier is not None:
+        classifier = FrozenClassifier.of(classifier)
         check_classifier_fits(classifier, dataset)
     if len(dataset.test) == 0 or len(dataset.public) == 0:
         raise UserError(f"{dataset.name}: SecureSGD needs non-empty public and test splits")
@@ -419,7 +420,7 @@ def _metadata(config, dataset, classifier, architecture, kwargs, schedule, steps
                                        "note": "from the public split; applied inside the model"},
                      "test_accuracy": metrics[-1]["accuracy_clean"] if metrics else None})
     else:
-        meta.update({"kind": "denoiser", "classifier": classifier_summary(classifier), "baselines": baselines})
+        meta.update({"kind": "denoiser", "classifier": classifier.summary(), "baselines": baselines})
     return meta
 
 
