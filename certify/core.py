@@ -24,8 +24,9 @@ from __future__ import annotations
 import copy
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -137,6 +138,23 @@ class Smooth:
                                             initializer=torch.set_num_threads, initargs=(threads_each,))
         return self._pool
 
+    @contextmanager
+    def _serial_caller(self) -> Iterator[None]:
+        """While forward passes run in CPU worker threads, the calling thread's own torch ops (noise, counting) run on
+        one thread: the workers hold the cores, and an intra-op team there would wait for a descheduled thread and
+        spin on cores the workers need. Exact: those ops give the same values on any number of threads (tested).
+        torch's CPU thread count is per thread (OpenMP), so the workers and other threads are unaffected."""
+        if self.workers == 1 or self.device.type != "cpu":
+            yield
+            return
+        self._executor()  # sized from this thread's count before it drops
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
+
     def close(self) -> None:
         """Stop the worker threads (they are started again if needed)."""
         if self._pool is not None:
@@ -239,6 +257,12 @@ class Smooth:
             raise ValueError(f"{images.shape[0]} images but {len(generators)} generators")
         images = images.to(self.device)
         levels = sound_noise.grid_levels(images) if self._grid_noise is not None else None  # refuses off-grid input
+        with self._serial_caller():
+            return self._count_packed(images, levels, draws, generators)
+
+    def _count_packed(self, images: torch.Tensor, levels: torch.Tensor | None,
+                      draws: Sequence[tuple[int, Sequence[int]]],
+                      generators: Sequence[torch.Generator | None]) -> np.ndarray:
         per_image = sum(len(segments) for _, segments in draws)
         counts = torch.zeros(images.shape[0] * per_image * self.num_classes, dtype=torch.long, device=self.device)
         piece = max(1, NOISE_PIECE_ELEMENTS // images[0].numel())

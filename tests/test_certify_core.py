@@ -242,6 +242,35 @@ def test_small_calls_are_split_so_every_worker_gets_a_pass():
     two.close()
 
 
+@pytest.mark.parametrize("noise", ["gaussian", "sound"])
+def test_caller_drawing_noise_on_one_thread_leaves_counts_unchanged(noise):
+    """With worker threads, the calling thread draws noise and counts on one torch thread: the same counts as the
+    single-worker path, whose caller draws on all of them (pieces of 200 x 784 values: split across threads there),
+    and the caller's thread count is given back, also when a pass fails."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 28 * 28, 10)).eval()
+    images = torch.randint(0, 256, (2, 1, 28, 28)).float() / 255
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        serial = Smooth(model, num_classes=10, sigma=0.5, batch_size=64, device="cpu", workers=1, noise=noise)
+        parallel = Smooth(model, num_classes=10, sigma=0.5, batch_size=64, device="cpu", workers=2, noise=noise)
+        gens = lambda smooth: [smooth.image_generator(3, i) for i in range(2)]  # noqa: E731
+        expected = serial.sample_counts_many(images, [100, 700], gens(serial))
+        assert np.array_equal(parallel.sample_counts_many(images, [100, 700], gens(parallel)), expected)
+        assert expected.sum() == 2 * 800
+        assert torch.get_num_threads() == 2
+        failing = Smooth(nn.Sequential(nn.Flatten(), nn.Linear(1, 2)), num_classes=2, sigma=0.5, device="cpu",
+                         workers=2)
+        with pytest.raises(RuntimeError):
+            failing.sample_counts(images[0], 10, failing.generator(0))
+        assert torch.get_num_threads() == 2
+        parallel.close()
+        failing.close()
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"workers": 0}, "workers must be"), ({"workers": "many"}, "workers must be"),
     ({"sigma": 0.0}, "sigma must be > 0"), ({"sigma": -1.0}, "sigma must be > 0"),
