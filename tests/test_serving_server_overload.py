@@ -1,8 +1,8 @@
 """A real server under a small overload: admitted heavy work finishes next to a steady stream of small requests.
 
-One ``transdenoiser serve`` subprocess on 127.0.0.1 with a short deadline (10 s), so that overload is reached in
+One ``transdenoiser serve`` subprocess on 127.0.0.1 with a short deadline (15 s), so that overload is reached in
 seconds. Admission projects round robin over the requests admitted so far; a stream of small requests admitted
-later keeps taking a share, so a heavy request admitted on that projection gets 1/6 of the compute next to five
+later keeps taking a share, so a heavy request admitted on that projection gets about 1/9 of the compute next to eight
 streams and ends in 504. The scheduler gives an admitted request that falls behind an extra round every other
 pass (``FairScheduler.at_risk``), and admits a large request only if it fits at half the rate
 (``serving.compute.admission``): it finishes. Every wait is bounded; the process is stopped in teardown.
@@ -17,14 +17,16 @@ import numpy as np
 import pytest
 
 from serving.bundle import write_model_dir
+from serving.compute.admission import NEW_MARGIN
 from serving.process import ServerProcess
 from tests.test_serving_server import START_TIMEOUT_S, metric, metric_values
 
 pytestmark = pytest.mark.server
 
-DEADLINE_S = 10.0
-STREAMS = 5  # small-request clients looping next to the heavy request
+DEADLINE_S = 15.0
+STREAMS = 8  # small-request clients looping next to the heavy request
 HEAVY_FRACTION = 0.25  # of what the server computes within the deadline at its measured rate
+SMALL_SAMPLES = 20 + 100  # n0 + n of each small request
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +51,10 @@ def digits(mnist10k):
 
 
 def heavy_next_to_streams(url: str, images: np.ndarray, deadline_s: float = DEADLINE_S) -> dict:
-    """Five clients loop small requests (1 image, n = 100: one round each); once the rate under that load is measured,
-    one heavy request of a quarter of what the server computes within the deadline. Its answer and the streams'."""
-    small = {"images": [images[0].tolist()], "n": 100}
+    """Eight clients loop small requests (1 image, n = 100: one round each); once the rate under that load is
+    measured, one heavy request of about a quarter of what the server computes within the deadline. Its answer and
+    the streams'."""
+    small = {"images": [images[0].tolist()], "n": 100}  # 120 noisy samples: one round (the heavy one: 150)
     statuses: list[int] = []
     stop = threading.Event()
 
@@ -73,9 +76,11 @@ def heavy_next_to_streams(url: str, images: np.ndarray, deadline_s: float = DEAD
             before = metric_values(client)
             rate = metric(before, "transdenoiser_compute_rate")
             assert rate > 0
-            # within the deadline at half the rate (the scheduler's extra rounds: 0.5 x the deadline), about 1.5x
-            # the deadline at the sixth round robin gives it next to five streams
-            n = max(100, int(HEAVY_FRACTION * rate * deadline_s / len(images)) - 20) // 50 * 50  # on the n grid
+            # Within half the deadline at half the rate (the scheduler's extra rounds), about twice the deadline at the
+            # ninth of the passes round robin gives it next to eight streams. At most what admission takes next to the
+            # streams' requests (960 samples): with them, within 75 % of the deadline at half the rate.
+            budget = min(HEAVY_FRACTION * rate * deadline_s, 0.35 * rate * deadline_s - STREAMS * SMALL_SAMPLES)
+            n = max(100, int(budget / len(images)) - 20) // 50 * 50  # on the server's n grid (chunk_samples)
             started = time.perf_counter()
             heavy = client.post("/predict", json={"images": images.tolist(), "n": n})
             heavy_s = time.perf_counter() - started
@@ -94,7 +99,10 @@ def test_admitted_heavy_work_finishes_next_to_a_stream_of_small_requests(short_d
     run = heavy_next_to_streams(short_deadline_server.url, digits)
     heavy = run["heavy"]
     assert heavy.status_code == 200, (heavy.status_code, heavy.text, run["rate"], run["n"], run["heavy_s"])
-    assert run["heavy_s"] < DEADLINE_S and [p["n"] for p in heavy.json()["predictions"]] == [run["n"]] * len(digits)
+    # admitted as fitting within 75 % of its deadline at half the rate, the share the extra rounds give it (round
+    # robin alone: 504, or on a lucky run an answer after 85 % of the deadline)
+    assert run["heavy_s"] < NEW_MARGIN * DEADLINE_S, (run["heavy_s"], run["rate"], run["n"])
+    assert [p["n"] for p in heavy.json()["predictions"]] == [run["n"]] * len(digits)
     # the streams kept being served next to it, and no admitted request missed its deadline
     assert 200 in run["statuses"] and set(run["statuses"]) <= {200, 503}, run["statuses"]
     assert run["deadline_drops"] == 0
