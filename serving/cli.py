@@ -130,7 +130,10 @@ def _serve(args: argparse.Namespace) -> int:
     check_port_free(args.host, args.port)
 
     from serving.bundle import load_model_dir
+    from serving.library_patches import check_library_internals
     from transdenoiser.checks import check_sigma
+
+    check_library_internals()  # the BentoML and uvicorn internals the server patches: one line if they changed
 
     bundle = load_model_dir(model_dir, device="cpu")  # every setting and both checkpoints, before starting
     warning = check_sigma(bundle.config.sigma, bundle.pipeline.denoiser_record, allow_mismatch=True,

@@ -6,8 +6,8 @@ uvicorn answers a request it cannot parse (a malformed ``Content-Length``) in pl
 sees it. ``JsonErrorMiddleware`` rewrites every 4xx/5xx body that is not already ``{"error": ...}``, refuses the
 pickle content type itself (415, nothing logged), and, unless ``show_versions`` is set, names the server
 ``transdenoiser`` in the ``server`` header and drops the BentoML version badges from ``/docs.json``.
-``json_protocol_errors`` makes uvicorn's own 400 answer JSON too (a patch of uvicorn's h11 protocol, applied
-once in the worker).
+``serving.library_patches.json_protocol_errors`` makes uvicorn's own 400 answer JSON too (a checked patch of
+uvicorn's h11 protocol, applied once in the worker).
 """
 from __future__ import annotations
 
@@ -117,28 +117,3 @@ class JsonErrorMiddleware:
 
     def _server_header(self) -> list[tuple[bytes, bytes]]:
         return [] if self.show_versions else [(b"server", b"transdenoiser")]
-
-
-def json_protocol_errors() -> None:
-    """Make uvicorn's h11 protocol answer an unparsable request (e.g. a malformed Content-Length) with our JSON
-    error instead of plain text. Idempotent; a uvicorn without that method is left alone."""
-    try:
-        import h11
-        from uvicorn.protocols.http.h11_impl import H11Protocol
-    except ImportError:
-        return
-    if getattr(H11Protocol, "_transdenoiser_json_400", False):
-        return
-
-    def send_400_response(self, msg: str) -> None:
-        body = json.dumps({"error": f"malformed HTTP request ({msg.rstrip('.')})"}).encode()
-        event = h11.Response(status_code=400, reason=b"Bad Request",
-                             headers=[(b"content-type", b"application/json"), (b"connection", b"close"),
-                                      (b"content-length", str(len(body)).encode()), (b"server", b"transdenoiser")])
-        for output in (self.conn.send(event), self.conn.send(h11.Data(data=body)),
-                       self.conn.send(h11.EndOfMessage())):
-            self.transport.write(output)
-        self.transport.close()
-
-    H11Protocol.send_400_response = send_400_response
-    H11Protocol._transdenoiser_json_400 = True

@@ -20,8 +20,8 @@ Gauges use the ``livesum`` multiprocess mode: the sum over the live worker proce
   admitted work; ``never``: would not finish within its deadline even alone)
 - ``transdenoiser_compute_rate``: the measured noisy samples per second that admission uses
 
-BentoML's own request metrics carry the path as a label; ``bound_request_labels`` limits those labels to the
-service's routes (every other path shares one label).
+BentoML's own request metrics carry the path as a label; ``serving.library_patches.bound_request_labels`` limits
+those labels to the service's routes (every other path shares one label).
 """
 from __future__ import annotations
 
@@ -83,45 +83,3 @@ def service_metrics() -> ServiceMetrics:
                                multiprocess_mode="livesum"),
         )
     return _made
-
-
-UNKNOWN_PATH = "/{unknown}"  # the one label every path outside the service's routes shares
-_REAL_PATH = "transdenoiser.real_path"
-
-
-def bound_request_labels(routes: frozenset[str], prefixes: tuple[str, ...] = ("/static_content/",)) -> None:
-    """BentoML 1.4 labels its request metrics (``bentoml_service_request_*{endpoint}``) with the raw request path,
-    so a client (authenticated or not: its middleware sits outside ours) can add a label per path it invents and
-    grow /metrics without limit. This wraps its ``RunnerTrafficMetricsMiddleware`` so that it sees a path outside
-    ``routes`` (and outside ``prefixes``, which keep their prefix) as ``UNKNOWN_PATH``; the application behind it
-    still receives the real path. Idempotent; does nothing when BentoML's middleware is not there."""
-    try:
-        from bentoml._internal.server.http.instruments import RunnerTrafficMetricsMiddleware as Middleware
-    except ImportError:
-        return
-    if getattr(Middleware, "_transdenoiser_bounded", False):
-        return
-    original = Middleware.__call__
-
-    def label(path: str) -> str:
-        if path in routes:
-            return path
-        return next((prefix + "{path}" for prefix in prefixes if path.startswith(prefix)), UNKNOWN_PATH)
-
-    async def restore_path(app, scope, receive, send):
-        if _REAL_PATH in scope:
-            scope = {**{key: value for key, value in scope.items() if key != _REAL_PATH}, "path": scope[_REAL_PATH]}
-        return await app(scope, receive, send)
-
-    async def bounded(self, scope, receive, send):
-        if not getattr(self, "_transdenoiser_restores", False):
-            inner = self.app
-            self.app = lambda s, r, w: restore_path(inner, s, r, w)
-            self._transdenoiser_restores = True
-        path = scope.get("path", "")
-        if scope.get("type") == "http" and label(path) != path:
-            scope = {**scope, "path": label(path), _REAL_PATH: path}
-        return await original(self, scope, receive, send)
-
-    Middleware.__call__ = bounded
-    Middleware._transdenoiser_bounded = True

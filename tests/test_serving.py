@@ -243,6 +243,15 @@ def service_client(model_dir):
         yield client
 
 
+def test_start_up_objects_are_frozen(service_client):
+    """After its warm-up the service moves the start-up's objects out of the garbage collector's full collections
+    (transdenoiser.runtime.freeze_start_up_objects): the torch, BentoML and model objects, over 100,000."""
+    import gc
+
+    assert service_client.get("/readyz").status_code == 200
+    assert gc.get_freeze_count() > 100_000
+
+
 def test_service_predicts_json_and_png(service_client, digits):
     x, y = digits
     response = service_client.post("/predict", json={"images": x[:2].tolist(), "n": 200, "seed": 4})

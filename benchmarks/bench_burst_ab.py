@@ -1,0 +1,92 @@
+"""The burst of large bodies (``bench_overload --mode burst``) against two versions of the server, interleaved.
+
+    mkdir /tmp/before && git archive COMMIT | tar -x -C /tmp/before
+    python -m benchmarks.bench_burst_ab --before /tmp/before --after . [--rounds 4] [--loop-seconds 15]
+
+Two servers start on 127.0.0.1, one from each code checkout (its own ``transdenoiser serve``, imported from that
+directory), over one model directory (default settings, sigma 0.25, deadline 30 s). Then, ``--rounds`` times, the
+burst benchmark's three phases (10 s of probes alone, ``--burst-bodies`` bodies of 2 MB at once, 2 clients looping
+such bodies for ``--loop-seconds``) run against each server in turn, the order alternating, so that both see the
+same machine; each run records the load average at its start. Figures per server: every run's probes (count, p50,
+p99, max, over 100 ms) per phase, and their totals.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.bench_overload import measure_burst
+from benchmarks.serving_common import model_args, run_record, save_result, worker_process
+from serving.bundle import write_model_dir
+from serving.process import ServerProcess
+from transdenoiser.argtypes import positive_float, positive_int
+
+PHASES = ("quiet", "at_once", "looping")
+
+
+def start(code: Path, model_dir: Path, log: Path) -> ServerProcess:
+    """A server whose code is imported from ``code`` (the child's working directory and PYTHONPATH)."""
+    previous_dir, previous_path = os.getcwd(), os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(code.resolve())
+    os.chdir(code)
+    try:
+        return ServerProcess(model_dir, log)
+    finally:
+        os.chdir(previous_dir)
+        if previous_path is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = previous_path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_burst_ab", description=__doc__.split("\n")[0])
+    model_args(parser)
+    parser.add_argument("--before", type=Path, required=True, help="code checkout of the first server")
+    parser.add_argument("--after", type=Path, required=True, help="code checkout of the second server")
+    parser.add_argument("--rounds", type=positive_int, default=4, help="runs against each server")
+    parser.add_argument("--burst-bodies", type=positive_int, default=100, help="bodies of the burst sent at once")
+    parser.add_argument("--loop-seconds", type=positive_float, default=15.0, help="how long 2 clients loop bodies")
+    parser.add_argument("--out", default="runs/bench/burst_ab.json", help="JSON results file")
+    args = parser.parse_args(argv)
+    record = run_record(argv, "benchmarks.bench_burst_ab")
+    runs: dict[str, list[dict]] = {"before": [], "after": []}
+    with tempfile.TemporaryDirectory(prefix="bench_burst_ab_") as tmp:
+        model_dir = write_model_dir(Path(tmp) / "model", args.classifier_dir, args.denoiser_dir, sigma=0.25,
+                                    max_latency_ms=30_000)
+        servers = {}
+        try:
+            for name in runs:
+                servers[name] = start(getattr(args, name), model_dir, Path(tmp) / f"{name}.log")
+            for server in servers.values():
+                server.wait_ready(time.monotonic() + 600)
+            for index in range(args.rounds):
+                for name in ("before", "after") if index % 2 == 0 else ("after", "before"):
+                    worker = worker_process(servers[name])
+                    load = os.getloadavg()[0]
+                    burst = measure_burst(servers[name].url, args.burst_bodies, 2 * 1024 * 1024 - 4096,
+                                          lambda w=worker: w.memory_info().rss, 2, args.loop_seconds)
+                    runs[name].append({"load_at_start": load, **burst})
+                    print(f"round {index} {name:6s} load {load:4.1f}: " + "; ".join(
+                        f"{phase} {burst[phase]['probes']['count']} probes, p99 {burst[phase]['probes']['p99_s']:.3f}"
+                        f" s, max {burst[phase]['probes']['max_s']:.3f} s, {burst[phase]['probes_over_100ms']} over "
+                        f"100 ms" for phase in PHASES), flush=True)
+        finally:
+            for server in servers.values():
+                server.stop()
+    totals = {name: {phase: {"probes": sum(run[phase]["probes"]["count"] for run in done),
+                             "over_100ms": sum(run[phase]["probes_over_100ms"] for run in done),
+                             "max_s": max(run[phase]["probes"]["max_s"] for run in done)} for phase in PHASES}
+              for name, done in runs.items()}
+    for name, phases in totals.items():
+        print(f"{name}: " + "; ".join(f"{phase} {t['over_100ms']} of {t['probes']} probes over 100 ms (max "
+                                       f"{t['max_s']:.3f} s)" for phase, t in phases.items()))
+    save_result(args.out, {**record, "runs": runs, "totals": totals})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

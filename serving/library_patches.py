@@ -1,0 +1,171 @@
+"""The two library internals the server patches, each checked before it is patched.
+
+Neither library offers an extension point for these (checked against BentoML 1.4's service configuration,
+``add_asgi_middleware`` and ``__metrics__`` hook, and uvicorn 0.x's options):
+
+- **BentoML's request metrics** (``bentoml_service_request_*{endpoint}``) are recorded by its
+  ``RunnerTrafficMetricsMiddleware`` with the raw request path as the ``endpoint`` label. BentoML places that
+  middleware outside every middleware a service adds (``add_asgi_middleware``), and its only metrics settings are
+  ``enabled``, ``namespace`` and the duration buckets; turning them off removes ``/metrics`` too. So a client
+  (authenticated or not) could add a label per path it invents and grow ``/metrics`` without limit.
+  ``bound_request_labels`` wraps that middleware so that it sees a path outside the service's routes as
+  ``UNKNOWN_PATH``; the application behind it still receives the real path.
+- **uvicorn's own 400** for a request it cannot parse (e.g. a malformed ``Content-Length``) is plain text, sent by
+  its protocol before any application sees the request; BentoML starts uvicorn itself, and uvicorn has no option
+  for that body. ``json_protocol_errors`` replaces ``H11Protocol.send_400_response`` with one answering our JSON.
+
+Each patch first checks the internals it relies on (the class, the method's signature, the code that reads the
+path or writes the answer, that BentoML's service app uses that middleware, that uvicorn picks its h11 protocol)
+and raises ``LibraryInternalsChanged`` naming the library, its version and what changed. The service applies both
+at import, in the worker, so a changed library stops the server at start-up instead of silently losing the
+protection; ``transdenoiser serve`` runs the checks before it starts BentoML. Idempotent.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+
+from transdenoiser.errors import UserError
+
+UNKNOWN_PATH = "/{unknown}"  # the one label every path outside the service's routes shares
+_REAL_PATH = "transdenoiser.real_path"
+
+
+class LibraryInternalsChanged(UserError):
+    """A library's internals that the server patches are not what the patch was written for."""
+
+
+def _changed(library: str, what: str) -> LibraryInternalsChanged:
+    try:
+        from importlib.metadata import version
+
+        installed = version(library)
+    except Exception:  # noqa: BLE001 - the version only makes the message clearer
+        installed = "unknown"
+    return LibraryInternalsChanged(
+        f"{library} {installed}: {what}; transdenoiser patches this internal (serving/library_patches.py) and "
+        f"refuses to start without it; install the versions pyproject.toml names, or update the patch")
+
+
+def _source(function) -> str:
+    try:
+        return inspect.getsource(function)
+    except (OSError, TypeError):
+        return ""
+
+
+def check_request_metrics_internals(middleware=None, app_source: str | None = None):
+    """BentoML's ``RunnerTrafficMetricsMiddleware`` as ``bound_request_labels`` expects it, or
+    ``LibraryInternalsChanged``: it exists, BentoML's service app installs it, ``__init__(self, app, ...)`` keeps
+    ``self.app``, and ``__call__(self, scope, receive, send)`` takes the label from ``scope["path"]``."""
+    if middleware is None:
+        try:
+            from bentoml._internal.server.http.instruments import RunnerTrafficMetricsMiddleware as middleware
+        except ImportError as exc:
+            raise _changed("bentoml", f"its request-metrics middleware is gone ({exc})") from None
+    if app_source is None:
+        try:
+            import _bentoml_impl.server.app as service_app
+        except ImportError as exc:
+            raise _changed("bentoml", f"its service app module is gone ({exc})") from None
+        app_source = _source(service_app)
+    if middleware.__name__ not in app_source:
+        raise _changed("bentoml", f"its service app no longer installs {middleware.__name__}")
+    call = getattr(middleware, "_transdenoiser_original_call", None) or middleware.__call__
+    init = getattr(middleware, "__init__", None)
+    if list(inspect.signature(call).parameters)[:4] != ["self", "scope", "receive", "send"]:
+        raise _changed("bentoml", f"{middleware.__name__}.__call__ no longer takes (scope, receive, send)")
+    if list(inspect.signature(init).parameters)[:2] != ["self", "app"] or "self.app = app" not in _source(init):
+        raise _changed("bentoml", f"{middleware.__name__}.__init__ no longer keeps the wrapped app as self.app")
+    if 'scope["path"]' not in _source(call):
+        raise _changed("bentoml", f"{middleware.__name__}.__call__ no longer labels requests with scope['path']")
+    return middleware
+
+
+def bound_request_labels(routes: frozenset[str], prefixes: tuple[str, ...] = ("/static_content/",),
+                         middleware=None) -> None:
+    """BentoML's request metrics labelled by route: a path outside ``routes`` (and outside ``prefixes``, which
+    keep their prefix) is seen by its metrics middleware as ``UNKNOWN_PATH``."""
+    middleware = check_request_metrics_internals(middleware)
+    if getattr(middleware, "_transdenoiser_bounded", False):
+        return
+    original = middleware.__call__
+
+    def label(path: str) -> str:
+        if path in routes:
+            return path
+        return next((prefix + "{path}" for prefix in prefixes if path.startswith(prefix)), UNKNOWN_PATH)
+
+    async def restore_path(app, scope, receive, send):
+        if _REAL_PATH in scope:
+            scope = {**{key: value for key, value in scope.items() if key != _REAL_PATH}, "path": scope[_REAL_PATH]}
+        return await app(scope, receive, send)
+
+    async def bounded(self, scope, receive, send):
+        if not getattr(self, "_transdenoiser_restores", False):
+            inner = self.app
+            self.app = lambda s, r, w: restore_path(inner, s, r, w)
+            self._transdenoiser_restores = True
+        path = scope.get("path", "")
+        if scope.get("type") == "http" and label(path) != path:
+            scope = {**scope, "path": label(path), _REAL_PATH: path}
+        return await original(self, scope, receive, send)
+
+    middleware._transdenoiser_original_call = original
+    middleware.__call__ = bounded
+    middleware._transdenoiser_bounded = True
+
+
+def check_protocol_internals(protocol=None, auto=None):
+    """uvicorn's ``H11Protocol`` as ``json_protocol_errors`` expects it, or ``LibraryInternalsChanged``: uvicorn
+    picks it by default (``http="auto"`` resolves to it; with httptools installed it would not, and its 400 is not
+    patched), and ``send_400_response(self, msg)`` writes through ``self.conn`` and ``self.transport``."""
+    if protocol is None or auto is None:
+        try:
+            from uvicorn.protocols.http.auto import AutoHTTPProtocol
+            from uvicorn.protocols.http.h11_impl import H11Protocol
+        except ImportError as exc:
+            raise _changed("uvicorn", f"its h11 protocol is gone ({exc})") from None
+        protocol = H11Protocol if protocol is None else protocol
+        auto = AutoHTTPProtocol if auto is None else auto
+    if auto is not protocol:
+        raise _changed("uvicorn", f"its default HTTP protocol is {getattr(auto, '__name__', auto)}, not "
+                                  f"{protocol.__name__} (httptools installed?), whose 400 answer is not patched; "
+                                  "uninstall httptools")
+    send_400 = getattr(protocol, "_transdenoiser_original_400", getattr(protocol, "send_400_response", None))
+    if send_400 is None or list(inspect.signature(send_400).parameters) != ["self", "msg"]:
+        raise _changed("uvicorn", f"{protocol.__name__}.send_400_response(self, msg) is gone or changed")
+    source = _source(send_400)
+    if "self.conn.send" not in source or "self.transport" not in source:
+        raise _changed("uvicorn", f"{protocol.__name__}.send_400_response no longer writes through self.conn and "
+                                  "self.transport")
+    return protocol
+
+
+def json_protocol_errors(protocol=None, auto=None) -> None:
+    """uvicorn's h11 protocol answers an unparsable request (e.g. a malformed Content-Length) with our JSON error
+    instead of plain text."""
+    protocol = check_protocol_internals(protocol, auto)
+    if getattr(protocol, "_transdenoiser_json_400", False):
+        return
+    import h11
+
+    def send_400_response(self, msg: str) -> None:
+        body = json.dumps({"error": f"malformed HTTP request ({msg.rstrip('.')})"}).encode()
+        event = h11.Response(status_code=400, reason=b"Bad Request",
+                             headers=[(b"content-type", b"application/json"), (b"connection", b"close"),
+                                      (b"content-length", str(len(body)).encode()), (b"server", b"transdenoiser")])
+        for output in (self.conn.send(event), self.conn.send(h11.Data(data=body)),
+                       self.conn.send(h11.EndOfMessage())):
+            self.transport.write(output)
+        self.transport.close()
+
+    protocol._transdenoiser_original_400 = protocol.send_400_response
+    protocol.send_400_response = send_400_response
+    protocol._transdenoiser_json_400 = True
+
+
+def check_library_internals() -> None:
+    """Both checks (``transdenoiser serve`` runs them before starting BentoML)."""
+    check_request_metrics_internals()
+    check_protocol_internals()
