@@ -1,5 +1,6 @@
-"""The training-method interface: a :class:`Method` protocol, its :class:`Hooks` and :class:`TrainResult`, where
-a method's settings came from (:class:`SettingsSource`), and the registry of methods by name.
+"""The training-method interface: a :class:`Method` protocol, its :class:`Hooks` and :class:`TrainResult`,
+and where a method's settings came from (:class:`SettingsSource`); the registry by name is
+:mod:`training.methods.registry`.
 
 A method is one way to train a model on the private split: its settings are one dataclass (``config_type``) and
 every setting a user gives is a field of it, by name. A setting the config type does not have is refused with one
