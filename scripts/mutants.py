@@ -68,7 +68,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("predict_all_votes", "certify/decisions.py", "prediction_from_counts",
            "binomtest(count_a, count_a + count_b, p=0.5)", "binomtest(count_a, int(counts.sum()), p=0.5)",
            CERTIFY, "PREDICT tests the two top counts"),
-    Mutant("smoothing_noise_halved", "certify/core.py", "Smooth._count",
+    Mutant("smoothing_noise_halved", "certify/core.py", "Smooth._count_packed",
            ".mul_(self.sigma)", ".mul_(self.sigma / 2)", CERTIFY, "noise N(0, sigma^2 I)"),
     Mutant("block_reads_last_look", "certify/streams.py", "run_blocks",
            "stopped.argmax(axis=1), segments.size - 1)", "segments.size - 1 - stopped[:, ::-1].argmax(axis=1), "
