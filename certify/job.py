@@ -17,7 +17,6 @@ models evaluated on their own training split) go to the ``warn`` hook; progress 
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -236,7 +235,7 @@ def _run_locked(job: CertifyJob, mode: str | None, shard, track: Track, warn: Ca
 def _work(job, run, split, smooth, pipeline, indices, pack, mode, n, extra, device, shard, track) -> JobOutcome:
     from certify.report import finalize_run
     from certify.rundir import collect_rows, expected_indices, missing_report
-    from certify.runner import iter_certify, iter_certify_adaptive, iter_predict, run_work
+    from certify.runner import iter_certify, iter_certify_adaptive, iter_predict, run_session
     from certify.units import plan_units
     from transdenoiser.runtime import hardware_description
 
@@ -254,19 +253,9 @@ def _work(job, run, split, smooth, pipeline, indices, pack, mode, n, extra, devi
             return iter_certify(smooth, images, labels, pending, job.n0, job.n, job.alpha, job.seed)
         return iter_predict(smooth, images, labels, pending, job.n, job.alpha, job.seed)
 
-    start = time.perf_counter()
-    before = now = 0
-    complete = False
     hardware = hardware_description(device)
-    run.start_session(device, hardware)
-    try:
-        before, now = run_work(run, units, engine, track=track)
-        complete = True
-    except KeyboardInterrupt:
-        pass
-    finally:  # the status counts the rows on disk, whatever stopped the run
-        kept = len(run.done_indices())
-        run.update_status(device, hardware, time.perf_counter() - start, kept, complete)
+    session = run_session(run, units, engine, device, hardware, track=track)
+    complete, before, now, kept = session.complete, session.done_before, session.done_now, session.kept
     outcome = JobOutcome(task=task, out=job.out, rows_path=run.rows_path(shard), status_path=run.status_path(shard),
                          device=str(device), hardware=hardware, complete=complete, done_before=before, done_now=now,
                          kept=kept, expected=len(expected_indices(units, shard)),
@@ -275,7 +264,7 @@ def _work(job, run, split, smooth, pipeline, indices, pack, mode, n, extra, devi
         return outcome
     if shard is not None:
         _, rows, _ = collect_rows([job.out], task)
-        outcome.waiting_for = missing_report(run.settings.to_dict(), rows)
+        outcome.waiting_for = missing_report(run.settings_dict(), rows)
         if outcome.waiting_for:
             return outcome
     outcome.summary = finalize_run([job.out])

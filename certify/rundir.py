@@ -19,7 +19,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from certify.core import AdaptiveCertificate, Certificate
+from certify.rowfile import RowSchema, RowWriter, read_row_file  # noqa: F401 - RowWriter: the run files' writer, here since rundir had it
 from certify.units import Shard, plan_units, select_indices
 from training.checkpoint import write_text  # the package's one atomic writer (fsyncs); report.py imports it here
 from transdenoiser.errors import UserError
@@ -118,58 +119,26 @@ def read_json(path: Path, what: str) -> Any:
         raise UserError(f"{path}: not valid JSON ({exc})") from None
 
 
+def _tsv_parser(task: str):
+    def parse(line: str, header: str | None) -> Record:
+        fields = line.split("\t")
+        if header is not None and len(fields) != len(header.split("\t")):
+            raise ValueError(f"{len(fields)} fields")
+        return parse_row(task, fields)
+
+    return parse
+
+
+# Cohen's rows as a schema of the shared rows file (certify.rowfile); a certify file may have the adaptive header
+SCHEMAS = {task: RowSchema(name=task, header="\t".join(COLUMNS[task]), parse=_tsv_parser(task),
+                           format=lambda record: "\t".join(record.row()), key=lambda record: record.idx,
+                           other_headers=("\t".join(ADAPTIVE_COLUMNS),) if task == "certify" else ())
+           for task in TASKS}
+
+
 def read_rows(path: Path, task: str, repair: bool = False) -> list[Record]:
     """Rows of a run TSV. A last line cut short by an interrupted run is dropped (and cut off when ``repair``)."""
-    columns = COLUMNS[task]
-    if not path.exists():
-        return []
-    text = path.read_text()
-    if not text.endswith("\n"):
-        cut = text.rfind("\n") + 1  # 0 when even the header is incomplete
-        text = text[:cut]
-        if repair:
-            with path.open("r+") as handle:
-                handle.truncate(len(text.encode()))
-    lines = text.splitlines()
-    if not lines:
-        return []
-    header = tuple(lines[0].split("\t"))
-    if task == "certify" and header == ADAPTIVE_COLUMNS:
-        columns = ADAPTIVE_COLUMNS
-    if header != columns:
-        raise UserError(f"{path}: header is {lines[0]!r}, expected the columns {chr(9).join(columns)!r} "
-                        f"(not a {task} run file)")
-    records = []
-    for number, line in enumerate(lines[1:], start=2):
-        fields = line.split("\t")
-        try:
-            if len(fields) != len(columns):
-                raise ValueError(f"{len(fields)} fields")
-            records.append(parse_row(task, fields))
-        except ValueError as exc:
-            raise UserError(f"{path}, line {number}: not a valid {task} row ({exc})") from None
-    return records
-
-
-class RowWriter:
-    """Appends rows to a run TSV, writing the header first; every row is flushed as it comes."""
-
-    def __init__(self, path: Path, task: str, columns: Sequence[str] | None = None):
-        self.path = path
-        new = not path.exists() or path.stat().st_size == 0
-        self.handle = path.open("a")
-        if new:
-            self.handle.write("\t".join(columns or COLUMNS[task]) + "\n")
-            self.handle.flush()
-
-    def write(self, record: Record) -> None:
-        self.handle.write("\t".join(record.row()) + "\n")
-        self.handle.flush()
-
-    def close(self) -> None:
-        self.handle.flush()
-        os.fsync(self.handle.fileno())
-        self.handle.close()
+    return read_row_file(path, SCHEMAS[task], repair=repair)
 
 
 @dataclass
@@ -215,47 +184,103 @@ class RunSettings:
 LEGACY_DEFAULTS = {"precision": "float32", "compile": False, "noise": "gaussian"}
 
 
-def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    old, new = {**LEGACY_DEFAULTS, **old}, {**LEGACY_DEFAULTS, **new}
-    keys = [k for k in new if k not in PATH_SETTINGS] + [k for k in old if k not in new and k not in PATH_SETTINGS]
-    return [f"{k} {old.get(k)!r} there, {new.get(k)!r} now" for k in keys if old.get(k) != new.get(k)]
+@dataclass(frozen=True)
+class RunLayout:
+    """What one kind of run keeps in its run directory, and how its settings are compared.
+
+    ``task``: the rows' task (progress label, messages); files: ``{stem}{rows_suffix}`` (per shard
+    ``{stem}.shard-I-of-K{rows_suffix}``), ``{stem}.status.json`` and ``settings_file``; ``schema``: the rows.
+    Settings comparison: ``path_settings`` are recorded but not compared (files may move), ``test_settings`` differ
+    only in a new test (``--new-test``), ``legacy_defaults`` fill settings that older runs did not record.
+    """
+
+    task: str
+    stem: str
+    rows_suffix: str
+    settings_file: str
+    schema: RowSchema
+    path_settings: tuple[str, ...] = ()
+    test_settings: tuple[str, ...] = ()
+    legacy_defaults: tuple[tuple[str, Any], ...] = ()
+    write_settings: Callable[[Path, Any], Any] | None = None  # default: write_json below (indented, in order)
+
+
+def certify_layout(task: str) -> RunLayout:
+    """``certify``'s and ``predict``'s run directory: settings.json, TASK.tsv (Cohen's columns), TASK.status.json."""
+    return RunLayout(task=task, stem=task, rows_suffix=".tsv", settings_file=SETTINGS_FILE, schema=SCHEMAS[task],
+                     path_settings=PATH_SETTINGS, test_settings=TEST_SETTINGS,
+                     legacy_defaults=tuple(LEGACY_DEFAULTS.items()))
+
+
+def _short(value: Any, width: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def _differences(old: dict[str, Any], new: dict[str, Any], layout: RunLayout | None = None) -> list[str]:
+    layout = layout or certify_layout("certify")
+    legacy, paths = dict(layout.legacy_defaults), layout.path_settings
+    old, new = {**legacy, **old}, {**legacy, **new}
+    keys = [k for k in new if k not in paths] + [k for k in old if k not in new and k not in paths]
+    return [f"{k} {_short(old.get(k))} there, {_short(new.get(k))} now" for k in keys if old.get(k) != new.get(k)]
 
 
 HEARTBEAT_SECONDS = 30.0  # how often a running session's wall time is written to its status file
 
 
 class RunDirectory:
-    """One run's folder: settings check, rows done so far, this process's rows file and status."""
+    """One run's folder: settings check, rows done so far, this process's rows file and status.
 
-    def __init__(self, root: Path, settings: RunSettings, shard: Shard | None, new_test: bool = False):
+    ``settings``: a :class:`RunSettings` (certify, predict) or any mapping of JSON values (another kind of run,
+    with its ``layout``). ``layout``: the files and rows of the run (default: the certify/predict layout of
+    ``settings.task``). What every layout gets alike: one settings file, compared as a whole when the run is
+    opened again (other settings are refused in one line; another seed or alpha is a new test where the layout
+    says so); rows appended and flushed as done, a cut last row dropped on resume (:mod:`certify.rowfile`); a
+    status file with each session's hardware and wall time, kept current while it runs.
+    """
+
+    def __init__(self, root: Path, settings: RunSettings | dict[str, Any], shard: Shard | None,
+                 new_test: bool = False, layout: RunLayout | None = None):
         self.root = Path(root)
         self.settings = settings
         self.shard = shard
-        self.task = settings.task
+        self.layout = layout or certify_layout(settings.task)  # type: ignore[union-attr]
+        self.task = self.layout.task
         self.new_test = new_test
+
+    def settings_dict(self) -> dict[str, Any]:
+        return self.settings.to_dict() if isinstance(self.settings, RunSettings) else dict(self.settings)
 
     # file names
     def rows_path(self, shard: Shard | None = None) -> Path:
-        return self.root / (f"{self.task}.tsv" if shard is None else f"{self.task}.{shard.stem}.tsv")
+        layout = self.layout
+        return self.root / (f"{layout.stem}{layout.rows_suffix}" if shard is None
+                            else f"{layout.stem}.{shard.stem}{layout.rows_suffix}")
 
-    def columns(self) -> tuple[str, ...]:
-        """The rows file's columns: Cohen's, plus ``samples`` for adaptive runs."""
-        return ADAPTIVE_COLUMNS if self.settings.extra.get("mode") in MODES else COLUMNS[self.task]
+    def header(self) -> str | None:
+        """The rows file's header: the schema's (Cohen's columns), plus ``samples`` for adaptive certify runs."""
+        if self.layout.schema is SCHEMAS["certify"] and self.settings_dict().get("mode") in MODES:
+            return "\t".join(ADAPTIVE_COLUMNS)
+        return self.layout.schema.header
 
     def status_path(self, shard: Shard | None = None) -> Path:
-        return self.root / (f"{self.task}.status.json" if shard is None else f"{self.task}.{shard.stem}.status.json")
+        stem = self.layout.stem
+        return self.root / (f"{stem}.status.json" if shard is None else f"{stem}.{shard.stem}.status.json")
 
     def open(self) -> None:
         """Create the folder or check that it holds a run with the same settings (never mix two runs)."""
         if self.root.exists() and not self.root.is_dir():
             raise UserError(f"--out {self.root} exists and is not a directory")
         self.root.mkdir(parents=True, exist_ok=True)
-        path = self.root / SETTINGS_FILE
-        new = self.settings.to_dict()
+        path = self.root / self.layout.settings_file
+        new = self.settings_dict()
+        what = "run" if self.layout.settings_file == SETTINGS_FILE else f"{self.task} run"
         if path.exists():
             old = read_json(path, "run settings")
-            diffs = _differences(old, new)
-            retest = [f"{key} {new.get(key)!r} (was {old.get(key)!r})" for key in TEST_SETTINGS
+            if not isinstance(old, dict):
+                raise UserError(f"{path}: not a settings object; give another --out")
+            diffs = _differences(old, new, self.layout)
+            retest = [f"{key} {new.get(key)!r} (was {old.get(key)!r})" for key in self.layout.test_settings
                       if old.get(key) != new.get(key)]
             if retest and not self.new_test:
                 raise UserError(f"--out {self.root} holds a test of these images; certifying them again with "
@@ -263,13 +288,20 @@ class RunDirectory:
                                 f"(docs/CERTIFY.md): pass --new-test to start it (the earlier test moves to "
                                 f"{self.root / TESTS_FOLDER}/), or use another --out")
             if diffs and not retest:
-                raise UserError(f"--out {self.root} holds a run with different settings ({'; '.join(diffs[:3])}): "
-                                f"use another --out")
+                raise UserError(f"--out {self.root} holds a {what} with different settings "
+                                f"({'; '.join(diffs[:3])}): use another --out")
             if diffs:
                 self._archive(old)
-                write_json(path, new)
+                self._write_settings(path, new)
         else:
-            write_json(path, new)
+            rows = self.rows_path(self.shard)
+            if rows.exists() and rows.stat().st_size > 0:  # rows of unknown origin: never resume them
+                raise UserError(f"--out {self.root} holds {rows.name} but no {self.layout.settings_file} (rows of "
+                                "an unknown run): use another --out")
+            self._write_settings(path, new)
+
+    def _write_settings(self, path: Path, settings: dict[str, Any]) -> None:
+        (self.layout.write_settings or write_json)(path, settings)
 
     def _archive(self, old: dict[str, Any]) -> None:
         """Move the earlier test's files into tests/K/ and add it to tests.json (what each test spent)."""
@@ -291,8 +323,12 @@ class RunDirectory:
         write_json(self.root / MODELS_FILE, {"classifier_metadata": classifier_metadata,
                                              "denoiser_metadata": denoiser_metadata})
 
+    def rows(self, repair: bool = False) -> list[Any]:
+        """This process's rows on disk, in file order (a cut last row dropped; cut off the file when ``repair``)."""
+        return read_row_file(self.rows_path(self.shard), self.layout.schema, repair=repair)
+
     def done_indices(self) -> set[int]:
-        return {r.idx for r in read_rows(self.rows_path(self.shard), self.task, repair=True)}
+        return {self.layout.schema.key(r) for r in self.rows(repair=True)}
 
     def start_session(self, device: torch.device, hardware: str) -> None:
         """Record this process's session in the status file now and keep its wall time current while it runs

@@ -8,18 +8,22 @@ forward-pass companions whether the run is whole or sharded: merging the shards 
 rows as one run (the ``time`` column aside). A resumed run re-packs only the images it still
 needs, which can change float32 rounding in the base model, never the statistics.
 
-The run directory's files: :mod:`certify.rundir`; units and shards: :mod:`certify.units`.
+The run directory's files: :mod:`certify.rundir`; units and shards: :mod:`certify.units`. :func:`run_work` and
+:func:`run_session` take any :class:`certify.rundir.RunDirectory` and an engine that yields its rows unit by unit:
+``certify``/``predict`` (:mod:`certify.job`) and ``baseline-certify`` (:mod:`certify.baseline_job`) run through them.
 """
 from __future__ import annotations
 
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 
 from certify.core import Smooth, sequential_rule, validate_sampling
-from certify.rundir import CertifyRecord, PredictRecord, Record, RowWriter, RunDirectory
+from certify.rowfile import RowWriter
+from certify.rundir import CertifyRecord, PredictRecord, Record, RunDirectory
 from certify.units import pack_size, plan_units
 from transdenoiser.errors import UserError
 from transdenoiser.progress import Track, silent
@@ -126,7 +130,7 @@ def run_work(directory: RunDirectory, units: list[list[int]], engine: Callable[[
     pending = [[i for i in unit if i not in done] for unit in mine]
     pending = [unit for unit in pending if unit]
     todo = sum(len(u) for u in pending)
-    writer = RowWriter(directory.rows_path(directory.shard), directory.task, directory.columns())
+    writer = RowWriter(directory.rows_path(directory.shard), directory.layout.schema, directory.header())
     written = 0
     try:
         for record in track(_flatten(engine(pending)), desc=directory.task, total=todo):
@@ -136,3 +140,39 @@ def run_work(directory: RunDirectory, units: list[list[int]], engine: Callable[[
     finally:
         writer.close()
     return len(done), written
+
+
+@dataclass(frozen=True)
+class Session:
+    """One process's session over a run directory: rows found on disk at its start (``done_before``), rows it
+    wrote (``done_now``), rows on disk at its end (``kept``), whether all its units were done (``complete``; False
+    after Ctrl-C), its wall time and hardware (also recorded in the run's status file)."""
+
+    done_before: int
+    done_now: int
+    kept: int
+    complete: bool
+    wall_seconds: float
+    hardware: str
+
+
+def run_session(directory: RunDirectory, units: list[list[int]],
+                engine: Callable[[list[list[int]]], Iterator[list]], device: torch.device, hardware: str,
+                track: Track = silent) -> Session:
+    """:func:`run_work` as one recorded session: the status file opens it (and keeps its wall time current while it
+    runs) and closes it with the rows on disk, however the work stopped. KeyboardInterrupt ends the session with
+    ``complete`` False and the rows so far kept; any other error is raised after the status is written."""
+    start = time.perf_counter()
+    before = now = 0
+    complete = False
+    directory.start_session(device, hardware)
+    try:
+        before, now = run_work(directory, units, engine, track=track)
+        complete = True
+    except KeyboardInterrupt:
+        pass
+    finally:  # the status counts the rows on disk, whatever stopped the run
+        kept = len(directory.done_indices())
+        wall = time.perf_counter() - start
+        directory.update_status(device, hardware, wall, kept, complete)
+    return Session(before, now, kept, complete, wall, hardware)

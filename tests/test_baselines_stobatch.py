@@ -342,8 +342,60 @@ def test_baseline_certify_resumes_an_interrupted_run_with_the_same_rows(stobatch
     capsys.readouterr()
     assert main([*args[:-4], "--seed", "2", "--device", "cpu", "--out", str(cut)]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "other settings (seed)" in err
+    assert len(err.splitlines()) == 1 and "different settings (seed 1 there, 2 now)" in err
     assert (cut / ROWS_FILE).read_text().splitlines() == recorded
+
+
+def test_an_interrupted_baseline_certify_resumes_through_certifys_runner(stobatch_dir, tmp_path, monkeypatch,
+                                                                         capsys):
+    """Interrupted for real (Ctrl-C while the third row is being written: part of it reaches the file), a
+    `baseline-certify` run goes through certify's runner: exit 130, the whole rows kept, the cut one cut off and the
+    session closed in the status file. With a cut last row on disk (as a process killed outright leaves it), run
+    again, the cut row is dropped, only the missing images are certified, and the rows and table are those of an
+    uninterrupted run (the seconds aside)."""
+    from certify import runner
+    from certify.baseline_rows import ROWS_FILE, STATUS_FILE, TABLE_FILE
+
+    args = ["baseline-certify", "--model", str(stobatch_dir), "--sigma", "0.25", "--n0", "5", "--n", "20",
+            "--skip", "500", "--max-images", "4", "--seed", "1", "--device", "cpu"]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert main([*args, "--out", str(whole)]) == 0
+    real_write = runner.RowWriter.write
+    written = []
+
+    def write_then_interrupt(self, record):
+        if len(written) == 2:
+            self.handle.write(self.schema.format(record)[:20])  # the third row, cut short
+            self.handle.flush()
+            raise KeyboardInterrupt
+        written.append(record)
+        real_write(self, record)
+
+    monkeypatch.setattr(runner.RowWriter, "write", write_then_interrupt)
+    capsys.readouterr()
+    assert main([*args, "--out", str(cut)]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted; 2 of 4 images are saved in" in err and not (cut / TABLE_FILE).exists()
+    status = json.loads((cut / STATUS_FILE).read_text())
+    assert status["complete"] is False and status["rows"] == 2 and status["sessions"][0]["state"] == "finished"
+    kept = (cut / ROWS_FILE).read_text()
+    assert len(kept.splitlines()) == 2 and kept.endswith("\n")  # the half row was cut off when the session closed
+    with (cut / ROWS_FILE).open("a") as handle:  # ... as a process killed outright (SIGKILL) would leave it
+        handle.write((whole / ROWS_FILE).read_text().splitlines()[2][:25])
+    monkeypatch.setattr(runner.RowWriter, "write", real_write)
+    assert main([*args, "--out", str(cut)]) == 0
+    assert "resuming" in capsys.readouterr().err
+
+    def rows(folder):
+        return [{k: v for k, v in json.loads(line).items() if k != "seconds"}
+                for line in (folder / ROWS_FILE).read_text().splitlines()]
+
+    assert rows(cut) == rows(whole) and len(rows(cut)) == 4
+    assert (cut / TABLE_FILE).read_text() == (whole / TABLE_FILE).read_text()
+    status = json.loads((cut / STATUS_FILE).read_text())
+    assert status["complete"] is True and status["rows"] == 4 and len(status["sessions"]) == 2
+    summary = json.loads((cut / "summary.json").read_text())
+    assert summary["images_resumed"] == 2 and summary["num_images"] == 4
 
 
 def test_baseline_certify_refuses_other_checkpoints(stobatch_dir, tmp_path, capsys):

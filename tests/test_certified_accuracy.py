@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 
+from certify.baseline_rows import RADII, certified_accuracy_by_radius
 from certify.rundir import CertifyRecord
 from certify.summary import certified_accuracy
 from tests.test_reproduce import reproduce_part
-from training.baselines.cli import RADII, certified_accuracy_by_radius
 
 # (prediction, label, radius): right at 0.5, right at 0 (a certificate without radius), an abstention, wrong at 1.0
 ROWS = [(3, 3, 0.5), (2, 2, 0.0), (-1, 4, 0.0), (1, 0, 1.0)]

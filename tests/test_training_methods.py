@@ -1,6 +1,6 @@
 """The training-method interface (training/methods): the registry, each method's config refusing the settings it
-does not use (by its config type's fields), the train command going through the registry, and the resumable row
-journal baseline-certify keeps (certify/journal.py)."""
+does not use (by its config type's fields), the train command going through the registry, and baseline-certify's
+rows kept by the run directory certify uses (certify/rundir.py with certify/baseline_job.py's layout)."""
 from __future__ import annotations
 
 import json
@@ -144,21 +144,39 @@ def test_train_runs_a_registered_method_through_the_registry(tmp_path, capsys):
         get_method("fake-for-test")
 
 
-def test_the_row_journal_resumes_whole_rows_and_refuses_other_settings(tmp_path):
-    from certify.journal import RowJournal
+def test_baseline_rows_go_through_certifys_run_directory(tmp_path):
+    """baseline-certify's JSON rows in the shared run directory: whole rows resume, a cut last row is dropped and cut
+    off the file, other settings are refused in one line with the recorded rows kept, and rows with no settings
+    file are refused."""
+    from certify.baseline_job import baseline_layout
+    from certify.rowfile import RowWriter
+    from certify.rundir import RunDirectory
+    from transdenoiser.errors import UserError
 
-    journal = RowJournal(tmp_path / "run", "s.json", "rows.jsonl", what="test")
     settings = {"seed": 1, "indices": [0, 5, 9]}
-    assert journal.open(settings, [0, 5, 9]) == {}
-    with journal.appending() as rows:
-        rows.write({"idx": 0, "value": 1.5})
-        rows.write({"idx": 5, "value": None})
-    with journal.rows_path.open("a") as handle:
+    run = RunDirectory(tmp_path / "run", settings, None, layout=baseline_layout())
+    run.open()
+    assert run.rows_path().name == "baseline_certify.rows.jsonl" and run.done_indices() == set()
+    assert json.loads((tmp_path / "run" / "baseline_certify.settings.json").read_text()) == settings
+    writer = RowWriter(run.rows_path(), run.layout.schema, run.header())
+    writer.write({"idx": 0, "value": 1.5})
+    writer.write({"idx": 5, "value": None})
+    writer.close()
+    with run.rows_path().open("a") as handle:
         handle.write('{"idx": 9, "val')  # the interrupted third row
-    again = RowJournal(tmp_path / "run", "s.json", "rows.jsonl", what="test")
-    assert again.open(settings, [0, 5, 9]) == {0: {"idx": 0, "value": 1.5}, 5: {"idx": 5, "value": None}}
-    assert journal.rows_path.read_text().endswith("}\n")  # the cut row is gone
+    again = RunDirectory(tmp_path / "run", settings, None, layout=baseline_layout())
+    again.open()
+    assert again.done_indices() == {0, 5}
+    assert again.rows() == [{"idx": 0, "value": 1.5}, {"idx": 5, "value": None}]
+    assert run.rows_path().read_text() == '{"idx": 0, "value": 1.5}\n{"idx": 5, "value": null}\n'  # cut row gone
     with pytest.raises(UserError) as error:
-        again.open({"seed": 2, "indices": [0, 5, 9]}, [0, 5, 9])
-    assert len(str(error.value).splitlines()) == 1 and "other settings (seed)" in str(error.value)
-    assert len(journal.rows_path.read_text().splitlines()) == 2  # refused: the recorded rows are kept
+        RunDirectory(tmp_path / "run", {**settings, "seed": 2}, None, layout=baseline_layout()).open()
+    assert len(str(error.value).splitlines()) == 1 and "different settings (seed 1 there, 2 now)" in str(error.value)
+    assert len(run.rows_path().read_text().splitlines()) == 2  # refused: the recorded rows are kept
+    (tmp_path / "run" / "baseline_certify.settings.json").unlink()
+    with pytest.raises(UserError, match="no baseline_certify.settings.json"):
+        RunDirectory(tmp_path / "run", settings, None, layout=baseline_layout()).open()
+    run.rows_path().write_text('{"idx": 0}\nnot json\n')
+    (tmp_path / "run" / "baseline_certify.settings.json").write_text(json.dumps(settings))
+    with pytest.raises(UserError, match=r"line 2: not a valid baseline-certify row"):
+        again.done_indices()
