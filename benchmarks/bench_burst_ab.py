@@ -42,16 +42,26 @@ def start(code: Path, model_dir: Path, log: Path) -> ServerProcess:
             os.environ["PYTHONPATH"] = previous_path
 
 
+def code_checkout(text: str) -> Path:
+    """A directory holding the server's code (``serving/service.py``), for ``--before`` and ``--after``."""
+    path = Path(text)
+    if not (path / "serving" / "service.py").is_file():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a checkout of transdenoiser (no serving/service.py in it)")
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_burst_ab", description=__doc__.split("\n")[0])
     model_args(parser)
-    parser.add_argument("--before", type=Path, required=True, help="code checkout of the first server")
-    parser.add_argument("--after", type=Path, required=True, help="code checkout of the second server")
+    parser.add_argument("--before", type=code_checkout, required=True, help="code checkout of the first server")
+    parser.add_argument("--after", type=code_checkout, required=True, help="code checkout of the second server")
     parser.add_argument("--rounds", type=positive_int, default=4, help="runs against each server")
     parser.add_argument("--burst-bodies", type=positive_int, default=100, help="bodies of the burst sent at once")
     parser.add_argument("--loop-seconds", type=positive_float, default=15.0, help="how long 2 clients loop bodies")
     parser.add_argument("--out", default="runs/bench/burst_ab.json", help="JSON results file")
     args = parser.parse_args(argv)
+    if not (Path(args.classifier_dir) / "metadata.json").is_file():
+        parser.error(f"--classifier-dir {args.classifier_dir}: not a classifier checkpoint (no metadata.json)")
     record = run_record(argv, "benchmarks.bench_burst_ab")
     runs: dict[str, list[dict]] = {"before": [], "after": []}
     with tempfile.TemporaryDirectory(prefix="bench_burst_ab_") as tmp:

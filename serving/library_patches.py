@@ -1,4 +1,4 @@
-"""The two library internals the server patches, each checked before it is patched.
+"""The three library internals the server patches, each checked before it is patched.
 
 Neither library offers an extension point for these (checked against BentoML 1.4's service configuration,
 ``add_asgi_middleware`` and ``__metrics__`` hook, and uvicorn 0.x's options):
@@ -13,15 +13,24 @@ Neither library offers an extension point for these (checked against BentoML 1.4
 - **uvicorn's own 400** for a request it cannot parse (e.g. a malformed ``Content-Length``) is plain text, sent by
   its protocol before any application sees the request; BentoML starts uvicorn itself, and uvicorn has no option
   for that body. ``json_protocol_errors`` replaces ``H11Protocol.send_400_response`` with one answering our JSON.
+- **BentoML's request timeout** (``TimeoutMiddleware``, installed for the service's ``traffic.timeout``) arms
+  ``loop.call_later(timeout, ...)`` for every request and never cancels it, so the timer keeps the request's
+  context (its OpenTelemetry span, futures, locks: about 20 objects) alive for the whole timeout (600 s here) after
+  the request ended; under steady traffic the heap grows and each full garbage collection, during which the event
+  loop and every probe wait, grows with it. Its only setting is the timeout itself (``None`` removes the
+  middleware, and with it the 504 of a request that sends nothing for that long, e.g. a body trickled in).
+  ``cancel_request_timers`` replaces its ``__call__`` with the same code that also cancels the timer when the
+  request ends: every answer, the 504 included, is unchanged.
 
 Each patch first checks the internals it relies on (the class, the method's signature, the code that reads the
 path or writes the answer, that BentoML's service app uses that middleware, that uvicorn picks its h11 protocol)
-and raises ``LibraryInternalsChanged`` naming the library, its version and what changed. The service applies both
+and raises ``LibraryInternalsChanged`` naming the library, its version and what changed. The service applies them
 at import, in the worker, so a changed library stops the server at start-up instead of silently losing the
 protection; ``transdenoiser serve`` runs the checks before it starts BentoML. Idempotent.
 """
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 
@@ -165,7 +174,100 @@ def json_protocol_errors(protocol=None, auto=None) -> None:
     protocol._transdenoiser_json_400 = True
 
 
+# The lines of BentoML's TimeoutMiddleware.__call__ that ``cancel_request_timers`` reproduces, checked before patching.
+_TIMEOUT_CALL_LINES = (
+    'if scope["type"] not in ("http", "websocket"):',
+    "waiter = loop.create_future()",
+    "loop.call_later(self.timeout, self._set_timer_out, waiter)",
+    "waiter.set_result(None)",
+    "asyncio.ensure_future(self.app(scope, receive, _send), loop=loop)",
+    "await waiter",
+    "except asyncio.TimeoutError:",
+    "if fut.cancel():",
+    '"error": f"Not able to process the request in {self.timeout} seconds"',
+    "status_code=504",
+    "await fut",
+)
+
+
+def check_timeout_internals(middleware=None, base_source: str | None = None):
+    """BentoML's ``TimeoutMiddleware`` as ``cancel_request_timers`` expects it, or ``LibraryInternalsChanged``:
+    BentoML's app factory installs it with ``timeout=self.timeout``, ``__init__(self, app, timeout)`` keeps both,
+    ``_set_timer_out(self, waiter)`` exists, and ``__call__(self, scope, receive, send)`` is the code the
+    replacement reproduces (``_TIMEOUT_CALL_LINES``)."""
+    if middleware is None:
+        try:
+            from bentoml._internal.server.http.traffic import TimeoutMiddleware as middleware
+        except ImportError as exc:
+            raise _changed("bentoml", f"its request-timeout middleware is gone ({exc})") from None
+    if base_source is None:
+        try:
+            import bentoml._internal.server.base_app as base_app
+        except ImportError as exc:
+            raise _changed("bentoml", f"its app factory module is gone ({exc})") from None
+        base_source = _source(base_app)
+    name = middleware.__name__
+    if f"Middleware({name}, timeout=self.timeout)" not in base_source:
+        raise _changed("bentoml", f"its app factory no longer installs {name}(timeout=self.timeout)")
+    init = getattr(middleware, "__init__", None)
+    init_source = _source(init)
+    if (list(inspect.signature(init).parameters)[:3] != ["self", "app", "timeout"]
+            or "self.app = app" not in init_source or "self.timeout = timeout" not in init_source):
+        raise _changed("bentoml", f"{name}.__init__ no longer keeps (app, timeout) as self.app and self.timeout")
+    timer_out = getattr(middleware, "_set_timer_out", None)
+    if timer_out is None or list(inspect.signature(timer_out).parameters) != ["self", "waiter"]:
+        raise _changed("bentoml", f"{name}._set_timer_out(self, waiter) is gone or changed")
+    call = getattr(middleware, "_transdenoiser_original_call", None) or middleware.__call__
+    if list(inspect.signature(call).parameters) != ["self", "scope", "receive", "send"]:
+        raise _changed("bentoml", f"{name}.__call__ no longer takes (scope, receive, send)")
+    call_source = _source(call)
+    missing = next((line for line in _TIMEOUT_CALL_LINES if line not in call_source), None)
+    if missing is not None:
+        raise _changed("bentoml", f"{name}.__call__ changed (no longer has `{missing}`)")
+    return middleware
+
+
+def cancel_request_timers(middleware=None) -> None:
+    """BentoML's request timeout cancels its timer when the request ends, so that the timer no longer keeps the
+    request's context alive for the whole timeout; the code is otherwise BentoML 1.4's (same 504 and body)."""
+    middleware = check_timeout_internals(middleware)
+    if getattr(middleware, "_transdenoiser_cancels_timers", False):
+        return
+    from starlette.responses import JSONResponse
+
+    async def call(self, scope, receive, send):
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        timer = loop.call_later(self.timeout, self._set_timer_out, waiter)
+
+        async def _send(message) -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+            await send(message)
+
+        fut = asyncio.ensure_future(self.app(scope, receive, _send), loop=loop)
+        try:
+            try:
+                await waiter
+            except asyncio.TimeoutError:
+                if fut.cancel():
+                    resp = JSONResponse({"error": f"Not able to process the request in {self.timeout} seconds"},
+                                        status_code=504)
+                    await resp(scope, receive, send)
+            else:
+                await fut  # wait for the future to finish
+        finally:
+            timer.cancel()  # the one change: the timer (and the request's context it holds) goes with the request
+
+    middleware._transdenoiser_original_call = middleware.__call__
+    middleware.__call__ = call
+    middleware._transdenoiser_cancels_timers = True
+
+
 def check_library_internals() -> None:
-    """Both checks (``transdenoiser serve`` runs them before starting BentoML)."""
+    """All three checks (``transdenoiser serve`` runs them before starting BentoML)."""
     check_request_metrics_internals()
     check_protocol_internals()
+    check_timeout_internals()

@@ -42,7 +42,7 @@ from serving.compute.noise import NoiseKey, client_image_seed, model_identity
 from serving.compute.scheduler import FairScheduler, SchedulerRefusal, Work
 from serving.config import DEVICE_ENV, model_dir_from_env
 from serving.http_errors import JsonErrorMiddleware
-from serving.library_patches import bound_request_labels, json_protocol_errors
+from serving.library_patches import bound_request_labels, cancel_request_timers, json_protocol_errors
 from serving.limits import PayloadLimitMiddleware, release_body_slot
 from serving.metrics import service_metrics
 from serving.validation import PredictRequest, RequestError, parse_payload, parse_predict_request
@@ -327,3 +327,4 @@ TransDenoiser.add_asgi_middleware(PayloadLimitMiddleware)
 # Checked patches of library internals (serving.library_patches): a changed BentoML or uvicorn stops the start here
 bound_request_labels(ROUTES)  # BentoML's request metrics: one label per route, one for every other path
 json_protocol_errors()  # uvicorn's own 400 (an unparsable request) as our JSON
+cancel_request_timers()  # BentoML's request timeout cancels its timer when the request ends (no 10-minute contexts)

@@ -111,3 +111,48 @@ def test_bench_sound_noise_quick(tmp_path):
     assert bench_sound_noise.main(["--quick", "--json", str(out)]) == 0
     record = json.loads(out.read_text())
     assert set(record["median_seconds"]) == {"gaussian", "sound"} and record["ratio_sound_to_gaussian"] > 0
+
+
+def test_bench_gc_pause_quick_times_collections_with_timers_kept_and_cancelled(tmp_path, random_classifier_dir,
+                                                                                 monkeypatch):
+    import gc
+
+    from benchmarks import bench_gc_pause
+    from tests.conftest import forget_bentoml_metrics
+
+    monkeypatch.delenv("TRANSDENOISER_API_KEY", raising=False)
+    monkeypatch.setenv("TRANSDENOISER_MODEL_DIR", "")  # the benchmark sets both; monkeypatch restores them
+    monkeypatch.setenv("TRANSDENOISER_DEVICE", "cpu")
+    out = tmp_path / "gc.json"
+    try:
+        assert bench_gc_pause.main(["--quick", "--classifier-dir", str(random_classifier_dir), "--out", str(out)]) == 0
+    finally:
+        forget_bentoml_metrics()
+        gc.unfreeze()
+    result = json.loads(out.read_text())
+    assert result["probes"] == 200 and result["frozen_at_start_up"] > 100_000
+    kept, cancelled = result["after_probes"]["timers_kept"], result["after_probes"]["timers_cancelled"]
+    assert kept["timers_left"]["median"] == 200 and cancelled["timers_left"]["median"] == 0
+    assert kept["objects_added"]["median"] > 10 * 200 > cancelled["objects_added"]["median"]
+    assert all(result[mode]["cpu_s"]["median"] >= 0 for mode in ("frozen", "unfrozen"))
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--before", "{missing}", "--after", "."], "is not a checkout of transdenoiser"),
+    (["--before", ".", "--after", "{tmp}"], "is not a checkout of transdenoiser"),
+    (["--before", ".", "--after", ".", "--rounds", "0"], "--rounds"),
+    (["--before", ".", "--after", ".", "--loop-seconds", "-1"], "--loop-seconds"),
+    (["--before", ".", "--after", ".", "--classifier-dir", "{tmp}"], "not a classifier checkpoint"),
+    (["--after", "."], "--before"),
+])
+def test_bench_burst_ab_refuses_bad_arguments(argv, message, tmp_path, capsys):
+    """Only its argument checks: a run starts two real servers and takes minutes (its figures are measured by hand,
+    docs/results/serving.md)."""
+    from benchmarks import bench_burst_ab
+
+    argv = [arg.format(missing=tmp_path / "missing", tmp=tmp_path) for arg in argv]
+    with pytest.raises(SystemExit) as info:
+        bench_burst_ab.main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and message in err, err
+    assert len([line for line in err.splitlines() if "error:" in line]) == 1

@@ -252,6 +252,21 @@ def test_start_up_objects_are_frozen(service_client):
     assert gc.get_freeze_count() > 100_000
 
 
+def test_requests_leave_no_timer_behind(service_client):
+    """BentoML's request timeout (600 s) no longer leaves a timer, holding the request's context, per request
+    (serving.library_patches.cancel_request_timers): 200 probes leave no timer due in more than 5 minutes."""
+    import asyncio
+
+    async def long_timers() -> int:
+        loop = asyncio.get_running_loop()
+        return sum(not handle.cancelled() and handle.when() - loop.time() > 300 for handle in loop._scheduled)
+
+    before = service_client.portal.call(long_timers)
+    for path in ("/livez", "/readyz") * 100:
+        assert service_client.get(path).status_code == 200
+    assert service_client.portal.call(long_timers) <= before
+
+
 def test_service_predicts_json_and_png(service_client, digits):
     x, y = digits
     response = service_client.post("/predict", json={"images": x[:2].tolist(), "n": 200, "seed": 4})

@@ -2,14 +2,21 @@
 installed versions they apply (idempotently), and a changed internal stops the start with one clear line."""
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import gc
+import weakref
+
 import pytest
 
 from serving.library_patches import (
     LibraryInternalsChanged,
     bound_request_labels,
+    cancel_request_timers,
     check_library_internals,
     check_protocol_internals,
     check_request_metrics_internals,
+    check_timeout_internals,
     json_protocol_errors,
 )
 
@@ -19,11 +26,16 @@ def test_the_installed_libraries_pass_and_the_patches_apply_once():
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     check_library_internals()
+    from bentoml._internal.server.http.traffic import TimeoutMiddleware
+
     for _ in range(2):
         bound_request_labels(frozenset({"/predict"}))
         json_protocol_errors()
+        cancel_request_timers()
     check_library_internals()  # still passes once patched (it checks the originals)
     assert RunnerTrafficMetricsMiddleware._transdenoiser_bounded and H11Protocol._transdenoiser_json_400
+    assert TimeoutMiddleware._transdenoiser_cancels_timers
+    assert TimeoutMiddleware.__call__ is not TimeoutMiddleware._transdenoiser_original_call
     assert 'scope["path"]' in __import__("inspect").getsource(RunnerTrafficMetricsMiddleware
                                                               ._transdenoiser_original_call)
 
@@ -115,3 +127,180 @@ def test_serve_refuses_to_start_when_the_internals_changed(monkeypatch, tmp_path
     status = main(["serve", "--model-dir", str(model_dir), "--port", str(free_port()), "--dry-run"])
     err = capsys.readouterr().err
     assert status == 2 and "uvicorn" in err and "httptools installed" in err, err
+
+
+# ------------------------------------------------------------------------------------- BentoML's request timeout
+
+_REQUEST = contextvars.ContextVar("request")
+
+
+class _RequestContext:
+    """Stands for what a request puts in its context (OpenTelemetry's span, ...)."""
+
+
+async def _answer(scope, receive, send):
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+def _timeout_middleware(app, timeout):
+    from bentoml._internal.server.http.traffic import TimeoutMiddleware
+
+    cancel_request_timers()
+    return TimeoutMiddleware(app, timeout=timeout)
+
+
+def _run(call, middleware, requests: int, scope=None):
+    """``requests`` requests, each its own task (as uvicorn runs them) with its own context object, through
+    ``call(middleware, ...)``; then the messages sent, the request contexts still alive and the timers pending."""
+    alive, sent = weakref.WeakSet(), []
+
+    async def receive():
+        return {"type": "http.request", "body": b""}
+
+    async def send(message):
+        sent.append(message)
+
+    async def request():
+        context = _RequestContext()
+        alive.add(context)
+        _REQUEST.set(context)
+        await call(middleware, scope or {"type": "http", "path": "/livez"}, receive, send)
+
+    async def main():
+        for _ in range(requests):
+            await asyncio.create_task(request())
+        await asyncio.sleep(0)
+        gc.collect()
+        pending = sum(not handle.cancelled() for handle in asyncio.get_running_loop()._scheduled)
+        return sent, len(alive), pending
+
+    return asyncio.run(main())
+
+
+def test_request_timers_are_cancelled_and_free_the_request_context():
+    """BentoML's own TimeoutMiddleware keeps every request's context until its timer fires (600 s); patched, no
+    request's context outlives the request."""
+    middleware = _timeout_middleware(_answer, timeout=600)
+    original = type(middleware)._transdenoiser_original_call
+    sent, alive, pending = _run(original, middleware, 200)
+    assert (alive, pending) == (200, 200)  # the leak the patch removes (if this fails, BentoML changed)
+    sent_patched, alive, pending = _run(type(middleware).__call__, middleware, 200)
+    assert (alive, pending) == (0, 0)
+    assert sent_patched == sent and len(sent) == 400
+
+
+async def _slow(scope, receive, send):
+    await asyncio.sleep(5)
+    await _answer(scope, receive, send)
+
+
+async def _starts_then_slow(scope, receive, send):
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await asyncio.sleep(0.1)
+    await send({"type": "http.response.body", "body": b"late"})
+
+
+async def _fails(scope, receive, send):
+    raise RuntimeError("the application failed")
+
+
+@pytest.mark.parametrize("app", [_answer, _slow, _starts_then_slow], ids=["answer", "504", "slow-answer"])
+def test_request_timeout_answers_are_unchanged(app):
+    """The same messages as BentoML's own middleware: the answer, the 504 of a request that sent nothing within the
+    timeout, a slow answer that started in time; and no timer left."""
+    middleware = _timeout_middleware(app, timeout=0.05)
+    original = type(middleware)._transdenoiser_original_call
+    sent, _, _ = _run(original, middleware, 1)
+    sent_patched, alive, pending = _run(type(middleware).__call__, middleware, 1)
+    assert sent_patched == sent and (alive, pending) == (0, 0)
+    if app is _slow:
+        assert sent[0]["status"] == 504 and b"Not able to process the request in 0.05 seconds" in sent[1]["body"]
+    lifespan, _, _ = _run(type(middleware).__call__, _timeout_middleware(_answer, 600), 1, {"type": "lifespan"})
+    assert lifespan[0]["status"] == 200
+
+
+def test_a_failing_application_is_answered_as_before():
+    """An application that fails before answering: BentoML's middleware waits for its timer (the failure is never
+    awaited) and sends nothing; the patched one does the same and leaves no timer."""
+    middleware = _timeout_middleware(_fails, timeout=0.05)
+    sent, _, _ = _run(type(middleware)._transdenoiser_original_call, middleware, 1)
+    assert _run(type(middleware).__call__, middleware, 1) == (sent, 0, 0) and sent == []
+
+
+class _Timeout:
+    def __init__(self, app, timeout):
+        self.app = app
+        self.timeout = timeout
+
+    def _set_timer_out(self, waiter):
+        pass
+
+
+class _NoTimer(_Timeout):
+    """BentoML's code with the timer armed differently (``loop.call_later`` gone)."""
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        loop.call_at(loop.time() + self.timeout, self._set_timer_out, waiter)
+
+        async def _send(message):
+            waiter.set_result(None)
+            await send(message)
+
+        fut = asyncio.ensure_future(self.app(scope, receive, _send), loop=loop)
+        try:
+            await waiter
+        except asyncio.TimeoutError:
+            if fut.cancel():
+                body = {"error": f"Not able to process the request in {self.timeout} seconds"}  # noqa: F841
+                return {"status_code=504"}
+        else:
+            await fut
+
+
+class _NewTimeoutSignature(_Timeout):
+    async def __call__(self, request):
+        pass
+
+
+def _exact():
+    from bentoml._internal.server.http.traffic import TimeoutMiddleware
+
+    return TimeoutMiddleware
+
+
+class _NoTimerOut(_NoTimer):
+    _set_timer_out = None
+
+
+class _NewInit(_NoTimer):
+    def __init__(self, app, seconds):
+        self.app = app
+
+
+FACTORY = ("Middleware(TimeoutMiddleware, timeout=self.timeout) Middleware(_NoTimer, timeout=self.timeout) "
+           "Middleware(_NewTimeoutSignature, timeout=self.timeout) Middleware(_NoTimerOut, timeout=self.timeout) "
+           "Middleware(_NewInit, timeout=self.timeout)")
+
+
+@pytest.mark.parametrize(("middleware", "factory", "message"), [
+    (_NoTimer, FACTORY, r"__call__ changed \(no longer has `loop.call_later"),
+    (_NewTimeoutSignature, FACTORY, r"no longer takes \(scope, receive, send\)"),
+    (_NoTimerOut, FACTORY, r"_set_timer_out\(self, waiter\) is gone or changed"),
+    (_NewInit, FACTORY, "no longer keeps \\(app, timeout\\)"),
+    (None, "results.append(Middleware(OtherTimeout, timeout=self.timeout))", "no longer installs TimeoutMiddleware"),
+])
+def test_changed_bentoml_timeout_stops_the_start(middleware, factory, message):
+    middleware = middleware or _exact()
+    assert check_timeout_internals(_exact(), FACTORY) is _exact()
+    with pytest.raises(LibraryInternalsChanged, match=message) as info:
+        check_timeout_internals(middleware, factory)
+    assert str(info.value).startswith("bentoml ") and "\n" not in str(info.value)
+    if factory == FACTORY:
+        with pytest.raises(LibraryInternalsChanged, match="^bentoml "):  # the patch checks before patching
+            cancel_request_timers(middleware)
+        assert not hasattr(middleware, "_transdenoiser_cancels_timers")
