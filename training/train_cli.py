@@ -187,6 +187,17 @@ def resolve_auto_batch(args, config, num_examples: int, print=builtins.print) ->
     config.batch_size = chosen.batch_size
 
 
+def note_unused_settings(method, settings, source, print=builtins.print) -> None:  # noqa: A002
+    """One note line on stderr naming the keys of a shared ``--config`` file that this denoiser arm does not use
+    (another arm's settings; :meth:`training.methods.denoiser.DenoiserMethod.unused_settings`)."""
+    unused = getattr(method, "unused_settings", None)
+    names = unused(settings, source) if unused is not None else []
+    if names:
+        from training.methods.denoiser_config import unused_note
+
+        print(f"note: --config {source.path}: {unused_note(method.name, names)}", file=sys.stderr)
+
+
 def _plan_only(args) -> int:
     """``train --plan``: the batch-size plan for this data set and target epsilon; nothing is trained or written."""
     from training.cli import load_dataset_from_args
@@ -195,7 +206,11 @@ def _plan_only(args) -> int:
     if args.arm == "stobatch":
         raise UserError("--plan plans Poisson-sampled DP-SGD; the stobatch arm trains on disjoint batches (each "
                         "example once per epoch): leave out --plan and give --batch-size")
-    config, _ = config_from_args(args)
+    from training.train_flags import method_and_settings
+
+    method, settings, source = method_and_settings(args)
+    config = method.config_from_settings(settings, source)
+    note_unused_settings(method, settings, source)
     dataset = load_dataset_from_args(args)
     resolve_auto_batch(args, config, training_examples(config, dataset))
     return 0
@@ -328,6 +343,7 @@ def _train_denoiser(args, method, device, group, print=builtins.print) -> int:  
         classifier_dir = args.classifier
     _, settings, source = method_and_settings(args, base)
     config = method.config_from_settings(settings, source, base)
+    note_unused_settings(method, settings, source, print)
     seed_everything(config.seed)
     dataset = load_dataset_from_args(args)
     classifier = load_checkpoint(classifier_dir, kind="classifier", map_location=device)
