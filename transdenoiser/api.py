@@ -230,9 +230,9 @@ def _in_memory_dataset(private: np.ndarray, test_images: np.ndarray, test_labels
 @_one_convergence_warning
 def train_private_denoiser(classifier: nn.Module, images, *, test, arm: str = "sepdp", sigma: float = 0.25,
                            epochs: int = 10, batch_size: int = 64, noise_multiplier: float | None = None,
-                           target_epsilon: float | None = None, delta: float | None = None, num_classes: int | None = None,
-                           device: torch.device | str | None = None, out: str | Path | None = None,
-                           track: Track = silent, dataset_name: str = "in-memory",
+                           target_epsilon: float | None = None, delta: float | None = None,
+                           num_classes: int | None = None, device: torch.device | str | None = None,
+                           out: str | Path | None = None, track: Track = silent, dataset_name: str = "in-memory",
                            **settings: Any) -> tuple[nn.Module, dict[str, Any]]:
     """Train a denoiser on ``images`` with differential privacy, in front of the frozen ``classifier``.
 

@@ -18,9 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from training.methods.base import Hooks, SettingsSource, TrainResult, refuse_unknown
-from training.methods.denoiser_config import (  # noqa: F401 (re-exported)
-    ARM_CONFIGS, AUTO, DEFAULT_MIN_STEPS, DenoiserConfig, DPConfig, NoDPConfig, SepDPConfig, TransDenoiserConfig,
-    inherited_settings, other_arms_settings)
+from training.methods.denoiser_config import (
+    ARM_CONFIGS,
+    AUTO,
+    DEFAULT_MIN_STEPS,
+    DenoiserConfig,
+    inherited_settings,
+    other_arms_settings,
+)
 from training.methods.registry import register
 from training.private_train import plan as plan_schedule
 from training.private_train import train_denoiser
