@@ -17,8 +17,8 @@ esac
 arms=("$@")
 T=${TRANSDENOISER:-.venv/bin/transdenoiser}
 mkdir -p "$out/logs"
-paper=(--config configs/mnist_sigma025.toml --dataset "$dataset" --sigma "$sigma" --target-epsilon "$eps"
-       --classifier "$clf")
+paper=(--config configs/mnist_sigma025.toml --dataset "$dataset" --sigma "$sigma" --classifier "$clf")
+dp=(--target-epsilon "$eps")  # the DP arms' setting: the nodp arm takes no --target-epsilon
 # Algorithm 1 needs xi_low <= xi_up: above epsilon 1 the calibrated xi_up can fall below the config's 0.5 (0.483 at
 # epsilon 8 on Fashion-MNIST), so the transdenoiser arm there uses 0.25 (as scripts/reproduce.py; with S_min = 0 the
 # input multiplier is 0, below either value)
@@ -45,13 +45,13 @@ certify() {  # name
 for arm in "${arms[@]}"; do
     case $arm in
         nodp) train nodp "${paper[@]}" --arm nodp --optimizer adam --lr 1e-3 ;;
-        sepdp) train sepdp "${paper[@]}" --arm sepdp ;;
-        transdenoiser) train transdenoiser "${paper[@]}" "${xi_low[@]}" --arm transdenoiser ;;
+        sepdp) train sepdp "${paper[@]}" "${dp[@]}" --arm sepdp ;;
+        transdenoiser) train transdenoiser "${paper[@]}" "${dp[@]}" "${xi_low[@]}" --arm transdenoiser ;;
         public_init) train public_init "${paper[@]}" --arm nodp --optimizer adam --lr 1e-3 --train-on public ;;
         sepdp_init) train public_init "${paper[@]}" --arm nodp --optimizer adam --lr 1e-3 --train-on public
-                    train sepdp_init "${paper[@]}" --arm sepdp --init-from "$out/train/public_init" ;;
-        sepdp_draws) train sepdp_draws "${paper[@]}" --arm sepdp --noise-draws 4 ;;
-        td_merged) train td_merged "${paper[@]}" "${xi_low[@]}" --arm transdenoiser --merge-uncredited-noise ;;
+                    train sepdp_init "${paper[@]}" "${dp[@]}" --arm sepdp --init-from "$out/train/public_init" ;;
+        sepdp_draws) train sepdp_draws "${paper[@]}" "${dp[@]}" --arm sepdp --noise-draws 4 ;;
+        td_merged) train td_merged "${paper[@]}" "${dp[@]}" "${xi_low[@]}" --arm transdenoiser --merge-uncredited-noise ;;
         sepdp_recipe) train sepdp_recipe --config "$recipe" --dataset "$dataset" --sigma "$sigma" \
                           --target-epsilon "$eps" --classifier "$clf" ;;
         recipe_full) train public_init "${paper[@]}" --arm nodp --optimizer adam --lr 1e-3 --train-on public

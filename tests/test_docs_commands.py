@@ -77,6 +77,28 @@ def test_documented_command_parses(doc, words, capsys):
     assert "note:" not in notes, f"{doc}: `transdenoiser {shlex.join(words)}` uses a deprecated spelling: {notes}"
 
 
+# `train` lines: every setting given is one the arm takes (training/methods: each arm's config type); a config file
+# that is not in the repository (one the reader writes first) and --resume (the saved run's arm) are left out
+TRAIN_LINES = [(doc, words) for doc, words in CHECKED
+               if words[:1] == ["train"] and not {"--help", "-h", "--resume"} & set(words)]
+
+
+def test_documented_train_lines_are_checked():
+    assert len(TRAIN_LINES) >= 10, len(TRAIN_LINES)
+
+
+@pytest.mark.parametrize("doc, words", TRAIN_LINES, ids=[f"{doc}:{' '.join(w)[:60]}" for doc, w in TRAIN_LINES])
+def test_documented_train_line_gives_the_arm_only_its_own_settings(doc, words, monkeypatch):
+    from training.train_flags import method_and_settings
+
+    monkeypatch.chdir(REPO)
+    args = build_parser(words).parse_args(words)
+    if args.config is not None and not Path(args.config).exists():
+        return  # a config file the reader writes first (e.g. --write-config's output): its keys are not known here
+    method, settings, source = method_and_settings(args)
+    method.config_from_settings(settings, source)  # raises on a setting the arm does not take
+
+
 # ---------------------------------------------------------------------------------------------- Python snippets
 # docs/API.md's blocks run in tests/test_api.py. The other docs' snippets use names a reader supplies (images,
 # a classifier), so they are checked statically: every import resolves, and every keyword a call passes to one of

@@ -154,7 +154,7 @@ def test_cli_batch_size_auto_needs_a_target_epsilon(tmp_path):
     from transdenoiser import cli
 
     assert cli.main(["train", "--plan", "--arm", "sepdp", "--out", str(tmp_path / "x")]) == 2
-    assert cli.main(["train", "--batch-size", "auto", "--arm", "nodp", "--target-epsilon", "1", "--classifier",
+    assert cli.main(["train", "--batch-size", "auto", "--arm", "nodp", "--classifier",
                      str(tmp_path), "--out", str(tmp_path / "x")]) == 2
     assert not (tmp_path / "x").exists()
 

@@ -180,3 +180,104 @@ def test_baseline_rows_go_through_certifys_run_directory(tmp_path):
     (tmp_path / "run" / "baseline_certify.settings.json").write_text(json.dumps(settings))
     with pytest.raises(UserError, match=r"line 2: not a valid baseline-certify row"):
         again.done_indices()
+
+
+# each denoiser arm's own config type (training/methods/denoiser_config.py): another arm's flag is refused in one
+# line; a --config file shared by the arms is accepted, its other arms' keys noted and not used
+OTHER_ARMS_FLAGS = {"nodp": (["--xi-up", "3"], "--xi-up"), "sepdp": (["--xi-low", "0.3"], "--xi-low"),
+                    "transdenoiser": (["--noise-draws", "2"], "--noise-draws")}
+SHARED_CONFIG = "sigma = 0.25\nclip_norm = 1.0\nxi_up = 2.0\nxi_low = 0.3\nmax_smin_dim = 100\nnoise_draws = 1\n"
+NOTES = {"nodp": "arm nodp does not use clip_norm, xi_up (sepdp's and transdenoiser's settings), max_smin_dim, "
+                 "xi_low (transdenoiser's settings), noise_draws (sepdp's setting)",
+         "sepdp": "arm sepdp does not use max_smin_dim, xi_low (transdenoiser's settings)",
+         "transdenoiser": "arm transdenoiser does not use noise_draws (sepdp's setting)"}
+
+
+@pytest.mark.parametrize("arm", ["nodp", "sepdp", "transdenoiser"])
+def test_a_denoiser_arm_refuses_another_arms_flag_in_one_line(arm, tmp_path, capsys):
+    flag, spelled = OTHER_ARMS_FLAGS[arm]
+    assert main(["train", "--arm", arm, *flag, "--classifier", str(tmp_path), "--out", str(tmp_path / "o"),
+                 "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.endswith(f"--arm {arm} does not take {spelled}"), err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("arm", ["nodp", "sepdp", "transdenoiser"])
+def test_a_shared_config_file_is_accepted_with_a_note_of_the_keys_the_arm_does_not_use(arm, tmp_path):
+    from training.methods.denoiser_config import unused_note
+
+    path = tmp_path / "shared.toml"
+    path.write_text(SHARED_CONFIG)
+    args = build_parser().parse_args(["train", "--config", str(path), "--arm", arm, "--epochs", "2"])
+    from training.train_flags import method_and_settings
+
+    method, settings, source = method_and_settings(args)
+    config = method.config_from_settings(settings, source)
+    assert isinstance(config, method.config_type) and config.epochs == 2 and config.sigma == 0.25
+    assert unused_note(arm, method.unused_settings(settings, source)) == NOTES[arm]
+    run = config.train_config()  # the run: the file's value where the arm reads it, else the default
+    assert run.xi_low == (0.3 if arm == "transdenoiser" else 0.5)
+    assert run.max_smin_dim == (100 if arm == "transdenoiser" else 4096)
+    assert run.xi_up == 2.0 and run.arm == arm
+    # a key no arm has is still refused, naming the file
+    path.write_text(SHARED_CONFIG + "robust_epsilon = 1.0\n")
+    args = build_parser().parse_args(["train", "--config", str(path), "--arm", arm])
+    method, settings, source = method_and_settings(args)
+    with pytest.raises(UserError, match=rf"^--arm {arm} does not take robust_epsilon \(in --config "):
+        method.config_from_settings(settings, source)
+
+
+def test_a_resumed_run_keeps_its_saved_settings_and_still_refuses_another_arms_flag():
+    from training.train_config import TrainConfig
+
+    saved = asdict(TrainConfig(arm="sepdp", xi_low=0.3, max_smin_dim=100, epochs=3))
+    method = get_method("sepdp")
+    config = method.config_from_settings({"epochs": 4}, FLAGS, base=saved)
+    assert asdict(config.train_config()) == {**saved, "epochs": 4}  # the saved TrainConfig, whole
+    with pytest.raises(UserError, match=r"^--arm sepdp does not take --xi-low$"):
+        method.config_from_settings({"xi_low": 0.3}, FLAGS, base=saved)
+
+
+def test_the_api_refuses_a_setting_the_arm_does_not_use_in_one_line():
+    from torch import nn
+
+    from transdenoiser.api import train_private_denoiser
+
+    for arm, settings, named in (("nodp", {"noise_multiplier": 2.0}, "noise_multiplier"),
+                                 ("nodp", {"delta": 1e-6}, "delta"), ("sepdp", {"xi_low": 0.3}, "xi_low"),
+                                 ("transdenoiser", {"noise_draws": 2}, "noise_draws")):
+        with pytest.raises(UserError) as error:
+            train_private_denoiser(nn.Linear(1, 1), None, test=None, arm=arm, **settings)
+        assert str(error.value) == f"train_private_denoiser: arm {arm} does not take {named}"
+
+
+def test_a_shared_config_run_records_the_full_train_config_and_notes_the_unused_keys(tmp_path, capsys,
+                                                                                    random_classifier_dir):
+    """metadata.json records the whole TrainConfig: the settings given, defaults for the rest (the file's
+    transdenoiser keys are not used by sepdp, so its xi_low and max_smin_dim are the defaults)."""
+    import torch
+
+    from training.train_config import TrainConfig
+
+    path = tmp_path / "shared.toml"
+    path.write_text(SHARED_CONFIG)
+    out = tmp_path / "run"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        code = main(["train", "--config", str(path), "--arm", "sepdp", "--classifier", str(random_classifier_dir),
+                     "--denoiser", "tiny", "--denoiser-width", "2", "--train-examples", "32", "--eval-examples",
+                     "8", "--epochs", "1", "--batch-size", "16", "--clipping", "vmap", "--out", str(out),
+                     "--device", "cpu"])
+    finally:
+        torch.set_num_threads(threads)
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert [line for line in err.splitlines() if line.startswith("note: --config")] == [
+        f"note: --config {path}: {NOTES['sepdp']}"]
+    recorded = json.loads((out / "metadata.json").read_text())["config"]
+    expected = TrainConfig(arm="sepdp", sigma=0.25, clip_norm=1.0, xi_up=2.0, noise_draws=1, denoiser="tiny",
+                           denoiser_kwargs={"width": 2}, train_examples=32, eval_examples=8, epochs=1,
+                           batch_size=16, clipping="vmap")
+    assert recorded == json.loads(json.dumps(asdict(expected)))

@@ -19,7 +19,7 @@ from transdenoiser.progress import bar, silent
 from transdenoiser.runtime import hardware_description, resolve_device, seed_everything
 
 DEFAULT_DATASET = "mnist10k"  # training.cli.add_dataset_args's default
-DEFAULT_MIN_STEPS = 200  # --batch-size auto: training.methods.denoiser.DEFAULT_MIN_STEPS (imported without torch)
+DEFAULT_MIN_STEPS = 200  # --batch-size auto: training.methods.denoiser_config.DEFAULT_MIN_STEPS (no torch here)
 
 # the per-epoch figures computed from the private split or the run itself (losses, times): printed for the trainer,
 # stored only in the private training record, never in the released files `bundle` copies
@@ -76,7 +76,8 @@ def register(subparsers, common) -> None:
     g.add_argument("--xi-up", type=positive_float, default=None,
                    help="noise multiplier xi_up: std / C of the noise on the summed clipped gradient (default: 2)")
     g.add_argument("--xi-low", type=nonnegative_float, default=None,
-                   help="line-16 threshold xi_low <= xi_up, in noise-multiplier units (default: 0.5)")
+                   help="transdenoiser arm: line-16 threshold xi_low <= xi_up, in noise-multiplier units "
+                        "(default: 0.5)")
     g.add_argument("--target-epsilon", type=positive_float, default=None,
                    help="calibrate xi_up so that epsilon (by --calibration-accountant) <= this at --delta")
     g.add_argument("--calibration-accountant", choices=("rdp", "pld"), default=None,
@@ -141,8 +142,8 @@ def register(subparsers, common) -> None:
                    help="autoencoder / dncnn normalisation: GroupNorm (per example) or none; BatchNorm is refused by "
                         "the DP arms (it mixes a batch's examples) (default: none for autoencoder, group for dncnn)")
     g.add_argument("--max-smin-dim", type=positive_int, default=None,
-                   help="largest parameter count w for which S_min is computed; above, it is treated as 0 "
-                        "(full explicit noise) and reported (default: 4096)")
+                   help="transdenoiser arm: largest parameter count w for which S_min is computed; above, it is "
+                        "treated as 0 (full explicit noise) and reported (default: 4096)")
     g = p.add_argument_group("speed and memory (the clipped sums are the same to float rounding)")
     g.add_argument("--clipping", choices=("auto", "ghost", "vmap"), default=None,
                    help="how per-example gradients are clipped: ghost (norms from layer activations and output "
@@ -187,6 +188,17 @@ def resolve_auto_batch(args, config, num_examples: int, print=builtins.print) ->
     config.batch_size = chosen.batch_size
 
 
+def note_unused_settings(method, settings, source, print=builtins.print) -> None:  # noqa: A002
+    """One note line on stderr naming the keys of a shared ``--config`` file that this denoiser arm does not use
+    (another arm's settings; :meth:`training.methods.denoiser.DenoiserMethod.unused_settings`)."""
+    unused = getattr(method, "unused_settings", None)
+    names = unused(settings, source) if unused is not None else []
+    if names:
+        from training.methods.denoiser_config import unused_note
+
+        print(f"note: --config {source.path}: {unused_note(method.name, names)}", file=sys.stderr)
+
+
 def _plan_only(args) -> int:
     """``train --plan``: the batch-size plan for this data set and target epsilon; nothing is trained or written."""
     from training.cli import load_dataset_from_args
@@ -195,7 +207,11 @@ def _plan_only(args) -> int:
     if args.arm == "stobatch":
         raise UserError("--plan plans Poisson-sampled DP-SGD; the stobatch arm trains on disjoint batches (each "
                         "example once per epoch): leave out --plan and give --batch-size")
-    config, _ = config_from_args(args)
+    from training.train_flags import method_and_settings
+
+    method, settings, source = method_and_settings(args)
+    config = method.config_from_settings(settings, source)
+    note_unused_settings(method, settings, source)
     dataset = load_dataset_from_args(args)
     resolve_auto_batch(args, config, training_examples(config, dataset))
     return 0
@@ -328,6 +344,7 @@ def _train_denoiser(args, method, device, group, print=builtins.print) -> int:  
         classifier_dir = args.classifier
     _, settings, source = method_and_settings(args, base)
     config = method.config_from_settings(settings, source, base)
+    note_unused_settings(method, settings, source, print)
     seed_everything(config.seed)
     dataset = load_dataset_from_args(args)
     classifier = load_checkpoint(classifier_dir, kind="classifier", map_location=device)

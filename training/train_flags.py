@@ -3,7 +3,8 @@
 The settings are a dict of what was given, in rising precedence ``--config FILE`` (TOML, keys are the method's
 config fields) then the flags, each flag under the name of the config field it sets (:data:`FLAG_FIELDS`). The
 method named by ``--arm`` (or the file's ``arm``) builds its config from them and refuses any setting its config
-type has no field for (:meth:`training.methods.base.Method.config_from_settings`).
+type has no field for (:meth:`training.methods.base.Method.config_from_settings`); a denoiser arm leaves out, and
+the CLI notes, a shared file's keys that only other denoiser arms read (training/methods/denoiser.py).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ FLAG_FIELDS = {"arm": "arm", "sigma": "sigma", "clip_norm": "clip_norm", "xi_up"
                "noise_draws": "noise_draws", "train_on": "train_on", "init_from": "init_from",
                "noise": "noise", "shape_examples": "shape_examples", "i_understand_unsound": "acknowledge_unsound"}
 FLAG_FIELDS["ema"] = "ema_decay"  # the tuned recipe (training/recipe.py)
-FLAG_FIELDS["min_steps"] = "min_steps"  # the recipe's batch plan (training/methods/denoiser.py)
+FLAG_FIELDS["min_steps"] = "min_steps"  # the recipe's batch plan (training/methods/denoiser_config.py)
 FLAG_FIELDS.update({"clipping": "clipping", "grad_chunk_size": "grad_chunk_size",  # training/privacy/clipping.py
                     "physical_batch_size": "physical_batch_size", "compile": "compile"})
 # flags that set one entry of the denoiser_kwargs field
@@ -63,7 +64,9 @@ def settings_from_args(args, base: dict | None = None) -> tuple[dict[str, Any], 
     if base is None or getattr(args, "seed", 0) != 0:
         settings["seed"] = getattr(args, "seed", 0)
         spelled["seed"] = "--seed"
-    return settings, SettingsSource(str(getattr(args, "config", None) or "flags"), spelled)
+    file_keys = frozenset(name for name, how in spelled.items() if not how.startswith("--"))
+    path = str(args.config) if getattr(args, "config", None) is not None else None
+    return settings, SettingsSource(path or "flags", spelled, file_keys, path)
 
 
 def method_and_settings(args, base: dict | None = None):

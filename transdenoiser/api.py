@@ -230,9 +230,9 @@ def _in_memory_dataset(private: np.ndarray, test_images: np.ndarray, test_labels
 @_one_convergence_warning
 def train_private_denoiser(classifier: nn.Module, images, *, test, arm: str = "sepdp", sigma: float = 0.25,
                            epochs: int = 10, batch_size: int = 64, noise_multiplier: float | None = None,
-                           target_epsilon: float | None = None, delta: float = 1e-5, num_classes: int | None = None,
-                           device: torch.device | str | None = None, out: str | Path | None = None,
-                           track: Track = silent, dataset_name: str = "in-memory",
+                           target_epsilon: float | None = None, delta: float | None = None,
+                           num_classes: int | None = None, device: torch.device | str | None = None,
+                           out: str | Path | None = None, track: Track = silent, dataset_name: str = "in-memory",
                            **settings: Any) -> tuple[nn.Module, dict[str, Any]]:
     """Train a denoiser on ``images`` with differential privacy, in front of the frozen ``classifier``.
 
@@ -244,9 +244,12 @@ def train_private_denoiser(classifier: nn.Module, images, *, test, arm: str = "s
     ``arm``: ``sepdp`` (DP-SGD, a data-independent epsilon), ``transdenoiser`` (Algorithm 1; its epsilon rests
     on a data-dependent analysis and the report says so) or ``nodp`` (no privacy claim).
     ``noise_multiplier``: std of the Gaussian noise on the summed clipped gradient over the clipping norm
-    ``clip_norm`` (the paper's xi_up; default 2.0); ``target_epsilon``: calibrate it to this epsilon instead.
-    ``settings``: any other field of ``training.train_config.TrainConfig`` (``clip_norm``, ``xi_up``,
-    ``xi_low``, ``learning_rate``, ``optimizer``, ``denoiser`` (architecture), ``activation``, ...).
+    ``clip_norm`` (the paper's xi_up; default 2.0); ``target_epsilon``: calibrate it to this epsilon instead;
+    ``delta``: default 1e-5. ``settings``: any other field of ``training.train_config.TrainConfig`` that ``arm``
+    reads (``learning_rate``, ``optimizer``, ``denoiser`` (architecture), ``activation``; the DP arms'
+    ``clip_norm``, ``xi_up``; transdenoiser's ``xi_low``; sepdp's ``noise_draws``, ...: each arm's settings are
+    its config type's fields, training/methods/denoiser_config.py). A setting the arm does not read is refused,
+    ``noise_multiplier``, ``target_epsilon`` and ``delta`` included.
     ``out``: also write the checkpoint there (a directory, as ``transdenoiser train`` writes).
     Returns (denoiser in eval mode, the released privacy report: format it with :func:`format_privacy_report`).
     """
@@ -256,10 +259,21 @@ def train_private_denoiser(classifier: nn.Module, images, *, test, arm: str = "s
 
     if not isinstance(classifier, nn.Module):
         raise UserError(f"classifier must be a torch.nn.Module, got {type(classifier).__name__}")
+    from training.methods.base import SettingsSource, refuse_unknown
+    from training.methods.denoiser_config import ARM_CONFIGS
+
+    spelled = {}
     if noise_multiplier is not None:
         if "xi_up" in settings:
             raise UserError("pass noise_multiplier or xi_up (the same setting), not both")
         settings["xi_up"] = noise_multiplier
+        spelled["xi_up"] = "noise_multiplier"
+    for name, value in (("target_epsilon", target_epsilon), ("delta", delta)):
+        if value is not None:
+            settings[name] = value
+    if arm in ARM_CONFIGS:  # another arm's setting, given explicitly here, is refused (unknown arms: validate)
+        refuse_unknown(arm, ARM_CONFIGS[arm], settings, SettingsSource("train_private_denoiser", spelled),
+                       subject=f"train_private_denoiser: arm {arm}")
     private, _ = _as_arrays(images, "images", need_labels=False)
     test_images, test_labels = _as_arrays(test, "test", need_labels=True)
     if device is None:
@@ -280,7 +294,7 @@ def train_private_denoiser(classifier: nn.Module, images, *, test, arm: str = "s
                                   input_shape=tuple(dataset.image_shape), num_classes=num_classes, path=IN_MEMORY,
                                   dataset={"name": dataset_name, "source": IN_MEMORY})
         config = TrainConfig.from_dict({"arm": arm, "sigma": sigma, "epochs": epochs, "batch_size": batch_size,
-                                        "target_epsilon": target_epsilon, "delta": delta, **settings},
+                                        **settings},
                                        source="train_private_denoiser")
         model, released = train_denoiser(config, dataset, frozen, device, track, checkpoint_dir=out)
     finally:

@@ -44,10 +44,14 @@ class TrainResult:
 @dataclass(frozen=True)
 class SettingsSource:
     """Where a method's settings came from, to name them in error messages: ``spelled`` maps a setting to how the
-    user wrote it (``--xi-low``; ``xi_low in --config run.toml``); a setting not in it is named as is."""
+    user wrote it (``--xi-low``; ``xi_low in --config run.toml``); a setting not in it is named as is.
+    ``file_keys``: the settings whose value is a ``--config`` file's key (no flag overrode it); ``path``: that
+    file."""
 
     label: str = "settings"
     spelled: Mapping[str, str] = field(default_factory=dict)
+    file_keys: frozenset[str] = frozenset()
+    path: str | None = None
 
     def name(self, setting: str) -> str:
         return self.spelled.get(setting, setting)
@@ -83,13 +87,15 @@ class Method(Protocol):
 
 
 def refuse_unknown(method: str, config_type: type, settings: Mapping[str, Any], source: SettingsSource,
-                   note: str = "") -> None:
-    """One line naming every setting in ``settings`` that ``config_type`` has no field for, and the method."""
+                   note: str = "", subject: str | None = None) -> None:
+    """One line naming every setting in ``settings`` that ``config_type`` has no field for, and the method
+    (``subject``: how to name it; default ``--arm METHOD``)."""
     known = {f.name for f in fields(config_type)}
     unknown = [name for name in settings if name not in known]
     if unknown:
         spelled = sorted({source.name(name) for name in unknown})
-        raise UserError(f"--arm {method} does not take {', '.join(spelled)}" + (f" ({note})" if note else ""))
+        raise UserError(f"{subject or '--arm ' + method} does not take {', '.join(spelled)}"
+                        + (f" ({note})" if note else ""))
 
 
 def renamed(settings: Mapping[str, Any], renames: Mapping[str, str], source: SettingsSource) -> dict[str, Any]:

@@ -1,5 +1,10 @@
 """The product's arms as training methods: ``nodp``, ``sepdp`` and ``transdenoiser`` train a denoiser in front of
-the frozen classifier (:func:`training.private_train.train_denoiser`); one config type for the three.
+the frozen classifier (:func:`training.private_train.train_denoiser`); each arm's config type has the fields that
+arm reads (training/methods/denoiser_config.py), and the run is the full TrainConfig it makes.
+
+A ``--config`` file is often shared by the three arms: its keys that another arm reads and this one does not are
+left out (:meth:`DenoiserMethod.unused_settings`; the CLI notes them); the same settings given as flags or as
+keyword arguments are refused.
 
 The tuned recipe (training/recipe.py) is a mode of these methods, not a method of its own: ``batch_size = "auto"``
 (with ``target_epsilon``, on a DP arm) plans the batch size for the target epsilon, the largest power of two that
@@ -9,36 +14,24 @@ number of private examples is known (:func:`plan_batch`), and the run trains at 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from training.methods.base import Hooks, SettingsSource, TrainResult, refuse_unknown
+from training.methods.denoiser_config import (
+    ARM_CONFIGS,
+    AUTO,
+    DEFAULT_MIN_STEPS,
+    DenoiserConfig,
+    inherited_settings,
+    other_arms_settings,
+)
 from training.methods.registry import register
 from training.private_train import plan as plan_schedule
 from training.private_train import train_denoiser
-from training.train_config import TrainConfig
 from transdenoiser.errors import UserError
 
-DEFAULT_MIN_STEPS = 200  # batch_size "auto": the largest batch that leaves at least this many steps
 REPORT_FILE = "privacy_report.txt"  # beside the weights, as train_denoiser writes it
-AUTO = "auto"
-
-
-@dataclass
-class DenoiserConfig(TrainConfig):
-    """:class:`~training.train_config.TrainConfig` and the recipe's batch plan: ``batch_size`` may be ``"auto"``
-    (planned for ``target_epsilon`` by :func:`plan_batch`), leaving at least ``min_steps`` steps. The run itself
-    is the TrainConfig of :meth:`train_config` (what checkpoints record)."""
-
-    min_steps: int = DEFAULT_MIN_STEPS
-
-    def train_config(self) -> TrainConfig:
-        """The plain TrainConfig (batch size planned already: see :func:`plan_batch`)."""
-        if self.batch_size == AUTO:
-            raise UserError("batch size auto is planned from the number of private examples: plan it first "
-                            "(training.methods.denoiser.plan_batch)")
-        return TrainConfig(**{f.name: getattr(self, f.name) for f in fields(TrainConfig)})
 
 
 def training_examples(config, dataset) -> int:
@@ -67,20 +60,32 @@ def plan_batch(config, num_examples: int):
 
 
 class DenoiserMethod:
-    """One of the product's arms (``name`` is the arm)."""
+    """One of the product's arms (``name`` is the arm; ``config_type`` its own settings)."""
 
-    config_type = DenoiserConfig
     certificate = None  # randomized smoothing of the denoised classifier (``certify``) is the only certificate
     resumable = True
 
     def __init__(self, name: str):
         self.name = name
+        self.config_type = ARM_CONFIGS[name]
+
+    def unused_settings(self, settings: Mapping[str, Any], source: SettingsSource) -> list[str]:
+        """The keys of a ``--config`` file (``source.file_keys``) that another denoiser arm reads and this one
+        does not: a file shared by the arms; they are left out of this arm's config (the CLI notes them)."""
+        return other_arms_settings(self.name, [name for name in settings if name in source.file_keys])
 
     def config_from_settings(self, settings: Mapping[str, Any], source: SettingsSource,
                              base: Mapping[str, Any] | None = None) -> DenoiserConfig:
-        refuse_unknown(self.name, DenoiserConfig, settings, source)
-        values = {**(base or {}), **settings, "arm": self.name}
-        return DenoiserConfig.from_dict(values, source=source.label)
+        """The arm's config: a setting its type lacks is refused, except another arm's key of a ``--config`` file
+        (left out). ``base``, a saved run's full TrainConfig, keeps the fields the type lacks for the run."""
+        unused = set(self.unused_settings(settings, source))
+        settings = {name: value for name, value in settings.items() if name not in unused}
+        refuse_unknown(self.name, self.config_type, settings, source)
+        inherited = inherited_settings(self.config_type, base)
+        values = {**{k: v for k, v in (base or {}).items() if k not in inherited}, **settings, "arm": self.name}
+        config = self.config_type.from_dict(values, source=source.label)
+        config.inherited = inherited
+        return config
 
     def check_run(self, *, resume: bool = False, distributed: bool = False) -> None:
         """Every run is possible: resumed from its last epoch, or shared out among torchrun's processes."""
