@@ -216,9 +216,8 @@ def test_a_shared_config_file_is_accepted_with_a_note_of_the_keys_the_arm_does_n
     config = method.config_from_settings(settings, source)
     assert isinstance(config, method.config_type) and config.epochs == 2 and config.sigma == 0.25
     assert unused_note(arm, method.unused_settings(settings, source)) == NOTES[arm]
-    run = config.train_config()  # the run: the file's value where the arm reads it, else the default
-    assert run.xi_low == (0.3 if arm == "transdenoiser" else 0.5)
-    assert run.max_smin_dim == (100 if arm == "transdenoiser" else 4096)
+    run = config.train_config()  # the run records the file's values, those the arm does not read included
+    assert run.xi_low == 0.3 and run.max_smin_dim == 100 and run.noise_draws == 1
     assert run.xi_up == 2.0 and run.arm == arm
     # a key no arm has is still refused, naming the file
     path.write_text(SHARED_CONFIG + "robust_epsilon = 1.0\n")
@@ -254,8 +253,9 @@ def test_the_api_refuses_a_setting_the_arm_does_not_use_in_one_line():
 
 def test_a_shared_config_run_records_the_full_train_config_and_notes_the_unused_keys(tmp_path, capsys,
                                                                                     random_classifier_dir):
-    """metadata.json records the whole TrainConfig: the settings given, defaults for the rest (the file's
-    transdenoiser keys are not used by sepdp, so its xi_low and max_smin_dim are the defaults)."""
+    """metadata.json records the whole TrainConfig: the settings given, defaults for the rest. The file's
+    transdenoiser keys are not used by sepdp but recorded as given, as before the arms had their own config
+    types (the same metadata bytes)."""
     import torch
 
     from training.train_config import TrainConfig
@@ -277,7 +277,8 @@ def test_a_shared_config_run_records_the_full_train_config_and_notes_the_unused_
     assert [line for line in err.splitlines() if line.startswith("note: --config")] == [
         f"note: --config {path}: {NOTES['sepdp']}"]
     recorded = json.loads((out / "metadata.json").read_text())["config"]
-    expected = TrainConfig(arm="sepdp", sigma=0.25, clip_norm=1.0, xi_up=2.0, noise_draws=1, denoiser="tiny",
+    expected = TrainConfig(arm="sepdp", sigma=0.25, clip_norm=1.0, xi_up=2.0, xi_low=0.3, max_smin_dim=100,
+                           noise_draws=1, denoiser="tiny",
                            denoiser_kwargs={"width": 2}, train_examples=32, eval_examples=8, epochs=1,
                            batch_size=16, clipping="vmap")
     assert recorded == json.loads(json.dumps(asdict(expected)))

@@ -3,7 +3,8 @@ the frozen classifier (:func:`training.private_train.train_denoiser`); each arm'
 arm reads (training/methods/denoiser_config.py), and the run is the full TrainConfig it makes.
 
 A ``--config`` file is often shared by the three arms: its keys that another arm reads and this one does not are
-left out (:meth:`DenoiserMethod.unused_settings`; the CLI notes them); the same settings given as flags or as
+not used by it, recorded in the run's TrainConfig as given (:meth:`DenoiserMethod.unused_settings`; the CLI notes
+them); the same settings given as flags or as
 keyword arguments are refused.
 
 The tuned recipe (training/recipe.py) is a mode of these methods, not a method of its own: ``batch_size = "auto"``
@@ -77,11 +78,15 @@ class DenoiserMethod:
     def config_from_settings(self, settings: Mapping[str, Any], source: SettingsSource,
                              base: Mapping[str, Any] | None = None) -> DenoiserConfig:
         """The arm's config: a setting its type lacks is refused, except another arm's key of a ``--config`` file
-        (left out). ``base``, a saved run's full TrainConfig, keeps the fields the type lacks for the run."""
+        (not used by this arm, recorded as given). ``base``, a saved run's full TrainConfig, keeps the fields the
+        type lacks for the run."""
         unused = set(self.unused_settings(settings, source))
+        from_file = {name: value for name, value in settings.items() if name in unused}
         settings = {name: value for name, value in settings.items() if name not in unused}
         refuse_unknown(self.name, self.config_type, settings, source)
-        inherited = inherited_settings(self.config_type, base)
+        # the file's values of other arms' settings are recorded in the run's TrainConfig as before (unused by
+        # this arm), so that the checkpoint and its privacy report are the same bytes as without the split
+        inherited = {**inherited_settings(self.config_type, base), **from_file}
         values = {**{k: v for k, v in (base or {}).items() if k not in inherited}, **settings, "arm": self.name}
         config = self.config_type.from_dict(values, source=source.label)
         config.inherited = inherited
