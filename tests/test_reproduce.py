@@ -230,7 +230,8 @@ def test_plan_and_estimate_name_the_full_mode_without_running(quick_run):
         if dataset not in sizes:
             data_root = words[words.index("--data-root") + 1] if "--data-root" in words else None
             sizes[dataset] = len(load_dataset(dataset, data_root).split("private"))
-        config, _ = config_from_args(build_parser(words).parse_args(words))
+        arm_config, _ = config_from_args(build_parser(words).parse_args(words))
+        config = arm_config.train_config()  # the run the arm's settings make (what a checkpoint records)
         assert isinstance(config, TrainConfig)
         key = (dataset, json.dumps({k: v for k, v in asdict(config).items() if k != "seed"}, sort_keys=True,
                                    default=str))
