@@ -110,6 +110,21 @@ def test_the_bento_holds_every_module_the_service_runs(checkpoints, tmp_path):
             relative = path.relative_to(root)
             (bento / relative).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, bento / relative)
+    # every module the service can import (anywhere in a module, inside functions too, followed from
+    # serving/service.py) is in the Bento
+    import ast
+
+    from tests.test_import_layers import imported_names, module_path
+
+    todo, reached = ["serving/service.py"], set()
+    while todo:
+        module = todo.pop()
+        if module in reached:
+            continue
+        reached.add(module)
+        for name in imported_names(ast.parse((root / module).read_text()), root):
+            assert module_path(bento, name) is not None, f"{module} imports {name}, which the Bento does not hold"
+            todo.append(module_path(root, name))
     # the Bento ships no training code: of training/, only the core that loads models (tests/test_import_layers.py)
     shipped = sorted(path.relative_to(bento).as_posix() for path in (bento / "training").rglob("*.py"))
     assert shipped == ["training/__init__.py", "training/checkpoint.py", "training/classifiers.py",
