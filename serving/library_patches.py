@@ -31,6 +31,7 @@ protection; ``transdenoiser serve`` runs the checks before it starts BentoML. Id
 from __future__ import annotations
 
 import asyncio
+import importlib
 import inspect
 import json
 
@@ -63,21 +64,24 @@ def _source(function) -> str:
         return ""
 
 
+def _library_object(library: str, module: str, attribute: str | None, what: str):
+    """``module`` (or its ``attribute``), imported; ``LibraryInternalsChanged`` naming ``what`` if it is gone."""
+    try:
+        found = importlib.import_module(module)
+        return getattr(found, attribute) if attribute is not None else found
+    except (ImportError, AttributeError) as exc:
+        raise _changed(library, f"{what} is gone ({exc})") from None
+
+
 def check_request_metrics_internals(middleware=None, app_source: str | None = None):
     """BentoML's ``RunnerTrafficMetricsMiddleware`` as ``bound_request_labels`` expects it, or
     ``LibraryInternalsChanged``: it exists, BentoML's service app installs it, ``__init__(self, app, ...)`` keeps
     ``self.app``, and ``__call__(self, scope, receive, send)`` takes the label from ``scope["path"]``."""
     if middleware is None:
-        try:
-            from bentoml._internal.server.http.instruments import RunnerTrafficMetricsMiddleware as middleware
-        except ImportError as exc:
-            raise _changed("bentoml", f"its request-metrics middleware is gone ({exc})") from None
+        middleware = _library_object("bentoml", "bentoml._internal.server.http.instruments",
+                                     "RunnerTrafficMetricsMiddleware", "its request-metrics middleware")
     if app_source is None:
-        try:
-            import _bentoml_impl.server.app as service_app
-        except ImportError as exc:
-            raise _changed("bentoml", f"its service app module is gone ({exc})") from None
-        app_source = _source(service_app)
+        app_source = _source(_library_object("bentoml", "_bentoml_impl.server.app", None, "its service app module"))
     if middleware.__name__ not in app_source:
         raise _changed("bentoml", f"its service app no longer installs {middleware.__name__}")
     call = getattr(middleware, "_transdenoiser_original_call", None) or middleware.__call__
@@ -196,16 +200,11 @@ def check_timeout_internals(middleware=None, base_source: str | None = None):
     ``_set_timer_out(self, waiter)`` exists, and ``__call__(self, scope, receive, send)`` is the code the
     replacement reproduces (``_TIMEOUT_CALL_LINES``)."""
     if middleware is None:
-        try:
-            from bentoml._internal.server.http.traffic import TimeoutMiddleware as middleware
-        except ImportError as exc:
-            raise _changed("bentoml", f"its request-timeout middleware is gone ({exc})") from None
+        middleware = _library_object("bentoml", "bentoml._internal.server.http.traffic", "TimeoutMiddleware",
+                                     "its request-timeout middleware")
     if base_source is None:
-        try:
-            import bentoml._internal.server.base_app as base_app
-        except ImportError as exc:
-            raise _changed("bentoml", f"its app factory module is gone ({exc})") from None
-        base_source = _source(base_app)
+        base_source = _source(_library_object("bentoml", "bentoml._internal.server.base_app", None,
+                                              "its app factory module"))
     name = middleware.__name__
     if f"Middleware({name}, timeout=self.timeout)" not in base_source:
         raise _changed("bentoml", f"its app factory no longer installs {name}(timeout=self.timeout)")

@@ -16,30 +16,42 @@ from training.baselines.securesgd import format_training_summary
 from training.baselines.stobatch import REPORT_FILE as STOBATCH_REPORT_FILE
 from training.baselines.stobatch import format_privacy_report
 
+
+def _config_and_data(args, method):
+    """The method's config from the flags (seeding torch, numpy and random from it) and the data set named."""
+    from training.cli import load_dataset_from_args
+    from training.train_flags import method_and_settings
+    from transdenoiser.runtime import seed_everything
+
+    _, settings, source = method_and_settings(args)
+    config = method.config_from_settings(settings, source)
+    seed_everything(config.seed)
+    return config, load_dataset_from_args(args)
+
+
+def _warn_if_reproducible(config, print_fn: Callable[..., None]) -> None:
+    if config.reproducible_noise:
+        print_fn(f"WARNING: --reproducible-noise: the DP noise is drawn from seed {config.seed}, which is recorded; "
+                 "the epsilon does not hold against anyone who has it", file=sys.stderr)
+
+
 # ------------------------------------------------------------------------------------------------ SecureSGD
 
 
 def cmd_train_securesgd(args, method, device, print_fn: Callable[..., None] = print) -> int:
     """``transdenoiser train --arm securesgd-prt|securesgd-sct``: called by training.train_cli."""
     from training.checkpoint import load_checkpoint
-    from training.cli import load_dataset_from_args
     from training.methods import Hooks
-    from training.train_flags import method_and_settings
     from transdenoiser.progress import bar
-    from transdenoiser.runtime import hardware_description, seed_everything
+    from transdenoiser.runtime import hardware_description
 
-    _, settings, source = method_and_settings(args)
-    config = method.config_from_settings(settings, source)
-    seed_everything(config.seed)
-    dataset = load_dataset_from_args(args)
+    config, dataset = _config_and_data(args, method)
     classifier = None
     if args.classifier is not None:
         classifier = load_checkpoint(args.classifier, kind="classifier", map_location=device)
     print_fn(f"train {config.arm}: on {dataset.name} private split, sigma {config.sigma}, device "
              f"{hardware_description(device)}", file=sys.stderr)
-    if config.reproducible_noise:
-        print_fn(f"WARNING: --reproducible-noise: the DP noise is drawn from seed {config.seed}, which is recorded; "
-                 "the epsilon does not hold against anyone who has it", file=sys.stderr)
+    _warn_if_reproducible(config, print_fn)
 
     def on_epoch(row: dict) -> None:
         shown = ", ".join(f"{k} {v:.4f}" for k, v in row.items() if k not in ("epoch", "seconds"))
@@ -59,17 +71,12 @@ def cmd_train_securesgd(args, method, device, print_fn: Callable[..., None] = pr
 
 def cmd_train_stobatch(args, method, device, print_fn: Callable[..., None] = print) -> int:
     """``transdenoiser train --arm stobatch``: called by training.train_cli (under its run lock)."""
-    from training.cli import load_dataset_from_args
     from training.methods import Hooks
     from training.methods.stobatch import check_classifier_shape
-    from training.train_flags import method_and_settings
     from transdenoiser.progress import bar
-    from transdenoiser.runtime import hardware_description, seed_everything
+    from transdenoiser.runtime import hardware_description
 
-    _, settings, source = method_and_settings(args)
-    config = method.config_from_settings(settings, source)
-    seed_everything(config.seed)
-    dataset = load_dataset_from_args(args)
+    config, dataset = _config_and_data(args, method)
     classifier_metadata = None
     if getattr(args, "classifier", None) is not None:  # only checked: the arm trains its own classifier
         from training.checkpoint import read_metadata
@@ -78,9 +85,7 @@ def cmd_train_stobatch(args, method, device, print_fn: Callable[..., None] = pri
         check_classifier_shape(classifier_metadata, dataset, f"--classifier {args.classifier}")
     print_fn(f"train stobatch: cnn28 from scratch on {dataset.name} private split, device "
              f"{hardware_description(device)}", file=sys.stderr)
-    if config.reproducible_noise:
-        print_fn(f"WARNING: --reproducible-noise: the DP noise is drawn from seed {config.seed}, which is recorded; "
-                 "the epsilon does not hold against anyone who has it", file=sys.stderr)
+    _warn_if_reproducible(config, print_fn)
 
     def on_epoch(row: dict) -> None:
         print_fn(f"epoch {row['epoch']:>3}  test accuracy {row['test_accuracy']:.4f}  ({row['seconds']:.0f} s)",
