@@ -14,7 +14,8 @@ requests' statuses and Retry-After values, the time to each refusal, and each sm
 3x its idle median (or an immediate refusal). Then a burst: after 10 s of probes alone (the baseline),
 ``--burst-bodies`` JSON bodies just under the payload limit (2 MB) sent at once, then ``--loop-clients`` clients
 sending such bodies back to back for ``--loop-seconds``, while /readyz and /livez are probed back to back
-throughout: the probes' latency, the bodies' statuses and the worker's
+throughout from a process of their own (benchmarks/prober.py): the probes' latency (and the start and latency of
+each one over 100 ms), the bodies' statuses and the worker's
 memory before, at its peak (sampled every 50 ms) and after. Bounded: the overload phase ends when every large
 request is answered (at most the deadline plus a margin), the burst when its bodies are answered, the loop after
 ``--loop-seconds``; loopback only.
@@ -22,6 +23,9 @@ request is answered (at most the deadline plus a margin), the burst when its bod
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -125,17 +129,53 @@ def burst_body(body_bytes: int) -> bytes:
     return ('{"images": [' + image + "]" + " " * (body_bytes - len(image) - 20) + "}").encode()
 
 
-def _probe_while(url: str, busy) -> list[float]:
-    """/readyz and /livez latencies (s), probed back to back while ``busy()`` is true (at least once each)."""
-    probes: list[float] = []
-    with httpx.Client(base_url=url, timeout=60) as http:
-        while True:
-            for path in ("/readyz", "/livez"):
-                started = time.perf_counter()
-                http.get(path)
-                probes.append(time.perf_counter() - started)
-            if not busy():
-                return probes
+class Prober:
+    """/readyz and /livez probed back to back by :mod:`benchmarks.prober`, a process of its own (so that the
+    load threads of this process cannot delay a probe), from :meth:`start` to :meth:`finish`."""
+
+    PATHS = ("/readyz", "/livez")  # as benchmarks/prober.py probes them
+
+    def __init__(self, url: str):
+        self.url = url
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen([sys.executable, "-m", "benchmarks.prober", self.url],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                        cwd=Path(__file__).resolve().parent.parent)
+        if self.process.stdout.readline().strip() != "ready":
+            self.process.kill()
+            raise RuntimeError(f"the prober of {self.url} did not start")
+
+    def finish(self) -> dict[str, list[float]]:
+        """Every probe's start (s from the first) and latency (s)."""
+        output, _ = self.process.communicate(timeout=120)
+        if self.process.returncode != 0:
+            raise RuntimeError(f"the prober of {self.url} exited with status {self.process.returncode}")
+        return json.loads(output.strip().splitlines()[-1])
+
+
+def _probe_in_thread(url: str, stop: threading.Event, latencies: list[float]) -> threading.Thread:
+    """The same probes from a thread of this (the load's) process, for ``--in-process-probes``: what a probe
+    measures when it shares the interpreter with the load threads."""
+    def run() -> None:
+        with httpx.Client(base_url=url, timeout=60) as http:
+            while not stop.is_set():
+                for path in Prober.PATHS:
+                    started = time.perf_counter()
+                    http.get(path)
+                    latencies.append(time.perf_counter() - started)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def _slow_probes(probes: dict[str, list[float]], threshold_s: float = 0.1) -> list[list[float]]:
+    """[start s, latency s] of every probe slower than ``threshold_s``."""
+    return [[round(start, 3), round(latency, 4)]
+            for start, latency in zip(probes["starts_s"], probes["latencies_s"], strict=True)
+            if latency > threshold_s]
 
 
 def _memory_sampler(memory_of, stop: threading.Event, peak: list[int]) -> threading.Thread:
@@ -150,10 +190,11 @@ def _memory_sampler(memory_of, stop: threading.Event, peak: list[int]) -> thread
 
 
 def measure_burst(url: str, bodies: int, body_bytes: int, memory_of=None, loop_clients: int = 2,
-                  loop_seconds: float = 30.0) -> dict:
+                  loop_seconds: float = 30.0, in_process_probes: bool = False) -> dict:
     """``bodies`` JSON bodies of about ``body_bytes`` sent at once, then ``loop_clients`` clients sending such
-    bodies back to back for ``loop_seconds``; /readyz and /livez probed back to back during each phase, the
-    worker's resident memory sampled every 50 ms (its peak) and after each phase."""
+    bodies back to back for ``loop_seconds``; /readyz and /livez probed back to back during each phase from a
+    process of their own (and, with ``in_process_probes``, also from a thread of this one), the worker's resident
+    memory sampled every 50 ms (its peak) and after each phase."""
     body = burst_body(body_bytes)
     headers = {"content-type": "application/json"}
 
@@ -162,16 +203,29 @@ def measure_burst(url: str, bodies: int, body_bytes: int, memory_of=None, loop_c
         before = peak[0]
         stop = threading.Event()
         sampler = _memory_sampler(memory_of, stop, peak) if memory_of else None
+        prober = Prober(url)
+        prober.start()
+        in_process: list[float] = []
+        in_thread = _probe_in_thread(url, stop, in_process) if in_process_probes else None
+        started = time.perf_counter()
         for thread in threads:
             thread.start()
-        probes = _probe_while(url, lambda: any(thread.is_alive() for thread in threads))
         for thread in threads:
             thread.join()
+        load_s = time.perf_counter() - started
+        timed = prober.finish()
+        probes = timed["latencies_s"]
         stop.set()
         if sampler is not None:
             sampler.join()
-        return {"statuses": dict(Counter(str(s) for s in statuses)), "probes": percentiles(probes),
-                "probes_over_100ms": sum(p > 0.1 for p in probes),
+        extra = {}
+        if in_thread is not None:
+            in_thread.join()
+            extra = {"in_process_probes": percentiles(in_process),
+                     "in_process_probes_over_100ms": sum(p > 0.1 for p in in_process)}
+        return {**extra, "statuses": dict(Counter(str(s) for s in statuses)), "probes": percentiles(probes),
+                "probes_over_100ms": sum(p > 0.1 for p in probes), "load_s": round(load_s, 3),
+                "slow_probes_start_latency_s": _slow_probes(timed),
                 "rss_before_mib": before / 2**20 if memory_of else None,
                 "rss_peak_mib": peak[0] / 2**20 if memory_of else None,
                 "rss_after_mib": memory_of() / 2**20 if memory_of else None}
@@ -219,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--burst-bodies", type=positive_int, default=100, help="bodies of the burst sent at once")
     parser.add_argument("--loop-clients", type=int, default=2, help="clients looping large bodies after the burst")
     parser.add_argument("--loop-seconds", type=positive_float, default=30.0, help="how long they loop")
+    parser.add_argument("--in-process-probes", action="store_true",
+                        help="also probe from a thread of the load's own process (for comparison: those probes "
+                             "wait for the load threads' turn at the interpreter lock)")
     args = parser.parse_args(argv)
     from training.datasets import load_dataset
 
@@ -234,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.mode in ("all", "burst"):
             worker = worker_process(server)
             figures["burst"] = measure_burst(server.url, args.burst_bodies, 2 * 1024 * 1024 - 4096,
-                                             lambda: worker.memory_info().rss, args.loop_clients, args.loop_seconds)
+                                             lambda: worker.memory_info().rss, args.loop_clients, args.loop_seconds,
+                                             args.in_process_probes)
     result = {**record, **figures}
     if "goodput" in figures:
         print_overload(figures)
@@ -267,6 +325,10 @@ def print_burst(burst: dict) -> None:
               f"{phase['probes_over_100ms']} of {phase['probes']['count']} over 100 ms; worker RSS "
               f"{phase['rss_before_mib']:.0f} MiB before, {phase['rss_peak_mib']:.0f} peak, "
               f"{phase['rss_after_mib']:.0f} after")
+        if "in_process_probes" in phase:
+            own = phase["in_process_probes"]
+            print(f"  probes from a thread of the load's process: p50 {own['p50_s']:.3f} s, p99 {own['p99_s']:.3f} s, "
+                  f"max {own['max_s']:.3f} s, {phase['in_process_probes_over_100ms']} of {own['count']} over 100 ms")
 
 
 if __name__ == "__main__":

@@ -557,8 +557,12 @@ def test_benchmarks_run_against_a_server(servers, proxy, digits):
     assert slow["proxy"]["failures"] == 0 and slow["proxy"]["stalled"]["count"] == 2
     from benchmarks.bench_overload import measure_burst
 
-    burst = measure_burst(servers["open"].url, bodies=3, body_bytes=150_000, loop_clients=1, loop_seconds=1)
+    burst = measure_burst(servers["open"].url, bodies=3, body_bytes=150_000, loop_clients=1, loop_seconds=1,
+                          in_process_probes=True)
     at_once, looping = burst["at_once"], burst["looping"]
+    # the probes from their own process, each with its start; those from a thread of the load's process beside them
+    assert len(at_once["slow_probes_start_latency_s"]) == at_once["probes_over_100ms"]
+    assert at_once["in_process_probes"]["count"] >= 1 and at_once["load_s"] > 0
     assert sum(at_once["statuses"].values()) == 3 and set(at_once["statuses"]) <= {"200", "503"}
     assert sum(looping["statuses"].values()) == looping["requests"] >= 1
     assert set(looping["statuses"]) <= {"200", "503"}
