@@ -194,7 +194,8 @@ def _finalize(job: BaselineCertifyJob, run, arm: str, baseline, dataset_name: st
     write_text(job.out / TABLE_FILE, table_text(rows, baseline.columns))
     sigma = baseline.smooth.sigma
     summary = {
-        "format_version": BaselineCertificationSummary.FORMAT_VERSION, "task": BASELINE_TASK, "model": str(job.model), "arm": arm, "dataset": dataset_name, "split": job.split,
+        "format_version": BaselineCertificationSummary.FORMAT_VERSION, "task": BASELINE_TASK,
+        "model": str(job.model), "arm": arm, "dataset": dataset_name, "split": job.split,
         "num_images": len(rows), "indices": indices, "n0": job.n0, "n": job.n, "alpha": job.alpha,
         "seed": job.seed, "smoothing_sigma": sigma, "radius_units": "L2, pixels in [0, 1]",
         "phan": certificate_summary(rows, "phan", baseline.note),

@@ -52,7 +52,8 @@ def _certificate_lines(certificate: BaselineCertificate, images: int, own: bool)
     at_zero = dict(table).get(0.0)
     lines = [*certified_accuracy_lines(table), ""]
     if own:
-        lines.append(f"- correct (`phan_correct`, as the note below defines it): {_share(certificate.accuracy, images)}")
+        lines.append("- correct (`phan_correct`, as the note below defines it): "
+                     f"{_share(certificate.accuracy, images)}")
     lines += [f"- certified correct at radius 0: {_share(at_zero, images)}",
               f"- abstained (counted wrong): {_share(certificate.abstain_rate, images)}",
               f"- median certified radius: {_radius(certificate.median_radius)}"]
@@ -88,7 +89,7 @@ def format_baseline_report(summary: BaselineCertificationSummary, settings: dict
               else "- seconds per image: not recorded",
               *hardware_lines(hardware), "",
               "## Model", "", f"- checkpoint: `{summary.model}` (arm {summary.arm})"]
-    for key, value in sorted((summary.noise_layer or {}).items()):  # summary.json's order (its keys sorted)
+    for key, value in sorted(thaw(summary.noise_layer or {}).items()):  # summary.json's order (keys sorted)
         lines.append(f"- noise layer {key}: {f'{value:.6g}' if isinstance(value, float) else value}")
     privacy = (privacy_lines({"privacy": thaw(summary.privacy)}, where="summary.json, under `privacy`")
                if summary.privacy is not None else
