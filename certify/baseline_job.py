@@ -6,7 +6,8 @@ directory, resume, lock and status code as ``certify`` (:class:`certify.rundir.R
 checkpoint's arm, take the run lock, load the baseline and the images, open the run directory (the same settings
 resume the run; other settings are refused in one line), certify the images not yet recorded (each image's noise
 comes from (seed, idx) alone, so a resumed run's rows are an uninterrupted run's) and, when every image is done,
-write ``baseline_certify.tsv`` and ``summary.json``. Library code: nothing is printed; notes go to ``warn``,
+write ``baseline_certify.tsv``, ``summary.json`` (:class:`transdenoiser.records.BaselineCertificationSummary`) and
+``report.md`` (:mod:`certify.baseline_report`). Library code: nothing is printed; notes go to ``warn``,
 progress to ``track``. The files: :mod:`certify.baseline_rows`.
 """
 from __future__ import annotations
@@ -177,10 +178,12 @@ def _run_locked(job: BaselineCertifyJob, arm: str, track: Track, warn: Callable[
 
 def _finalize(job: BaselineCertifyJob, run, arm: str, baseline, dataset_name: str, indices: list[int], device,
               resumed: int) -> dict[str, Any]:
-    """Write the table and summary.json of a run whose images are all done (``resumed`` of them by earlier
-    sessions); returns the summary."""
+    """Write the table, summary.json and report.md of a run whose images are all done (``resumed`` of them by
+    earlier sessions); returns the summary."""
+    from certify.baseline_report import write_baseline_report
     from certify.baseline_rows import SUMMARY_FILE, certificate_summary, table_text
     from training.checkpoint import write_json, write_text
+    from transdenoiser.records import BASELINE_TASK, BaselineCertificationSummary
     from transdenoiser.runtime import hardware_description
 
     recorded = {row["idx"]: row for row in run.rows()}
@@ -191,6 +194,7 @@ def _finalize(job: BaselineCertifyJob, run, arm: str, baseline, dataset_name: st
     write_text(job.out / TABLE_FILE, table_text(rows, baseline.columns))
     sigma = baseline.smooth.sigma
     summary = {
+        "format_version": BaselineCertificationSummary.FORMAT_VERSION, "task": BASELINE_TASK,
         "model": str(job.model), "arm": arm, "dataset": dataset_name, "split": job.split,
         "num_images": len(rows), "indices": indices, "n0": job.n0, "n": job.n, "alpha": job.alpha,
         "seed": job.seed, "smoothing_sigma": sigma, "radius_units": "L2, pixels in [0, 1]",
@@ -203,8 +207,10 @@ def _finalize(job: BaselineCertifyJob, run, arm: str, baseline, dataset_name: st
         "seconds_note": "wall seconds of the images' certificates, summed over this run and the runs it resumed",
         "hardware": hardware_description(device),
     }
-    write_json(job.out / SUMMARY_FILE, summary)
-    return summary
+    record = BaselineCertificationSummary.from_json(summary, str(job.out / SUMMARY_FILE))
+    write_json(job.out / SUMMARY_FILE, record.to_json())
+    write_baseline_report(job.out, record)
+    return record.to_json()
 
 
 __all__ = ["BaselineCertifyJob", "BaselineOutcome", "ROWS_FILE", "STATUS_FILE", "baseline_layout",

@@ -8,7 +8,8 @@ columns) and the files' names are the baseline's.
 
 Files (``--out DIR``): ``baseline_certify.settings.json`` (the run's settings), ``baseline_certify.rows.jsonl`` (one
 JSON row per image, flushed as done), ``baseline_certify.status.json`` (each session's hardware and wall time),
-and once every image is done ``baseline_certify.tsv`` (the rows in work-list order) and ``summary.json``.
+and once every image is done ``baseline_certify.tsv`` (the rows in work-list order), ``summary.json``
+(:class:`transdenoiser.records.BaselineCertificationSummary`) and ``report.md`` (:mod:`certify.baseline_report`).
 
 No torch here: the command line reads the column names to describe its files.
 """

@@ -208,7 +208,9 @@ def register(subparsers, common) -> None:
                               description="One figure and one table over several finished runs: certified accuracy "
                                           "against L2 radius for certify runs (the form of the TransDenoiser paper's "
                                           "Figure 2), labelled by the denoiser's training arm and sigma; folders "
-                                          "holding attack.json are overlaid by the attack report.")
+                                          "holding attack.json are overlaid by the attack report. A baseline-certify "
+                                          "run folder is given alone: its report.md is rendered again into --out "
+                                          "(which may be the run folder itself).")
     p.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR", help="finished run folders")
     p.add_argument("--out", type=Path, required=True, help="folder for report.md, certified_accuracy.png, overlay.json")
     p.set_defaults(handler=cmd_report)

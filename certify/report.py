@@ -6,7 +6,7 @@ The numbers and their definitions are in :mod:`certify.summary`, the figures in 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -96,14 +96,28 @@ def _number(value: Any, digits: int = 4) -> str:
     return f"{value:.{digits}g}"
 
 
-def _privacy_lines(denoiser_metadata: dict[str, Any] | None) -> list[str]:
-    """The denoiser's privacy as a short table (the full report stays in summary.json)."""
+def certified_accuracy_lines(table: Iterable[tuple[float, float]]) -> list[str]:
+    """One certificate's certified accuracy at each L2 radius, as a markdown table; ``table``: (radius, certified
+    accuracy in [0, 1]) pairs."""
+    return ["| L2 radius | certified accuracy |", "| ---: | ---: |",
+            *[f"| {radius:.2f} | {accuracy:.1%} |" for radius, accuracy in table]]
+
+
+def hardware_lines(hardware: Iterable[str]) -> list[str]:
+    """One list item per machine a run ran on."""
+    return [f"- hardware: {h}" for h in hardware]
+
+
+def privacy_lines(denoiser_metadata: dict[str, Any] | None,
+                  where: str = "summary.json, under `denoiser_metadata.privacy`") -> list[str]:
+    """The privacy of ``denoiser_metadata``'s model (its ``privacy`` report) as a short table; ``where``: where the
+    full report is kept."""
     if denoiser_metadata is None:
         return ["No denoiser: the smoothed classifier is the classifier itself under noise; no privacy claim."]
     privacy = denoiser_metadata.get("privacy")
     if not isinstance(privacy, dict):
         return ["The denoiser's metadata holds no privacy report: no privacy claim is made for it."]
-    report = PrivacyReport.from_json(privacy, "summary.json's denoiser_metadata.privacy")
+    report = PrivacyReport.from_json(privacy, f"the privacy report in {where}")
     steps = report.steps_done if report.steps_done is not None else report.steps_planned
     lines = [f"Arm {report.arm}: {report.privacy_claim or ''}".rstrip(), "",
              f"Training: sigma {_number(report.sigma)}, clip norm C {_number(report.clip_norm)}, "
@@ -117,12 +131,11 @@ def _privacy_lines(denoiser_metadata: dict[str, Any] | None) -> list[str]:
             lines.append(f"| {g.label or g.name} | {'yes' if g.data_independent else 'no'} | "
                          f"{_number(eps.rdp)} | {_number(eps.pld)} | {_number(eps.gdp_epsilon)} |")
         lines.append("")
-    lines.append("The full privacy report (every analysis and setting) is in summary.json, under "
-                 "`denoiser_metadata.privacy`.")
+    lines.append(f"The full privacy report (every analysis and setting) is in {where}.")
     return lines
 
 
-def _settings_table(settings: dict[str, Any]) -> list[str]:
+def settings_table(settings: dict[str, Any]) -> list[str]:
     lines = ["| setting | value |", "| --- | --- |"]
     for key, value in settings.items():
         if key == "indices" and isinstance(value, list) and len(value) > 12:
@@ -150,8 +163,8 @@ def format_run_report(summary: dict[str, Any]) -> str:
              f"sigma {summary['sigma']:g} (L2 noise std, pixels in [0,1]), alpha {summary['alpha']:g}.",
              f"Guarantee: {summary['guarantee']}.", ""]
     if summary["task"] == "certify":
-        lines += ["## Results", "", "| L2 radius | certified accuracy |", "| ---: | ---: |"]
-        lines += [f"| {row['radius']:.2f} | {row['certified_accuracy']:.1%} |" for row in summary["certified_accuracy"]]
+        lines += ["## Results", "", *certified_accuracy_lines((row["radius"], row["certified_accuracy"])
+                                                              for row in summary["certified_accuracy"])]
         budget = "n_max" if summary.get("mode") else "n"
         if "decide" in summary:
             lines += ["", f"- {decide_line(summary)}"]
@@ -174,7 +187,7 @@ def format_run_report(summary: dict[str, Any]) -> str:
               f"- {summary['seconds_per_image']:.4f} s per image, {summary['noisy_samples_per_second']:,.0f} noisy "
               "samples per second (compute time of the rows, per process; parallel shards add up)",
               f"- wall time of the processes: {timing.get('wall_seconds', 'n/a')} s",
-              *[f"- hardware: {h}" for h in summary.get("hardware", [])],
+              *hardware_lines(summary.get("hardware", [])),
               f"- base classifier as run: {_as_run(settings)}; the certificate is about this function "
               "(docs/CERTIFY.md, \"Precision and compilation\")", "",
               "## Models", "",
@@ -184,8 +197,8 @@ def format_run_report(summary: dict[str, Any]) -> str:
               f"- denoiser: `{settings.get('denoiser')}`" + (
                   f" ({(record.denoiser_metadata or {}).get('architecture')}, arm {record.arm})"
                   if settings.get("denoiser") else ""),
-              "", *_privacy_lines(summary.get("denoiser_metadata")), "",
-              "## Settings", "", *_settings_table(settings), ""]
+              "", *privacy_lines(summary.get("denoiser_metadata")), "",
+              "## Settings", "", *settings_table(settings), ""]
     return "\n".join(lines)
 
 

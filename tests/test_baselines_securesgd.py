@@ -237,4 +237,8 @@ def test_both_arms_train_certify_and_attack_through_the_cli(tmp_path, mnist10k):
     assert len(rows) == 3 and rows[0].split("\t")[:4] == ["idx", "label", "phan_predict", "phan_radius"]
     summary = json.loads((tmp_path / "bc_prt" / "summary.json").read_text())
     assert set(summary["phan"]["certified_accuracy"]) == set(summary["smoothing"]["certified_accuracy"])
+    report = (tmp_path / "bc_prt" / "report.md").read_text()
+    assert "## Own certificate: SecureSGD's own certificate (Phan et al. 2019" in report
+    assert "## Randomized smoothing of the same randomised model" in report
+    assert report.count("| L2 radius | certified accuracy |") == 2 and "under `privacy`" in report
     assert main(["train", "--arm", "securesgd-sct", "--out", str(tmp_path / "sct"), *small]) == 2  # no overwrite

@@ -310,6 +310,25 @@ def test_baseline_certify_runs_stobatchs_certificate_beside_smoothing(stobatch_d
                                     for r in rows])
                 assert summary[key]["certified_accuracy"][radius] == pytest.approx(expected)
     assert summary["phan"]["abstain_rate"] == pytest.approx(np.mean([c.prediction == -1 for c in certificates]))
+    # report.md: one section per certificate, each with certify's table at the command's radii and its counts
+    from certify.baseline_rows import RADII
+    from transdenoiser.records import BaselineCertificationSummary
+
+    assert summary["format_version"] == 1 and summary["task"] == "baseline-certify"
+    assert BaselineCertificationSummary.from_json(summary).to_json() == summary
+    report = (out / "report.md").read_text()
+    own, smoothing = report.split("## Own certificate: ")[1].split("## Randomized smoothing of the same randomised")
+    assert own.startswith("StoBatch's own certificate (Phan et al. 2020") and "L2 = L1 / sqrt(d), d = 784" in own
+    smoothing = smoothing.split("## Speed and hardware")[0]
+    for prefix, section in (("phan", own), ("smooth", smoothing)):
+        table = section.split("| ---: | ---: |\n")[1].split("\n\n")[0].splitlines()
+        assert [float(line.split("|")[1]) for line in table] == list(RADII)
+        correct = sum(r[f"{prefix}_correct"] == "1" for r in rows)
+        abstained = sum(r[f"{prefix}_predict"] == "-1" for r in rows)
+        assert f"- certified correct at radius 0: {correct} of 3 images ({correct / 3:.1%})" in section
+        assert f"- abstained (counted wrong): {abstained} of 3 images ({abstained / 3:.1%})" in section
+        assert table[0] == f"| 0.00 | {correct / 3:.1%} |"
+    assert "- hardware: " in report and "| seed | 3 |" in report
 
 
 def test_baseline_certify_resumes_an_interrupted_run_with_the_same_rows(stobatch_dir, tmp_path, capsys):
@@ -336,8 +355,22 @@ def test_baseline_certify_resumes_an_interrupted_run_with_the_same_rows(stobatch
     assert [json.loads(line)["idx"] for line in recorded] == [0, 500, 1000, 1500]
     summary = json.loads((cut / "summary.json").read_text())
     assert summary["images_resumed"] == 2 and summary["num_images"] == 4 and summary["seconds"] > 0
+    report = (cut / "report.md").read_text()
     assert main([*args, "--out", str(cut)]) == 0  # complete: nothing certified again
     assert summary["images_resumed"] == 2 and (cut / "baseline_certify.tsv").read_text() == expected
+    assert (cut / "report.md").read_text() == report  # the same rows, the same report.md bytes
+
+    def timeless(text):  # the rows' seconds aside, a resumed run's report is an uninterrupted run's
+        return [line for line in text.splitlines() if " s per image " not in line]
+
+    assert timeless(report) == timeless((whole / "report.md").read_text())
+    assert main(["report", str(cut), "--out", str(tmp_path / "again")]) == 0
+    assert (tmp_path / "again" / "report.md").read_text() == report
+    assert main(["report", str(cut), "--out", str(cut)]) == 0 and (cut / "report.md").read_text() == report
+    capsys.readouterr()
+    assert main(["report", str(cut), str(whole), "--out", str(tmp_path / "both")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is a baseline-certify run: give it alone" in err
     assert json.loads((cut / "summary.json").read_text())["images_resumed"] == 4
     capsys.readouterr()
     assert main([*args[:-4], "--seed", "2", "--device", "cpu", "--out", str(cut)]) == 2
@@ -376,6 +409,9 @@ def test_an_interrupted_baseline_certify_resumes_through_certifys_runner(stobatc
     assert main([*args, "--out", str(cut)]) == 130
     err = capsys.readouterr().err
     assert "interrupted; 2 of 4 images are saved in" in err and not (cut / TABLE_FILE).exists()
+    assert main(["report", str(cut), "--out", str(tmp_path / "early")]) == 2  # no report of an unfinished run
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "summary.json: missing" in err and "not complete" in err
     status = json.loads((cut / STATUS_FILE).read_text())
     assert status["complete"] is False and status["rows"] == 2 and status["sessions"][0]["state"] == "finished"
     kept = (cut / ROWS_FILE).read_text()

@@ -237,3 +237,50 @@ def test_a_summary_without_a_format_version_is_version_1():
 def test_not_an_object_is_refused():
     with pytest.raises(UserError, match="privacy report must be a JSON object, got list"):
         PrivacyReport.from_json([1, 2])
+
+
+# ------------------------------------------------------------------------------------------------ baseline-certify
+
+def test_an_old_baseline_certify_summary_loads_and_renders_its_report(tmp_path):
+    """A baseline-certify summary.json written before it had a format version (the fixture: a stobatch run of 4
+    images, every certificate abstaining) reads as version 1 of BaselineCertificationSummary, keeps its bytes, and
+    `transdenoiser report` renders the run's report.md from it: one section per certificate."""
+    from certify.baseline_report import is_baseline_run, render_baseline_run
+    from certify.baseline_rows import RADII
+    from transdenoiser.cli import main
+    from transdenoiser.records import BaselineCertificationSummary
+
+    run = FIXTURES / "baseline_run"
+    text = (run / "summary.json").read_text()
+    data = json.loads(text)
+    assert "format_version" not in data and "task" not in data  # as written before they were added
+    summary = BaselineCertificationSummary.from_json(data, "summary.json")
+    assert summary.version == 1 and summary.arm == "stobatch" and summary.num_images == 4
+    assert json.dumps(summary.to_json(), indent=2, sort_keys=True) == text  # training.checkpoint.write_json's bytes
+    assert [radius for radius, _ in summary.phan.table()] == list(RADII)
+    assert summary.phan.abstain_rate == 1.0 and summary.smoothing.certified_accuracy["0"] == 0.0
+    assert is_baseline_run(run)
+    report = render_baseline_run(run, tmp_path / "a").read_text()
+    assert "## Own certificate: StoBatch's own certificate (Phan et al. 2020" in report
+    assert "L2 = L1 / sqrt(d), d = 784" in report and "## Randomized smoothing of the same randomised model" in report
+    assert report.count("| L2 radius | certified accuracy |") == 2
+    assert report.count("- abstained (counted wrong): 4 of 4 images (100.0%)") == 2
+    assert main(["report", str(run), "--out", str(tmp_path / "b")]) == 0
+    assert (tmp_path / "b" / "report.md").read_text() == report
+
+
+@pytest.mark.parametrize("change, problem", [
+    ({"phan": None}, "baseline-certify summary has no 'phan'"),
+    ({"smoothing": {"abstain_rate": 0.5}}, "'smoothing': baseline certificate has no 'certified_accuracy'"),
+    ({"format_version": 2}, "format version 2 is not supported"),
+    ({"task": "certify"}, "is for task 'certify', not baseline-certify"),
+])
+def test_a_bad_baseline_summary_is_one_line(change, problem):
+    from transdenoiser.records import BaselineCertificationSummary
+
+    data = json.loads((FIXTURES / "baseline_run" / "summary.json").read_text())
+    data.update(change)
+    data = {k: v for k, v in data.items() if v is not None}
+    with pytest.raises(UserError) as excinfo:
+        BaselineCertificationSummary.from_json(data, "run/summary.json")
+    assert problem in _one_line(excinfo) and _one_line(excinfo).startswith("run/summary.json: ")

@@ -6,6 +6,8 @@
   checkpoint's ``privacy`` (``training/privacy/report.py``, the baselines' reports, the convex heads').
 - :class:`CertificationSummary` (with :class:`RadiusRow`): a certify or predict run's ``summary.json``
   (``certify/summary.py``, ``certify/report.py``).
+- :class:`BaselineCertificationSummary` (with :class:`BaselineCertificate`): a ``baseline-certify`` run's
+  ``summary.json`` (``certify/baseline_job.py``, ``certify/baseline_report.py``).
 
 Each has a ``FORMAT_VERSION``, ``to_json()`` (a plain dict) and ``from_json(dict)``, which refuses a bad record
 with a one-line error naming the problem (a missing field, a wrong type, an unsupported format version) and
@@ -363,3 +365,58 @@ class CertificationSummary(_Record):
         """The denoiser's privacy report, None without a denoiser or a report."""
         privacy = (self.denoiser_metadata or {}).get("privacy")
         return PrivacyReport.from_json(privacy) if isinstance(privacy, Mapping) else None
+
+
+# ----------------------------------------------------------------------------------------------- baselines
+
+BASELINE_TASK = "baseline-certify"
+
+
+@_record
+class BaselineCertificate(_Record):
+    """One certificate's part of a ``baseline-certify`` summary (``phan``: the baseline's own certificate;
+    ``smoothing``: randomized smoothing of the same randomised model): certified accuracy by L2 radius (the radius
+    as text, ``"0.05"``), the share of abstentions, the median certified radius and what the certificate is."""
+
+    NAME = "baseline certificate"
+    SPEC = {"certified_accuracy": ("mapping", True), "accuracy": ("number", False),
+            "abstain_rate": ("number", False), "median_radius": ("number", False), "note": ("str", False)}
+
+    def table(self) -> list[tuple[float, float]]:
+        """(L2 radius, certified accuracy) pairs, smallest radius first."""
+        return sorted((float(radius), float(value)) for radius, value in self.certified_accuracy.items())
+
+
+@_record
+class BaselineCertificationSummary(_Record):
+    """A ``baseline-certify`` run's ``summary.json``: the checkpoint and its arm, the images and sampling, and two
+    certificates of the same randomised model (:class:`BaselineCertificate`): ``phan``, the baseline's own, and
+    ``smoothing``, randomized smoothing at ``smoothing_sigma``. Radii are L2, pixels in [0, 1]. ``noise_layer``
+    and ``privacy`` are the baseline's records; ``seconds`` sums the images' certificate times. Files without
+    ``format_version``/``task`` (written before they were added) are version 1 of this record.
+    """
+
+    NAME = "baseline-certify summary"
+    SPEC = {"format_version": ("int", False), "task": ("str", False), "model": ("str", True), "arm": ("str", True),
+            "dataset": ("str", True), "split": ("str", False), "num_images": ("int", True),
+            "indices": (("list", "int"), False), "n0": ("int", True), "n": ("int", True), "alpha": ("number", True),
+            "seed": ("int", False), "smoothing_sigma": ("number", True), "radius_units": ("str", False),
+            "phan": (BaselineCertificate, True), "smoothing": (BaselineCertificate, True),
+            "noise_layer": ("mapping", False), "privacy": ("mapping", False), "seconds": ("number", False),
+            "images_resumed": ("int", False), "seconds_note": ("str", False), "hardware": ("str", False)}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str | None = None) -> BaselineCertificationSummary:
+        record = super().from_json(data, where)
+        if record.task not in (None, BASELINE_TASK):
+            raise UserError(f"{where + ': ' if where else ''}{cls.NAME} is for task {record.task!r}, not "
+                            f"{BASELINE_TASK}")
+        return record
+
+
+def is_baseline_summary(data: Any) -> bool:
+    """Whether a ``summary.json``'s content is a ``baseline-certify`` summary (its task, or, in files that predate
+    the task key, its two certificates ``phan`` and ``smoothing``)."""
+    if not isinstance(data, Mapping):
+        return False
+    return data.get("task") == BASELINE_TASK or ("task" not in data and "phan" in data and "smoothing" in data)

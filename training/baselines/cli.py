@@ -40,7 +40,9 @@ def register(subparsers, common) -> None:
                     "2020's Laplace bound, an L1 radius written as L2 = L1 / sqrt(d)), and randomized smoothing "
                     "(Cohen et al.) of the SAME randomised model (input noise --sigma plus the noise layer). Writes "
                     "OUT/baseline_certify.tsv (columns: " + " ".join(COLUMNS) + "; stobatch adds "
-                    + " ".join(STOBATCH_COLUMNS) + ") and OUT/summary.json. Radii are L2 in [0,1]-pixel units. "
+                    + " ".join(STOBATCH_COLUMNS) + "), OUT/summary.json and OUT/report.md (one section per "
+                    "certificate: certified accuracy by radius, abstentions, hardware, settings; 'transdenoiser "
+                    "report OUT --out OUT' renders it again). Radii are L2 in [0,1]-pixel units. "
                     "Each image draws its noise from its own seed and is recorded as it is done "
                     f"(OUT/{ROWS_FILE}), so an interrupted run resumes where it stopped, with the same rows, when "
                     f"run again with the same --out and settings (OUT/{SETTINGS_FILE}; other settings are "
@@ -98,5 +100,5 @@ def cmd_baseline_certify(args) -> int:
         return 130
     for line in format_table(outcome.summary):
         print(line)
-    print(f"wrote {args.out}/baseline_certify.tsv and summary.json", file=sys.stderr)
+    print(f"wrote {args.out}/baseline_certify.tsv, summary.json and report.md", file=sys.stderr)
     return 0
