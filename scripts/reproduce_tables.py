@@ -152,6 +152,7 @@ def plot_figures(result: dict, folder: Path, settings: Settings) -> list[Path]:
     import matplotlib.pyplot as plt
 
     from certify.summary import certified_accuracy
+    from transdenoiser.pngs import save_png
 
     folder.mkdir(parents=True, exist_ok=True)
     written = []
@@ -189,7 +190,7 @@ def plot_figures(result: dict, folder: Path, settings: Settings) -> list[Path]:
         fig.suptitle(f"Figure 2 ({dataset}): certified accuracy against L2 radius")
         fig.tight_layout()
         written.append(folder / "figure2.png")
-        fig.savefig(written[-1], dpi=110)
+        save_png(fig, written[-1], dpi=110)
         plt.close(fig)
     for figure, names in (("7", ("fgsm", "ifgsm")), ("3", ("mim", "pgd"))):
         names = [n for n in names if any(n in a for a in result["attack"].values())]
@@ -225,7 +226,7 @@ def plot_figures(result: dict, folder: Path, settings: Settings) -> list[Path]:
         fig.suptitle(f"Figure {figure} ({dataset}): accuracy under attack (threat {settings.threat})")
         fig.tight_layout()
         written.append(folder / f"figure{figure}.png")
-        fig.savefig(written[-1], dpi=110)
+        save_png(fig, written[-1], dpi=110)
         plt.close(fig)
     if result["figure4"]:
         names = [n for n in settings.figure4_attacks if any(n in a for a in result["figure4"].values())]
@@ -255,7 +256,7 @@ def plot_figures(result: dict, folder: Path, settings: Settings) -> list[Path]:
         fig.suptitle(f"Figure 4 ({dataset}):\naccuracy under attack against epsilon")
         fig.tight_layout()
         written.append(folder / "figure4.png")
-        fig.savefig(written[-1], dpi=110)
+        save_png(fig, written[-1], dpi=110)
         plt.close(fig)
     return written
 
