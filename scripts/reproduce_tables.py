@@ -16,6 +16,7 @@ from reproduce_common import (
     Settings,
     flag_value,
     number,
+    step_lines,
 )
 from reproduce_results import collect
 
@@ -262,11 +263,11 @@ def plot_figures(result: dict, folder: Path, settings: Settings) -> list[Path]:
 
 
 def step_commits(steps: Path, dataset: str, field: str = "commit", having: str | None = None) -> list[str]:
-    """The commits (in first-run order) that the successful steps of ``dataset`` recorded in ``steps``; with
-    ``field="hardware"``, the hardware they ran on (``field="name"``: the steps; ``having``: only steps that
-    recorded that field)."""
+    """The commits (in first-run order) that the successful steps of ``dataset`` recorded in ``steps`` (or in its
+    gzip copy ``steps.jsonl.gz``: :func:`step_lines`); with ``field="hardware"``, the hardware they ran on
+    (``field="name"``: the steps; ``having``: only steps that recorded that field)."""
     try:
-        lines = steps.read_text().splitlines()
+        lines = step_lines(steps)
     except OSError:
         return []
     commits: list[str] = []
