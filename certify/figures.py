@@ -4,7 +4,6 @@ Drawn by matplotlib (Agg backend: no display needed), imported only when a figur
 """
 from __future__ import annotations
 
-import io
 import itertools
 import math
 from collections.abc import Sequence
@@ -17,6 +16,7 @@ from certify.rundir import CertifyRecord
 from certify.summary import RADIUS_STEP
 from training.checkpoint import write_bytes
 from transdenoiser.errors import UserError
+from transdenoiser.pngs import figure_png
 from transdenoiser.records import Guarantee, PrivacyReport, recorded_arm
 
 CURVE_POINTS = 400
@@ -162,10 +162,9 @@ def plot_certified_accuracy(curves: Sequence[tuple[str, Sequence[CertifyRecord]]
     import matplotlib.pyplot as plt
 
     fig = certified_accuracy_figure(curves, title, caps, points)
-    png = io.BytesIO()
-    fig.savefig(png, format="png")
+    png = figure_png(fig)
     plt.close(fig)
-    write_bytes(path, png.getvalue())
+    write_bytes(path, png)
     return path
 
 

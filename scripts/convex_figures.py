@@ -96,6 +96,8 @@ def plot(result, title, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from transdenoiser.pngs import save_png
+
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for method, points in result["rows"].items():
         if points:
@@ -109,7 +111,7 @@ def plot(result, title, path):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_png(fig, path, dpi=110)
     plt.close(fig)
 
 

@@ -38,8 +38,9 @@ from reproduce_common import (
     Settings,
     flag_value,
     read_json,
+    step_lines,
 )
-from reproduce_estimate import estimate, export_results, with_recorded_seconds
+from reproduce_estimate import estimate, export_results, export_summaries, with_recorded_seconds
 from reproduce_runner import (
     Runner,
     available_arms,
@@ -245,6 +246,9 @@ def parse_args(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
     p.add_argument("--export", type=Path, default=None, metavar="DIR",
                    help="copy the files the figures and tables rest on (no weights, no private records) to DIR in "
                         "the same layout, for --figures-only --out DIR; run nothing")
+    p.add_argument("--summaries", type=Path, default=None, metavar="DIR",
+                   help="write the summaries the docs keep to DIR (per data set tables.md, results.json and the "
+                        "figures; commands.txt; steps.jsonl gzipped as steps.jsonl.gz); run nothing")
     p.add_argument("--estimate-from", type=Path, action="append", default=None, metavar="STEPS_JSONL",
                    help="estimate the wall time of this mode's steps not yet done from the step rates measured in "
                         "a steps.jsonl; repeat to fall back on other files' rates (the first that has a kind of "
@@ -292,6 +296,8 @@ def parse_args(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
     bad_stages = [f"stage {stage!r} (one of {', '.join(STAGES)})" for stage in settings.stages if stage not in STAGES]
     if unknown or bad_attacks or bad_runs or bad_stages:
         p.error(f"unknown: {', '.join(unknown + bad_attacks + bad_runs + bad_stages)}")
+    if args.export is not None and args.summaries is not None:
+        p.error("--export and --summaries: give one")
     missing = [str(path) for path in args.estimate_from or () if not path.is_file()]
     if missing:
         p.error(f"--estimate-from: no such file: {', '.join(missing)}")
@@ -301,17 +307,20 @@ def parse_args(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     settings, args = parse_args(argv)
-    if args.export is not None:
+    exports = {"--export": (args.export, export_results), "--summaries": (args.summaries, export_summaries)}
+    for flag, (dest, write) in exports.items():
+        if dest is None:
+            continue
         if not (settings.out / "steps.jsonl").is_file():
-            print(f"scripts/reproduce.sh: error: --export: {settings.out} holds no run (no steps.jsonl)",
+            print(f"scripts/reproduce.sh: error: {flag}: {settings.out} holds no run (no steps.jsonl)",
                   file=sys.stderr)
             return 2
         try:
-            copied = export_results(settings.out, args.export)
+            copied = write(settings.out, dest)
         except ValueError as exc:
             print(f"scripts/reproduce.sh: error: {exc}", file=sys.stderr)
             return 2
-        print(f"exported {len(copied)} files to {args.export}")
+        print(f"exported {len(copied)} files to {dest}")
         return 0
     command = "scripts/reproduce.sh " + shlex.join(argv)
     if not args.figures_only:
@@ -333,8 +342,14 @@ def main(argv: list[str] | None = None) -> int:
             for dataset in settings.datasets:
                 reproduce_dataset(runner, dataset, arms, commands, [seed])
     if args.estimate_from is not None:
-        measured = [with_recorded_seconds([json.loads(line) for line in path.read_text().splitlines() if line.strip()],
-                                          path) for path in args.estimate_from]
+        measured = []
+        for path in args.estimate_from:  # a steps.jsonl, or the gzip copy steps.jsonl.gz the summaries keep
+            try:
+                steps = [json.loads(line) for line in step_lines(path) if line.strip()]
+            except (OSError, ValueError) as exc:  # a damaged log: bad gzip, a line that is not JSON
+                print(f"scripts/reproduce.sh: error: --estimate-from {path}: not a steps log ({exc})", file=sys.stderr)
+                return 2
+            measured.append(with_recorded_seconds(steps, path))
         found = estimate(runner.planned, *measured)
         print(json.dumps({"mode": settings.mode, **found}, indent=1))
         print(f"estimated wall time: {found['seconds'] / 3600:.1f} h for the {found['to_do']} steps not done "

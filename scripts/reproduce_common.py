@@ -85,6 +85,21 @@ class Settings:
         return self.only_seeds if self.only_seeds is not None else tuple(range(self.seeds))
 
 
+def step_lines(path: Path) -> list[str]:
+    """The lines of a steps log: a run's ``steps.jsonl``, or the gzip copy ``steps.jsonl.gz`` the summaries keep
+    (docs/results/reproduce_full). A ``steps.jsonl`` that is not there is read from ``steps.jsonl.gz`` beside it.
+    Raises OSError when neither can be read (gzip.BadGzipFile is one)."""
+    import gzip
+
+    packed = path.with_name(path.name + ".gz")
+    if path.suffix != ".gz" and not path.exists() and packed.exists():
+        path = packed
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt", encoding="utf-8") as handle:
+            return handle.read().splitlines()
+    return path.read_text(encoding="utf-8").splitlines()
+
+
 def read_json(path: Path) -> dict | None:
     try:
         return json.loads(path.read_text())

@@ -1,5 +1,5 @@
-"""scripts/reproduce.py's export of the summary files (``--export``) and its wall-time estimate
-(``--estimate-from``)."""
+"""scripts/reproduce.py's exports: the files its figures and tables rest on (``--export``) and the summaries the
+docs keep (``--summaries``); and its wall-time estimate (``--estimate-from``)."""
 from __future__ import annotations
 
 import re
@@ -18,6 +18,9 @@ EXPORTED_NAMES = frozenset({
     "tables.md", "results.json", "steps.jsonl", "commands.txt"})
 EXPORTED_SUFFIXES = (".png",)
 NEVER_EXPORTED_FOLDERS = frozenset({"private"})
+# The summaries the docs keep (docs/results/reproduce_full): per data set its tables and figures, and the run's logs.
+SUMMARY_FILES = ("tables.md", "results.json")
+SUMMARY_STEPS = "steps.jsonl.gz"
 
 
 def export_results(out: Path, dest: Path) -> list[Path]:
@@ -29,8 +32,9 @@ def export_results(out: Path, dest: Path) -> list[Path]:
     out, dest = out.resolve(), dest.resolve()
     if dest == out or out in dest.parents:
         raise ValueError(f"--export {dest}: must not be the run's folder {out} or inside it")
-    if (dest / "steps.jsonl").exists() and not (dest / ".exported").exists():
-        raise ValueError(f"--export {dest}: holds a run of its own (steps.jsonl); choose another folder")
+    if any((dest / name).exists() for name in ("steps.jsonl", SUMMARY_STEPS)) and not (dest / ".exported").exists():
+        raise ValueError(f"--export {dest}: holds a run of its own or its summaries (steps.jsonl); choose another "
+                         "folder")
     copied = []
     for path in sorted(out.rglob("*")):
         relative = path.relative_to(out)
@@ -44,6 +48,43 @@ def export_results(out: Path, dest: Path) -> list[Path]:
         copied.append(target)
     (dest / ".exported").write_text(f"exported from {out} by scripts/reproduce.sh --export\n")
     return copied
+
+
+def export_summaries(out: Path, dest: Path) -> list[Path]:
+    """Write the summaries the docs keep of the run under ``out`` into ``dest`` (the layout of
+    docs/results/reproduce_full) and return them: per data set ``D/tables.md``, ``D/results.json`` and
+    ``D/figures/*.png`` (as palette PNGs), the run's ``commands.txt``, and its ``steps.jsonl`` as
+    ``steps.jsonl.gz`` (gzip, no timestamp: the same log gives the same bytes; every reader of the log reads
+    either). Not the per-run files (``--export``): ``--figures-only`` cannot redraw from ``dest``."""
+    import gzip
+
+    from transdenoiser.pngs import palette_png
+
+    out, dest = out.resolve(), dest.resolve()
+    if dest == out or out in dest.parents:
+        raise ValueError(f"--summaries {dest}: must not be the run's folder {out} or inside it")
+    if (dest / "steps.jsonl").exists():
+        raise ValueError(f"--summaries {dest}: holds a run or an export of its own (steps.jsonl); choose another "
+                         "folder")
+    written: list[Path] = []
+
+    def write(relative: Path, data: bytes) -> None:
+        target = dest / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        written.append(target)
+
+    for tables in sorted(out.glob(f"*/{SUMMARY_FILES[0]}")):
+        folder = tables.parent
+        for name in SUMMARY_FILES:
+            if (folder / name).is_file():
+                write(Path(folder.name, name), (folder / name).read_bytes())
+        for png in sorted((folder / "figures").glob("*.png")):
+            write(Path(folder.name, "figures", png.name), palette_png(png.read_bytes()))
+    if (out / "commands.txt").is_file():
+        write(Path("commands.txt"), (out / "commands.txt").read_bytes())
+    write(Path(SUMMARY_STEPS), gzip.compress((out / "steps.jsonl").read_bytes(), compresslevel=9, mtime=0))
+    return written
 
 
 # ---------------------------------------------------------------------------------------------------- estimate

@@ -16,6 +16,7 @@ from reproduce_common import (
     Settings,
     flag_value,
     number,
+    step_lines,
 )
 from reproduce_results import collect
 
@@ -152,6 +153,7 @@ def plot_figures(result: dict, folder: Path, settings: Settings) -> list[Path]:
     import matplotlib.pyplot as plt
 
     from certify.summary import certified_accuracy
+    from transdenoiser.pngs import save_png
 
     folder.mkdir(parents=True, exist_ok=True)
     written = []
@@ -189,7 +191,7 @@ def plot_figures(result: dict, folder: Path, settings: Settings) -> list[Path]:
         fig.suptitle(f"Figure 2 ({dataset}): certified accuracy against L2 radius")
         fig.tight_layout()
         written.append(folder / "figure2.png")
-        fig.savefig(written[-1], dpi=110)
+        save_png(fig, written[-1], dpi=110)
         plt.close(fig)
     for figure, names in (("7", ("fgsm", "ifgsm")), ("3", ("mim", "pgd"))):
         names = [n for n in names if any(n in a for a in result["attack"].values())]
@@ -225,7 +227,7 @@ def plot_figures(result: dict, folder: Path, settings: Settings) -> list[Path]:
         fig.suptitle(f"Figure {figure} ({dataset}): accuracy under attack (threat {settings.threat})")
         fig.tight_layout()
         written.append(folder / f"figure{figure}.png")
-        fig.savefig(written[-1], dpi=110)
+        save_png(fig, written[-1], dpi=110)
         plt.close(fig)
     if result["figure4"]:
         names = [n for n in settings.figure4_attacks if any(n in a for a in result["figure4"].values())]
@@ -255,17 +257,17 @@ def plot_figures(result: dict, folder: Path, settings: Settings) -> list[Path]:
         fig.suptitle(f"Figure 4 ({dataset}):\naccuracy under attack against epsilon")
         fig.tight_layout()
         written.append(folder / "figure4.png")
-        fig.savefig(written[-1], dpi=110)
+        save_png(fig, written[-1], dpi=110)
         plt.close(fig)
     return written
 
 
 def step_commits(steps: Path, dataset: str, field: str = "commit", having: str | None = None) -> list[str]:
-    """The commits (in first-run order) that the successful steps of ``dataset`` recorded in ``steps``; with
-    ``field="hardware"``, the hardware they ran on (``field="name"``: the steps; ``having``: only steps that
-    recorded that field)."""
+    """The commits (in first-run order) that the successful steps of ``dataset`` recorded in ``steps`` (or in its
+    gzip copy ``steps.jsonl.gz``: :func:`step_lines`); with ``field="hardware"``, the hardware they ran on
+    (``field="name"``: the steps; ``having``: only steps that recorded that field)."""
     try:
-        lines = steps.read_text().splitlines()
+        lines = step_lines(steps)
     except OSError:
         return []
     commits: list[str] = []

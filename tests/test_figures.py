@@ -87,3 +87,50 @@ def test_caps_are_dotted_lines_named_in_the_legend(tmp_path):
     assert text in [t.get_text().replace("\n", " ") for t in fig.legends[0].get_texts()]
     path = plot_certified_accuracy([(legend_label(sep), _records(3))], tmp_path / "f.png", caps=[(cap, text)])
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_figures_are_saved_as_palette_pngs_that_look_the_same(tmp_path):
+    """A figure is written as a palette PNG of at most 256 colours, smaller than matplotlib's RGBA PNG, and
+    differs from it only on a few anti-aliased edge pixels."""
+    import io
+
+    from PIL import Image
+
+    from transdenoiser.pngs import figure_png, palette_png
+
+    sep = _summary("sepdp", SEPDP, None, 16)
+    fig = certified_accuracy_figure([(legend_label(sep), _records(3)), ("other", _records(4))])
+    raw = io.BytesIO()
+    fig.savefig(raw, format="png")
+    paletted = figure_png(fig)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    assert len(paletted) < len(raw.getvalue()) / 1.5
+    assert palette_png(paletted) == paletted  # already a palette: kept as it is
+    image = Image.open(io.BytesIO(paletted))
+    assert image.mode == "P" and len(image.getcolors(256)) <= 256
+    before = np.asarray(Image.open(raw).convert("RGB"), dtype=int)
+    after = np.asarray(image.convert("RGB"), dtype=int)
+    assert before.shape == after.shape
+    error = np.abs(before - after).max(axis=-1)
+    assert (error > 16).mean() < 0.01 and error.mean() < 1.0
+    path = plot_certified_accuracy([(legend_label(sep), _records(3))], tmp_path / "f.png")
+    assert Image.open(path).mode == "P"
+
+
+def test_palette_png_keeps_transparency_and_refuses_what_is_not_an_image():
+    import io
+
+    from PIL import Image
+
+    from transdenoiser.pngs import palette_png
+
+    rgba = np.zeros((8, 8, 4), dtype=np.uint8)
+    rgba[:4, :, :] = (255, 0, 0, 255)  # top half opaque red, bottom half transparent
+    raw = io.BytesIO()
+    Image.fromarray(rgba, mode="RGBA").save(raw, format="PNG")
+    back = np.asarray(Image.open(io.BytesIO(palette_png(raw.getvalue()))).convert("RGBA"))
+    assert (back[:4] == (255, 0, 0, 255)).all() and (back[4:, :, 3] == 0).all()
+    with pytest.raises(ValueError, match="not a PNG image"):
+        palette_png(b"\x89PNG\r\n\x1a\n broken")

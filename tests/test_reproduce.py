@@ -7,6 +7,7 @@ CPU; many minutes when other jobs share the 2 cores): it is the only test that r
 """
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -507,6 +509,48 @@ def test_the_tables_name_the_commits_and_hardware_of_their_steps(tmp_path):
                                                                                  "mnist10k: train c"]
     assert len(tables_part.step_commits(steps, "mnist10k", "name")) == 3  # one of them recorded no hardware
     assert tables_part.step_commits(tmp_path / "absent.jsonl", "mnist10k") == []
+    packed = tmp_path / "summaries" / "steps.jsonl.gz"  # the gzip copy the summaries keep, read in its place
+    packed.parent.mkdir()
+    packed.write_bytes(gzip.compress(steps.read_bytes()))
+    for path in (packed, packed.with_name("steps.jsonl")):
+        assert tables_part.step_commits(path, "mnist10k") == ["abc1234", "abc1234+modified"]
+
+
+def test_summaries_keep_the_tables_figures_and_a_gzipped_steps_log(tmp_path):
+    """--summaries writes what docs/results/reproduce_full keeps: per data set tables.md, results.json and the
+    figures as palette PNGs, commands.txt, and steps.jsonl as steps.jsonl.gz (the same bytes however often it runs,
+    read by the estimate and the tables as the plain log); never the per-run files. --export refuses the folder."""
+    from PIL import Image
+
+    run, dest = tmp_path / "run", tmp_path / "summaries"
+    figures = run / "mnist10k" / "figures"
+    figures.mkdir(parents=True)
+    (run / "mnist10k" / "certify" / "sepdp_s0").mkdir(parents=True)
+    (run / "mnist10k" / "certify" / "sepdp_s0" / "certify.tsv").write_text("idx\ttime\n")
+    (run / "mnist10k" / "tables.md").write_text("# tables\n")
+    (run / "mnist10k" / "results.json").write_text("{}\n")
+    pixels = np.full((20, 30, 4), 255, dtype=np.uint8)
+    pixels[5:8, :, :3] = (31, 119, 180)
+    Image.fromarray(pixels, mode="RGBA").save(figures / "figure2.png")
+    (run / "commands.txt").write_text("scripts/reproduce.sh --seeds 1\n")
+    steps = [{"name": "mnist10k: certify a", "exit": 0, "commit": "abc1234", "argv": ["certify", "--out", "/x"]}]
+    (run / "steps.jsonl").write_text("".join(json.dumps(step) + "\n" for step in steps))
+    done = run_script("--out", str(run), "--summaries", str(dest), timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    files = sorted(path.relative_to(dest).as_posix() for path in dest.rglob("*") if path.is_file())
+    assert files == ["commands.txt", "mnist10k/figures/figure2.png", "mnist10k/results.json", "mnist10k/tables.md",
+                     "steps.jsonl.gz"]
+    packed = (dest / "steps.jsonl.gz").read_bytes()
+    assert gzip.decompress(packed) == (run / "steps.jsonl").read_bytes()
+    assert reproduce_part("common").step_lines(dest / "steps.jsonl") == (run / "steps.jsonl").read_text().splitlines()
+    figure = Image.open(dest / "mnist10k" / "figures" / "figure2.png")
+    assert figure.mode == "P" and (np.asarray(figure.convert("RGBA")) == pixels).all()
+    again = run_script("--out", str(run), "--summaries", str(dest), timeout=120)
+    assert again.returncode == 0 and (dest / "steps.jsonl.gz").read_bytes() == packed
+    refused = run_script("--out", str(run), "--export", str(dest), timeout=120)
+    assert refused.returncode == 2 and "holds a run of its own or its summaries" in refused.stderr
+    both = run_script("--out", str(run), "--export", str(tmp_path / "x"), "--summaries", str(dest), timeout=120)
+    assert both.returncode == 2 and "give one" in both.stderr
 
 
 def test_a_data_sets_header_names_only_the_commands_that_ran_it():

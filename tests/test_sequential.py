@@ -247,7 +247,7 @@ def test_the_exact_computation_agrees_with_the_simulated_driver():
 
 
 # Mean estimation samples to a decision at R = 0.5, sigma 0.25, alpha 1e-3, n_max 100,000 (issue 39's targets:
-# 1.25 times the oracle that knows pA, the SPRT of pA against Phi(2); p -> 1: at most 450). docs/CERTIFY.md.
+# 1.25 times the oracle that knows pA, the SPRT of pA against Phi(2); p -> 1: at most 450). docs/results/certify.md.
 SAMPLE_TARGETS = {0.98: 48_300, 0.99: 1_870, 0.995: 835, 0.999: 458, 1.0: 450}
 
 

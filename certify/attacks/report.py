@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from transdenoiser.errors import UserError
+from transdenoiser.pngs import save_png
 
 ATTACK_JSON = "attack.json"
 ATTACK_TSV = "attack.tsv"
@@ -82,7 +83,7 @@ def _finish(plt, fig, ax, title: str, norm: str, path: Path) -> Path:
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
-    fig.savefig(path)
+    save_png(fig, path)
     plt.close(fig)
     return path
 
