@@ -77,6 +77,10 @@ def test_train_recipe_plan_prints_the_plan_and_what_the_recipe_chose(capsys):
     assert out.strip().splitlines()[-1] == (
         "recipe: sepdp, batch 64 planned for epsilon 1 (rdp accountant, delta 1e-05), adam lr 0.003, "
         "no parameter averaging")
+    assert main(["train", "--arm", "recipe", "--target-epsilon", "1", "--epochs", "2", "--train-examples", "128",
+                 "--batch-size", "128", "--ema", "0.99", "--plan"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == (  # the plan, and the batch size given is kept
+        "recipe: sepdp, batch 128 at epsilon 1 (rdp accountant, delta 1e-05), adam lr 0.003, EMA decay 0.99")
 
 
 def _train(words, out, capsys):

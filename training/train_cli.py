@@ -217,11 +217,13 @@ def _plan_only(args) -> int:
     config = method.config_from_settings(settings, source)
     note_unused_settings(method, settings, source)
     dataset = load_dataset_from_args(args)
-    planned = config.batch_size == "auto"
+    given = config.batch_size
     resolve_auto_batch(args, config, training_examples(config, dataset))
     describe = getattr(method, "describe", None)  # a method over an arm (recipe) says what it chose
     if describe is not None:
-        print(describe(config, planned))
+        if given != "auto":  # the batch size the run would train with: the one given, not the plan's choice
+            config.batch_size = given
+        print(describe(config, given == "auto"))
     return 0
 
 
