@@ -143,8 +143,9 @@ def test_startup_benchmark_quick(tmp_path):
 def test_torch_free_training_choices_match_the_modules():
     from training import choices, denoisers, train_config
     from training.baselines import securesgd, stobatch
+    from training.methods import method_names, recipe
 
-    assert choices.ARMS == (*train_config.ARMS, *securesgd.ARMS, stobatch.ARM)
+    assert choices.ARMS == (*train_config.ARMS, recipe.NAME, *securesgd.ARMS, stobatch.ARM) == method_names()
     assert choices.OPTIMIZERS == train_config.OPTIMIZERS
     assert choices.DENOISERS == denoisers.DENOISERS and choices.ACTIVATIONS == tuple(denoisers.ACTIVATIONS)
 

@@ -266,8 +266,9 @@ def test_calibrated_attack_removes_per_example_difficulty():
 
 # T = 2 steps of q = 0.5 (one epoch of 100 examples, B = 50); xi_up = 3 claims epsilon ~1.07 (PLD) at delta 1e-5
 AUDIT_ARGS = ["--denoiser", "tiny", "--denoiser-width", "8", "--activation", "silu", "--train-examples", "100",
-              "--batch-size", "50", "--epochs", "1", "--eval-examples", "50", "--max-smin-dim", "10", "--lr", "0.05",
-              "--delta", "1e-5", "--xi-up", "3", "--canaries", "200", "--device", "cpu"]
+              "--batch-size", "50", "--epochs", "1", "--eval-examples", "50", "--lr", "0.05", "--canaries", "200",
+              "--device", "cpu"]
+SEPDP = ["--arm", "sepdp", "--delta", "1e-5", "--xi-up", "3"]  # the flags of the DP arms (nodp refuses them)
 
 
 @pytest.fixture(autouse=True)
@@ -303,7 +304,7 @@ def _audit(tmp_path, classifier_dir, name, *extra):
 
 
 def test_correct_sepdp_passes_and_the_report_carries_the_audit(tmp_path, classifier_dir, capsys):
-    status, out = _audit(tmp_path, classifier_dir, "ok", "--arm", "sepdp", "--reference-models", "0",
+    status, out = _audit(tmp_path, classifier_dir, "ok", *SEPDP, "--reference-models", "0",
                          "--confidence", "0.9")
     assert status == 0
     meta = json.loads((out / "model" / "metadata.json").read_text())
@@ -337,7 +338,7 @@ def test_planted_bug_noise_off_fails_the_audit(tmp_path, classifier_dir, monkeyp
     from training.privacy import dp
 
     monkeypatch.setattr(dp.GaussianNoise, "add", lambda self, tensors, multiplier, generator: dict(tensors))
-    status, out = _audit(tmp_path, classifier_dir, "bug", "--arm", "sepdp", "--no-membership")
+    status, out = _audit(tmp_path, classifier_dir, "bug", *SEPDP, "--no-membership")
     assert status == 1
     assert "PRIVACY AUDIT FAILED" in capsys.readouterr().err
     audit = json.loads((out / "model" / "metadata.json").read_text())["audit"]
@@ -353,7 +354,7 @@ def test_planted_bug_halved_noise_fails_the_consistency_check(tmp_path, classifi
     original = dp.GaussianNoise.add
     monkeypatch.setattr(dp.GaussianNoise, "add", lambda self, tensors, multiplier, generator:
                         original(self, tensors, 0.5 * multiplier, generator))
-    status, out = _audit(tmp_path, classifier_dir, "halved", "--arm", "sepdp", "--no-membership")
+    status, out = _audit(tmp_path, classifier_dir, "halved", *SEPDP, "--no-membership")
     audit = json.loads((out / "model" / "metadata.json").read_text())["audit"]
     assert status == 1 and audit["verdict"]["status"] == "FAIL"
     assert audit["verdict"]["inconsistent_with_claimed_noise"] and not audit["consistency"]["consistent"]
@@ -366,7 +367,7 @@ def test_likelihood_ratio_score_audits_and_is_checked_against_the_claimed_noise(
     """The per-step likelihood-ratio score: a valid audit (PASS at the correct noise, log-ratio scores above
     log(1 - q) = log 0.5 per step), and the check against the claimed noise still runs on the summed
     known_others score."""
-    status, out = _audit(tmp_path, classifier_dir, "lr", "--arm", "sepdp", "--no-membership",
+    status, out = _audit(tmp_path, classifier_dir, "lr", *SEPDP, "--no-membership",
                          "--whitebox-score", "likelihood_ratio")
     assert status == 0
     private = json.loads((out / "audit.json").read_text())

@@ -19,15 +19,15 @@ FLAGS = SettingsSource("flags", {"xi_low": "--xi-low", "sigma": "--sigma", "robu
 
 def test_the_registry_knows_every_arm_and_names_them_on_an_unknown_one():
     names = method_names()
-    assert names[:6] == ("nodp", "sepdp", "transdenoiser", "securesgd-prt", "securesgd-sct", "stobatch")
-    for name in names[:6]:
+    assert names[:7] == ("nodp", "sepdp", "transdenoiser", "recipe", "securesgd-prt", "securesgd-sct", "stobatch")
+    for name in names[:7]:
         method = get_method(name)
         assert method.name == name
-        assert (method.certificate is None) == (name in ("nodp", "sepdp", "transdenoiser"))
+        assert (method.certificate is None) == (name in ("nodp", "sepdp", "transdenoiser", "recipe"))
     with pytest.raises(UserError) as error:
         get_method("sgd")
     message = str(error.value)
-    assert len(message.splitlines()) == 1 and "'sgd'" in message and all(n in message for n in names[:6])
+    assert len(message.splitlines()) == 1 and "'sgd'" in message and all(n in message for n in names[:7])
 
 
 @pytest.mark.parametrize("name", ["securesgd-prt", "securesgd-sct", "stobatch"])

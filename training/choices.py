@@ -2,6 +2,7 @@
 its flag errors need not load torch). tests/test_cli_behaviour.py checks them against the modules that use them."""
 
 ARMS = ("nodp", "sepdp", "transdenoiser",  # training.train_config.ARMS
+        "recipe",  # training.methods.recipe.NAME (trains as sepdp)
         "securesgd-prt", "securesgd-sct",  # training.baselines.securesgd.ARMS
         "stobatch")  # training.baselines.stobatch.ARM
 OPTIMIZERS = ("sgd", "adam")  # training.train_config.OPTIMIZERS

@@ -1,4 +1,5 @@
-"""Subcommand ``train``: train the denoiser on the private split with one of the three arms.
+"""Subcommand ``train``: train on the private split with a training method (training/methods): a denoiser arm, the
+tuned recipe, or a baseline.
 
 Settings come from, in rising precedence: TrainConfig's defaults, ``--config FILE`` (TOML, keys are
 TrainConfig's field names), and the flags given. With ``--resume`` the saved run's settings are the base
@@ -57,6 +58,8 @@ def register(subparsers, common) -> None:
                     "  sepdp          DP-SGD: Poisson sampling q=B/N, clipping at C, noise std xi_up*C on the sum\n"
                     "  transdenoiser  Algorithm 1 of the TransDenoiser paper (reports the paper's data-dependent\n"
                     "                 MMGA epsilon AND what the explicitly added noise alone would give)\n"
+                    "  recipe         the tuned recipe: sepdp with the batch size planned for --target-epsilon\n"
+                    "                 (required), DP-Adam lr 3e-3, no averaging (docs/TRAINING.md)\n"
                     "Noise multipliers (xi_up, xi_low) are std / C of the noise on the SUMMED clipped gradient; "
                     "pixels are in [0, 1]. See docs/PRIVACY.md and docs/TRAINING.md.",
         epilog="example: transdenoiser train --config configs/demo.toml --classifier runs/classifier "
@@ -111,7 +114,8 @@ def register(subparsers, common) -> None:
     g = p.add_argument_group("optimisation")
     g.add_argument("--batch-size", type=batch_size_or_auto, default=None,
                    help="expected batch size B; Poisson rate q = B/N for the DP arms; auto (needs --target-epsilon): "
-                        "the largest power of two >= 64 that leaves --min-steps steps, see --plan (default: 64)")
+                        "the largest power of two >= 64 that leaves --min-steps steps, see --plan "
+                        "(default: 64; recipe: auto)")
     g.add_argument("--min-steps", type=positive_int, default=None,
                    help=f"--batch-size auto: the fewest steps T to leave (default: {DEFAULT_MIN_STEPS})")
     g.add_argument("--plan", action="store_true",
@@ -119,8 +123,8 @@ def register(subparsers, common) -> None:
                         "and exit without training")
     g.add_argument("--epochs", type=positive_int, default=None, help="epochs; T = epochs * round(N/B) (default: 10)")
     g.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
-                   help="sgd or adam (DP-Adam: Adam on the privatised gradient) (default: sgd)")
-    g.add_argument("--lr", type=positive_float, default=None, help="learning rate (default: 0.1)")
+                   help="sgd or adam (DP-Adam: Adam on the privatised gradient) (default: sgd; recipe: adam)")
+    g.add_argument("--lr", type=positive_float, default=None, help="learning rate (default: 0.1; recipe: 3e-3)")
     g.add_argument("--momentum", type=nonnegative_float, default=None, help="SGD momentum (default: 0.9)")
     g.add_argument("--ema", type=nonnegative_float, default=None, metavar="DECAY",
                    help="parameter averaging: evaluate and release an exponential moving average of the weights "
@@ -213,7 +217,13 @@ def _plan_only(args) -> int:
     config = method.config_from_settings(settings, source)
     note_unused_settings(method, settings, source)
     dataset = load_dataset_from_args(args)
+    given = config.batch_size
     resolve_auto_batch(args, config, training_examples(config, dataset))
+    describe = getattr(method, "describe", None)  # a method over an arm (recipe) says what it chose
+    if describe is not None:
+        if given != "auto":  # the batch size the run would train with: the one given, not the plan's choice
+            config.batch_size = given
+        print(describe(config, given == "auto"))
     return 0
 
 
@@ -271,7 +281,9 @@ def _train(args, device, group) -> int:
         from training.baselines.train_cli import cmd_train_stobatch
 
         return cmd_train_stobatch(args, method, device, print)
-    if name in ("nodp", "sepdp", "transdenoiser"):
+    from training.methods.registry import DENOISER_METHODS
+
+    if name in DENOISER_METHODS:  # the denoiser arms and the recipe over sepdp
         return _train_denoiser(args, method, device, group, print)
     return _train_method(args, method, device, print)
 
@@ -348,8 +360,12 @@ def _train_denoiser(args, method, device, group, print=builtins.print) -> int:  
     seed_everything(config.seed)
     dataset = load_dataset_from_args(args)
     classifier = load_checkpoint(classifier_dir, kind="classifier", map_location=device)
-    if config.batch_size == "auto":
+    planned = config.batch_size == "auto"
+    if planned:
         resolve_auto_batch(args, config, training_examples(config, dataset), print=print)
+    describe = getattr(method, "describe", None)  # a method over an arm (recipe): what it chose, and the arm
+    if describe is not None:
+        print(describe(config, planned), file=sys.stderr)
     config.validate(len(dataset.private) if not config.train_examples
                     else min(config.train_examples, len(dataset.private)))
     print(f"train {config.arm}: {config.denoiser} ({config.activation}) on {dataset.name} {config.train_on} split, "
@@ -366,9 +382,12 @@ def _train_denoiser(args, method, device, group, print=builtins.print) -> int:  
               "and no data-independent epsilon exists; do not release this model as private (docs/PRIVACY.md)",
               file=sys.stderr)
     if config.target_epsilon is not None and config.arm != "nodp":
+        from dataclasses import fields
+
+        configured = "xi_up" in {f.name for f in fields(config)}  # not a setting of the recipe
         print(f"note: xi_up will be calibrated for target epsilon {config.target_epsilon} "
-              f"({config.calibration_accountant} accountant); the configured xi_up {config.xi_up:g} is not used",
-              file=sys.stderr)
+              f"({config.calibration_accountant} accountant)"
+              + (f"; the configured xi_up {config.xi_up:g} is not used" if configured else ""), file=sys.stderr)
 
     if writer:
         print(PRIVATE_FIGURES_NOTE.format(private=f"{args.out}/private/"), file=sys.stderr)

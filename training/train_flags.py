@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from training.methods.base import SettingsSource
+from transdenoiser.errors import UserError
 from transdenoiser.toml import read_toml
 
 DEFAULT_ARM = "transdenoiser"
@@ -69,13 +70,18 @@ def settings_from_args(args, base: dict | None = None) -> tuple[dict[str, Any], 
     return settings, SettingsSource(path or "flags", spelled, file_keys, path)
 
 
-def method_and_settings(args, base: dict | None = None):
+def method_and_settings(args, base: dict | None = None, *, arms: tuple[str, ...] | None = None,
+                        command: str = "train"):
     """(the training method, its settings without ``arm``, their source): the method named by ``--arm``, else by
-    the ``--config`` file's ``arm``, else by ``base``'s (a saved run's), else the default arm."""
+    the ``--config`` file's ``arm``, else by ``base``'s (a saved run's), else the default arm. ``arms``: the
+    methods ``command`` runs (another is refused in one line before any method is imported); None: any."""
     from training.methods import get_method
 
     settings, source = settings_from_args(args, base)
     name = settings.pop("arm", None) or (base or {}).get("arm") or DEFAULT_ARM
+    if arms is not None and name not in arms:
+        where = f"--config {source.path} says arm = {name!r}" if "arm" in source.file_keys else f"arm {name!r}"
+        raise UserError(f"{command} takes --arm {'|'.join(arms)}; {where}")
     return get_method(name), settings, source
 
 

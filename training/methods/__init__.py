@@ -1,8 +1,9 @@
 """Training methods: one interface (:class:`~training.methods.base.Method`) for every way to train, and a registry
 by name. ``transdenoiser train --arm NAME`` runs :func:`get_method` (NAME).
 
-- :mod:`training.methods.denoiser`: ``nodp``, ``sepdp``, ``transdenoiser`` (and the tuned recipe, their
-  ``batch_size = "auto"`` mode);
+- :mod:`training.methods.denoiser`: ``nodp``, ``sepdp``, ``transdenoiser`` (``batch_size = "auto"``: the tuned
+  recipe's batch plan);
+- :mod:`training.methods.recipe`: ``recipe``, the tuned recipe (the sepdp arm with the recipe's settings);
 - :mod:`training.methods.securesgd`: ``securesgd-prt``, ``securesgd-sct``;
 - :mod:`training.methods.stobatch`: ``stobatch``.
 
@@ -19,6 +20,8 @@ __all__ = ["Hooks", "Method", "SettingsSource", "TrainResult", "get_method", "me
 def _load_builtin(name: str) -> None:
     if name in ("nodp", "sepdp", "transdenoiser"):
         import training.methods.denoiser  # noqa: F401  (registers the denoiser arms)
+    elif name == "recipe":
+        import training.methods.recipe  # noqa: F401
     elif name in ("securesgd-prt", "securesgd-sct"):
         import training.methods.securesgd  # noqa: F401
     elif name == "stobatch":

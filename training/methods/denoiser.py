@@ -7,10 +7,11 @@ not used by it, recorded in the run's TrainConfig as given (:meth:`DenoiserMetho
 them); the same settings given as flags or as
 keyword arguments are refused.
 
-The tuned recipe (training/recipe.py) is a mode of these methods, not a method of its own: ``batch_size = "auto"``
-(with ``target_epsilon``, on a DP arm) plans the batch size for the target epsilon, the largest power of two that
-leaves ``min_steps`` steps; ``ema_decay`` (parameter averaging) is an ordinary setting. The plan is made once the
-number of private examples is known (:func:`plan_batch`), and the run trains at the chosen batch size.
+``batch_size = "auto"`` (with ``target_epsilon``, on a DP arm) plans the batch size for the target epsilon, the
+largest power of two that leaves ``min_steps`` steps (:func:`plan_batch`, the tuned recipe's planner,
+training/recipe.py), once the number of private examples is known; the run trains at the chosen batch size. The
+tuned recipe is also a method of its own, ``recipe`` (training/methods/recipe.py): this class with the recipe's
+config type, training as the ``sepdp`` arm.
 """
 from __future__ import annotations
 
@@ -61,19 +62,21 @@ def plan_batch(config, num_examples: int):
 
 
 class DenoiserMethod:
-    """One of the product's arms (``name`` is the arm; ``config_type`` its own settings)."""
+    """One of the product's arms (``name`` is the arm; ``config_type`` its own settings). ``arm``: the arm the
+    runs train with and record (``name``'s own, unless a method over an arm, such as ``recipe``, says otherwise)."""
 
     certificate = None  # randomized smoothing of the denoised classifier (``certify``) is the only certificate
     resumable = True
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, config_type: type[DenoiserConfig] | None = None, arm: str | None = None):
         self.name = name
-        self.config_type = ARM_CONFIGS[name]
+        self.arm = arm or name
+        self.config_type = config_type or ARM_CONFIGS[name]
 
     def unused_settings(self, settings: Mapping[str, Any], source: SettingsSource) -> list[str]:
         """The keys of a ``--config`` file (``source.file_keys``) that another denoiser arm reads and this one
         does not: a file shared by the arms; they are left out of this arm's config (the CLI notes them)."""
-        return other_arms_settings(self.name, [name for name in settings if name in source.file_keys])
+        return other_arms_settings(self.config_type, [name for name in settings if name in source.file_keys])
 
     def config_from_settings(self, settings: Mapping[str, Any], source: SettingsSource,
                              base: Mapping[str, Any] | None = None) -> DenoiserConfig:
@@ -87,7 +90,7 @@ class DenoiserMethod:
         # the file's values of other arms' settings are recorded in the run's TrainConfig as before (unused by
         # this arm), so that the checkpoint and its privacy report are the same bytes as without the split
         inherited = {**inherited_settings(self.config_type, base), **from_file}
-        values = {**{k: v for k, v in (base or {}).items() if k not in inherited}, **settings, "arm": self.name}
+        values = {**{k: v for k, v in (base or {}).items() if k not in inherited}, **settings, "arm": self.arm}
         config = self.config_type.from_dict(values, source=source.label)
         config.inherited = inherited
         return config

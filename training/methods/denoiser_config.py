@@ -6,7 +6,9 @@
   epsilon and its accountant, delta, how clipped sums are computed, the recipe's ``min_steps``);
 - :class:`NoDPConfig` (``nodp``) is :class:`DenoiserConfig`; :class:`SepDPConfig` (``sepdp``) adds the input-noise
   draws and the noise shape; :class:`TransDenoiserConfig` (``transdenoiser``) adds Algorithm 1's line-16 threshold
-  and the S_min settings.
+  and the S_min settings;
+- :class:`RecipeConfig` (the ``recipe`` method, training/methods/recipe.py): sepdp's settings with the tuned
+  recipe's defaults, less ``xi_up`` (calibrated from the required ``target_epsilon``).
 
 A setting an arm does not read is not a field of its type, so :func:`~training.methods.base.refuse_unknown` refuses
 it. The run itself is the full :class:`~training.train_config.TrainConfig` of :meth:`DenoiserConfig.train_config`
@@ -131,6 +133,38 @@ class TransDenoiserConfig(DPConfig):
     smin_chunk_size: int = _D.smin_chunk_size
 
 
+RECIPE_LEARNING_RATE = 3e-3  # DP-Adam's step size of the committed configs/recipe_*.toml
+
+
+@dataclass
+class RecipeConfig(DenoiserConfig):
+    """``recipe``: the tuned recipe (docs/TRAINING.md), DP-SGD as the ``sepdp`` arm trains it (``arm`` is the
+    algorithm, whose privacy analysis applies) with the recipe's defaults: batch size ``"auto"`` (the largest
+    power of two leaving ``min_steps`` steps at ``target_epsilon``), DP-Adam at learning rate 3e-3, no parameter
+    averaging (what configs/recipe_*.toml choose). ``target_epsilon`` is required and calibrates the noise
+    multiplier, so ``xi_up`` is not a setting; otherwise sepdp's settings (:class:`SepDPConfig`; a test checks the
+    two lists agree)."""
+
+    arm: str = "sepdp"
+    batch_size: int | str = AUTO
+    optimizer: str = "adam"
+    learning_rate: float = RECIPE_LEARNING_RATE
+    ema_decay: float = 0.0
+    clip_norm: float = _D.clip_norm
+    target_epsilon: float | None = None
+    calibration_accountant: str = _D.calibration_accountant
+    delta: float = _D.delta
+    clipping: str = _D.clipping
+    grad_chunk_size: int = _D.grad_chunk_size
+    physical_batch_size: int = _D.physical_batch_size
+    compile: bool = _D.compile
+    min_steps: int = DEFAULT_MIN_STEPS
+    noise_draws: int = _D.noise_draws
+    noise: str = _D.noise
+    shape_examples: int = _D.shape_examples
+    acknowledge_unsound: bool = _D.acknowledge_unsound
+
+
 ARM_CONFIGS: dict[str, type[DenoiserConfig]] = {"nodp": NoDPConfig, "sepdp": SepDPConfig,
                                                 "transdenoiser": TransDenoiserConfig}
 # every setting some denoiser arm reads (a key of a shared --config file outside it is refused)
@@ -146,9 +180,9 @@ def arms_reading(setting: str) -> tuple[str, ...]:
     return tuple(arm for arm, config in ARM_CONFIGS.items() if setting in field_names(config))
 
 
-def other_arms_settings(arm: str, names: Iterable[str]) -> list[str]:
-    """Those of ``names`` that another denoiser arm reads and ``arm`` does not (in the order given)."""
-    own = field_names(ARM_CONFIGS[arm])
+def other_arms_settings(config_type: type, names: Iterable[str]) -> list[str]:
+    """Those of ``names`` that a denoiser arm reads and ``config_type`` does not have (in the order given)."""
+    own = field_names(config_type)
     return [name for name in names if name not in own and name in FAMILY_FIELDS]
 
 

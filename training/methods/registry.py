@@ -9,7 +9,9 @@ from training.methods.base import Method
 
 _METHODS: dict[str, Method] = {}
 # the methods of this package, registered when their module is first imported (they import torch)
-BUILTIN = ("nodp", "sepdp", "transdenoiser", "securesgd-prt", "securesgd-sct", "stobatch")
+BUILTIN = ("nodp", "sepdp", "transdenoiser", "recipe", "securesgd-prt", "securesgd-sct", "stobatch")
+# the methods that train a denoiser with training.private_train (one console text, one audit: privacy-audit)
+DENOISER_METHODS = ("nodp", "sepdp", "transdenoiser", "recipe")
 
 
 def register(method: Method) -> Method:

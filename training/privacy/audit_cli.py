@@ -18,19 +18,17 @@ from transdenoiser.argtypes import (
     positive_float,
     positive_int,
 )
+from transdenoiser.errors import UserError
 
-# flag destination -> TrainConfig field (the training flags `train` has that an audit needs)
 DEFAULT_CONFIDENCE = 0.95
 # the library's defaults (training.privacy.consistency; a test checks they agree), repeated here so that
 # building the parser imports neither NumPy nor SciPy
 DEFAULT_ALPHA = 0.001
 DEFAULT_SIMULATIONS = 1999
 
-FLAG_FIELDS = {"arm": "arm", "sigma": "sigma", "clip_norm": "clip_norm", "xi_up": "xi_up", "xi_low": "xi_low",
-               "target_epsilon": "target_epsilon", "delta": "delta", "batch_size": "batch_size", "epochs": "epochs",
-               "optimizer": "optimizer", "lr": "learning_rate", "denoiser": "denoiser", "activation": "activation",
-               "train_examples": "train_examples", "eval_examples": "eval_examples", "max_smin_dim": "max_smin_dim",
-               "reproducible_noise": "reproducible_noise"}
+# the training methods an audit trains (training/methods; each flag below sets one field of the method's config,
+# as for `train`: training/train_flags.py)
+AUDITED_ARMS = ("nodp", "sepdp", "transdenoiser", "recipe")
 
 
 def register(subparsers, common) -> None:
@@ -40,8 +38,9 @@ def register(subparsers, common) -> None:
         "privacy-audit", parents=[common],
         help="train with canaries and measure an empirical epsilon lower bound beside the claimed epsilon",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Train a denoiser (any arm) with m canaries, each included with probability 1/2, guess which "
-                    "were included, and report the empirical epsilon LOWER bound at the confidence of --confidence "
+        description="Train a denoiser (arm nodp, sepdp, transdenoiser or recipe) with m canaries, each included "
+                    "with probability 1/2, guess which were included, and report the empirical epsilon LOWER bound at "
+                    "the confidence of --confidence "
                     f"(default {DEFAULT_CONFIDENCE:g}) by Steinke, "
                     "Nasr & Jagielski (2023) and by the Gaussian f-DP analysis of Mahloujifar, Melis & Chaudhuri "
                     "(2025), beside every epsilon the run claims; then membership inference (loss threshold and "
@@ -94,7 +93,8 @@ def register(subparsers, common) -> None:
                         "it (default: 1)")
     g.add_argument("--no-membership", action="store_true", help="skip membership inference")
     g = p.add_argument_group("training (as for `train`)")
-    g.add_argument("--arm", choices=("nodp", "sepdp", "transdenoiser"), default=None)
+    g.add_argument("--arm", choices=AUDITED_ARMS, default=None,
+                   help="training arm (default: transdenoiser); a flag the arm does not use is refused, as by train")
     g.add_argument("--sigma", type=positive_float, default=None)
     g.add_argument("--clip-norm", type=positive_float, default=None)
     g.add_argument("--xi-up", type=positive_float, default=None)
@@ -118,18 +118,29 @@ def register(subparsers, common) -> None:
 
 
 def _config(args):
-    from training.train_config import TrainConfig
-    from transdenoiser.toml import read_toml
+    """The arm's config from ``--config`` and the flags, as ``train`` builds it (training/train_flags.py): a flag the
+    arm does not use is refused in one line; a shared ``--config`` file's keys that only other arms read are noted
+    on stderr. (method, config)."""
+    from training.train_cli import note_unused_settings
+    from training.train_flags import method_and_settings
 
-    values = dict(read_toml(args.config, "--config")) if args.config is not None else {}
-    for flag, name in FLAG_FIELDS.items():
-        value = getattr(args, flag, None)
-        if value is not None:
-            values[name] = value
-    if args.denoiser_width is not None:
-        values["denoiser_kwargs"] = {**values.get("denoiser_kwargs", {}), "width": args.denoiser_width}
-    values["seed"] = args.seed
-    return TrainConfig.from_dict(values, source=str(args.config or "flags"))
+    method, settings, source = method_and_settings(args, arms=AUDITED_ARMS, command="privacy-audit")
+    config = method.config_from_settings(settings, source)
+    if config.batch_size == "auto" and (config.target_epsilon is None or config.arm == "nodp"):
+        raise UserError(f"--config {args.config}: batch_size = \"auto\" is planned for a target epsilon: it needs "
+                        "--target-epsilon and a DP arm (sepdp or transdenoiser)")
+    note_unused_settings(method, settings, source)
+    return method, config
+
+
+def _plan_batch(config, dataset) -> None:
+    """``batch_size = "auto"`` (from a ``--config`` file): the tuned recipe's plan for the target epsilon on the
+    examples the run trains on (the audit's canaries aside), printed on stderr, as ``train`` plans it."""
+    from training.methods.denoiser import plan_batch, training_examples
+
+    _, chosen, text = plan_batch(config, training_examples(config, dataset))
+    print(text, file=sys.stderr)
+    config.batch_size = chosen.batch_size
 
 
 def cmd_privacy_audit(args) -> int:
@@ -142,7 +153,7 @@ def cmd_privacy_audit(args) -> int:
     from transdenoiser.progress import bar
     from transdenoiser.runtime import hardware_description, resolve_device, seed_everything
 
-    config = _config(args)
+    method, arm_config = _config(args)
     settings = AuditSettings(mode=args.mode, num_canaries=args.canaries, audit_seed=args.audit_seed,
                              whitebox_score=args.whitebox_score, beta=1 - args.confidence,
                              guess_fractions=tuple(args.guess_fractions or DEFAULT_GUESS_FRACTIONS),
@@ -151,9 +162,16 @@ def cmd_privacy_audit(args) -> int:
                              null_simulations=args.null_simulations)
     settings.validate()
     device = resolve_device(args.device)
-    seed_everything(config.seed)
+    seed_everything(arm_config.seed)
     dataset = load_dataset_from_args(args)
     classifier = load_checkpoint(args.classifier, kind="classifier", map_location=device)
+    planned = arm_config.batch_size == "auto"
+    if planned:
+        _plan_batch(arm_config, dataset)
+    describe = getattr(method, "describe", None)  # the recipe: what it chose, and the arm it trains as
+    if describe is not None:
+        print(describe(arm_config, planned), file=sys.stderr)
+    config = arm_config.train_config()  # the full TrainConfig the audit trains with and records
     print(f"privacy-audit {config.arm} ({settings.mode}, {settings.num_canaries} canaries) on {dataset.name}, "
           f"device {hardware_description(device)}", file=sys.stderr)
     if config.reproducible_noise:
