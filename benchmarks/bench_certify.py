@@ -18,7 +18,11 @@ measured ``--repeats`` times (median and best reported; ratios are of medians):
   comma-separated list), eager and, with ``--compile`` (every precision) or ``--compile bf16`` (those listed),
   through ``torch.compile`` (compilation happens in an untimed warm-up and is reported apart).
 Achieved TFLOP/s = the pipeline's FLOPs per sample (``torch.utils.flop_counter``, one float32 forward pass)
-x samples per second. Everything runs in one process after the CLI's allocator set-up.
+x samples per second. With ``--peak``, the device's float32 matrix-multiply rate is measured in the same process
+with the same threads (``torch.mm`` of square matrices, 2048 on CPU and 8192 on CUDA, best of 5, before and after
+the sides), each side's TFLOP/s is given as a fraction of it, and so is the rate a side would need to reach 3x the
+reference loop: above 1, no float32 pipeline with these FLOPs can reach it on this device.
+Everything runs in one process after the CLI's allocator set-up.
 """
 from __future__ import annotations
 
@@ -120,6 +124,27 @@ def flops_per_sample(base: nn.Module, shape: tuple[int, ...], device: torch.devi
     return int(counter.get_total_flops())
 
 
+def matmul_peak_tflops(device: torch.device, dtype: torch.dtype = torch.float32, repeats: int = 5) -> float:
+    """The device's matrix-multiply rate at ``dtype`` (TFLOP/s, best of ``repeats``): ``torch.mm`` of two square
+    matrices (2048 on CPU, 8192 on CUDA), with this thread's torch CPU threads."""
+    size = 8192 if device.type == "cuda" else 2048
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.randn(size, size, generator=generator).to(device=device, dtype=dtype)
+    b = torch.randn(size, size, generator=generator).to(device=device, dtype=dtype)
+    best = math.inf
+    with torch.inference_mode():
+        torch.mm(a, b)  # warm-up
+        for _ in range(repeats):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            torch.mm(a, b)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best / 1e12
+
+
 def bench_pipeline(name: str, args, device: torch.device) -> dict:
     classifier, denoiser, what, den_what, images, labels = build_pipeline(name, args, device)
     spec = PIPELINES[name]
@@ -215,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="denoiser checkpoint, or 'none' for the classifier alone (default: the pipeline's, "
                              "random weights)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--peak", action="store_true",
+                        help="also measure the device's float32 matrix-multiply rate and give each side's TFLOP/s "
+                             "as a fraction of it")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
     pipelines = [p.strip() for p in args.pipeline.split(",") if p.strip()]
@@ -245,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
           f"median of {args.repeats} (sides interleaved); {hardware}; allocator: {allocator}")
     results = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                "hardware": hardware, "allocator": allocator, "pipelines": {}}
+    peaks = [matmul_peak_tflops(device)] if args.peak else []
     for name in pipelines:
         row = bench_pipeline(name, args, device)
         results["pipelines"][name] = row
@@ -258,6 +287,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {label:<22} {rate:>12,.0f} {row['best_samples_per_second'][label]:>12,.0f} "
                   f"{row['tflops'][label]:>9.4f} {row['speedup'][label]:>13.2f}x "
                   f"{'' if warm is None else f'{warm:>10.1f}'}")
+    if args.peak:
+        peaks.append(matmul_peak_tflops(device))
+        peak = max(peaks)
+        results["fp32_matmul_peak_tflops"] = {"before": peaks[0], "after": peaks[1], "peak": peak}
+        print(f"\nfloat32 matrix-multiply rate (torch.mm, best of 5): {peaks[0]:.4f} TFLOP/s before the sides, "
+              f"{peaks[1]:.4f} after")
+        for name, row in results["pipelines"].items():
+            row["fraction_of_fp32_peak"] = {k: v / peak for k, v in row["tflops"].items()}
+            needed = 3 * row["tflops"][row["speedup_vs"]]
+            row["tflops_for_3x"] = needed
+            print(f"  {name}: " + ", ".join(f"{k} {v:.0%}" for k, v in row["fraction_of_fp32_peak"].items())
+                  + f" of it; 3x {row['speedup_vs']} needs {needed:.4f} TFLOP/s = {needed / peak:.0%} of it")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2) + "\n")

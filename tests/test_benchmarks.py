@@ -13,8 +13,13 @@ def test_bench_certify_writes_rates_for_every_side(tmp_path, classifier_dir):
     out = tmp_path / "certify.json"
     assert bench_certify.main(["--images", "1", "--n0", "5", "--n", "40", "--batch", "16", "--baseline-batch", "32",
                                "--classifier", str(classifier_dir), "--device", "cpu", "--precision", "fp32,bf16",
-                               "--repeats", "1", "--json", str(out)]) == 0
-    row = json.loads(out.read_text())["pipelines"]["mnist"]
+                               "--repeats", "1", "--peak", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    row = result["pipelines"]["mnist"]
+    # --peak: the float32 matmul rate measured beside the sides, and each side's share of it
+    assert result["fp32_matmul_peak_tflops"]["peak"] > 0
+    assert set(row["fraction_of_fp32_peak"]) == set(row["tflops"])
+    assert row["tflops_for_3x"] == pytest.approx(3 * row["tflops"]["cohen@32"])
     assert set(row["samples_per_second"]) == {"cohen@32", "ours:fp32", "ours:bf16"}
     assert all(rate > 0 for rate in row["samples_per_second"].values())
     assert row["noisy_samples"] == 45 and row["speedup"]["cohen@32"] == 1.0
