@@ -9,7 +9,7 @@ import torch
 
 from certify.pipeline import Pipeline, load_pipeline
 from serving.config import CONFIG_NAMES, ServingConfig, load_config, to_toml, validate_config
-from training.checkpoint import METADATA, WEIGHTS
+from training.checkpoint import METADATA, WEIGHTS, write_text
 from transdenoiser.errors import UserError
 
 
@@ -34,7 +34,7 @@ def write_model_dir(out_dir: str | Path, classifier_dir: str | Path, denoiser_di
     _copy_servable(classifier_dir, out_dir / config.classifier)
     if denoiser_dir is not None:
         _copy_servable(denoiser_dir, out_dir / config.denoiser)
-    (out_dir / CONFIG_NAMES[0]).write_text(to_toml(config))
+    write_text(out_dir / CONFIG_NAMES[0], to_toml(config))
     return out_dir
 
 

@@ -58,7 +58,7 @@ def register(subparsers, common) -> None:
 
 
 def cmd_train_head(args) -> int:
-    from training.checkpoint import save_checkpoint
+    from training.checkpoint import replace_directory, save_checkpoint, write_text
     from training.cli import load_dataset_from_args
     from training.convex.train import HeadConfig, format_head_privacy, train_head
     from transdenoiser.progress import bar
@@ -74,9 +74,13 @@ def cmd_train_head(args) -> int:
     config.validate()
     dataset = load_dataset_from_args(args)
     model, meta = train_head(dataset, config, args.classifier, device, args.seed, track=bar)
-    save_checkpoint(args.out, model, meta)
     report = format_head_privacy(meta["privacy"])
-    (Path(args.out) / "privacy_report.txt").write_text(report)
+
+    def write(staging: Path) -> None:  # the head and its report appear together, or not at all
+        save_checkpoint(staging, model, meta)
+        write_text(staging / "privacy_report.txt", report)
+
+    replace_directory(args.out, write)
     print(f"{meta['privacy']['mechanism']} head ({args.loss}, {args.features} features) on {dataset.name}'s private "
           f"split: test accuracy {meta['test_accuracy']:.4f} ({len(dataset.test)} test images)")
     print(report, end="")

@@ -177,13 +177,15 @@ def _attack(args, config, device, started: float) -> int:
 
 
 def _write_audit(result: dict, out_dir: Path) -> list[Path]:
+    from training.checkpoint import write_text
+
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / "audit.json"
-    json_path.write_text(json.dumps(result, indent=2) + "\n")
+    write_text(json_path, json.dumps(result, indent=2) + "\n")
     tsv_path = out_dir / "audit.tsv"
     columns = ("idx", "label", "certified", "radius", "eps", "norm", "after", "outcome")
     lines = ["\t".join(columns)] + ["\t".join(str(row[c]) for c in columns) for row in result["examples"]]
-    tsv_path.write_text("\n".join(lines) + "\n")
+    write_text(tsv_path, "\n".join(lines) + "\n")
     return [json_path, tsv_path]
 
 

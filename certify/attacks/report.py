@@ -9,8 +9,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from training.checkpoint import write_bytes, write_text
 from transdenoiser.errors import UserError
-from transdenoiser.pngs import save_png
+from transdenoiser.pngs import figure_png
 
 ATTACK_JSON = "attack.json"
 ATTACK_TSV = "attack.tsv"
@@ -61,7 +62,7 @@ def write_attack_tsv(record: dict[str, Any], path: Path) -> Path:
     lines.append("\t".join(["clean"] + [cell(clean.get(c)) for c in TSV_COLUMNS]))
     for row in record.get("results") or []:
         lines.append("\t".join(["attack"] + [cell(row.get(c)) for c in TSV_COLUMNS]))
-    path.write_text("\n".join(lines) + "\n")
+    write_text(path, "\n".join(lines) + "\n")
     return path
 
 
@@ -83,7 +84,7 @@ def _finish(plt, fig, ax, title: str, norm: str, path: Path) -> Path:
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
-    save_png(fig, path)
+    write_bytes(path, figure_png(fig))
     plt.close(fig)
     return path
 
@@ -106,7 +107,7 @@ def write_attack_outputs(record: dict[str, Any], out_dir: Path) -> list[Path]:
     """Write attack.json, attack.tsv and attack.png into ``out_dir``; return the paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / ATTACK_JSON
-    json_path.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n")
+    write_text(json_path, json.dumps(record, indent=2, sort_keys=False) + "\n")
     return [json_path, write_attack_tsv(record, out_dir / ATTACK_TSV), plot_attack_run(record, out_dir / ATTACK_PNG)]
 
 
@@ -152,5 +153,5 @@ def overlay_attack_runs(run_dirs: list[Path], out_dir: Path) -> list[Path]:
             cells += [f"{by_eps[e][key]:.3f}" if e in by_eps and key in by_eps[e] else "" for e in eps_values]
             lines.append("| " + " | ".join(cells) + " |")
     md = out_dir / OVERLAY_MD
-    md.write_text("\n".join(lines) + "\n")
+    write_text(md, "\n".join(lines) + "\n")
     return [png, md]
