@@ -218,7 +218,9 @@ class TransDenoiser:
     async def stop_scheduler(self) -> None:
         await self.scheduler.shutdown()
 
-    def __is_ready__(self) -> bool:
+    async def __is_ready__(self) -> bool:
+        """Ready once warmed up. A coroutine, so that BentoML's /readyz awaits it on the event loop instead of
+        sending a one-line check through a worker thread and back (two more turns of the loop per probe)."""
         return self._ready
 
     def image_seeds(self, request: PredictRequest, kind: str, rule=None) -> list[int]:
