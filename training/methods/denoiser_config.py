@@ -4,6 +4,8 @@
   public split and initialisation, parameter averaging, how the noise generator is seeded);
 - :class:`DPConfig`: beside it, what the two DP arms read (clipping norm, gradient noise multiplier or target
   epsilon and its accountant, delta, how clipped sums are computed, the recipe's ``min_steps``);
+- :class:`ClippedSumConfig` (DPConfig less the noise multiplier) and :class:`SepDPNoiseConfig` (sepdp's input-noise
+  draws and noise shape), the parts they are built from;
 - :class:`NoDPConfig` (``nodp``) is :class:`DenoiserConfig`; :class:`SepDPConfig` (``sepdp``) adds the input-noise
   draws and the noise shape; :class:`TransDenoiserConfig` (``transdenoiser``) adds Algorithm 1's line-16 threshold
   and the S_min settings;
@@ -87,13 +89,13 @@ class DenoiserConfig:
 
 
 @dataclass
-class DPConfig(DenoiserConfig):
-    """What the two DP arms read beside :class:`DenoiserConfig`: per-example clipping at ``clip_norm``, the noise
-    multiplier ``xi_up`` (or ``target_epsilon`` calibrated with ``calibration_accountant``), ``delta``, how clipped
-    sums are computed (training/privacy/clipping.py), and the recipe's ``min_steps`` (batch size ``"auto"``)."""
+class ClippedSumConfig(DenoiserConfig):
+    """What every DP-SGD method here reads beside :class:`DenoiserConfig`, the noise multiplier aside: per-example
+    clipping at ``clip_norm``, ``target_epsilon`` calibrated with ``calibration_accountant``, ``delta``, how
+    clipped sums are computed (training/privacy/clipping.py), and the recipe's ``min_steps`` (batch size
+    ``"auto"``)."""
 
     clip_norm: float = _D.clip_norm
-    xi_up: float = _D.xi_up
     target_epsilon: float | None = _D.target_epsilon
     calibration_accountant: str = _D.calibration_accountant
     delta: float = _D.delta
@@ -105,20 +107,34 @@ class DPConfig(DenoiserConfig):
 
 
 @dataclass
+class DPConfig(ClippedSumConfig):
+    """What the two DP arms read: :class:`ClippedSumConfig` and the noise multiplier ``xi_up`` (used when no
+    ``target_epsilon`` calibrates it)."""
+
+    xi_up: float = _D.xi_up
+
+
+@dataclass
+class SepDPNoiseConfig:
+    """sepdp's own settings: ``noise_draws`` input-noise draws per example, the gradient noise's shape (``noise``,
+    ``shape_examples``, ``acknowledge_unsound``: training/privacy/shaped_noise.py)."""
+
+    noise_draws: int = _D.noise_draws
+    noise: str = _D.noise
+    shape_examples: int = _D.shape_examples
+    acknowledge_unsound: bool = _D.acknowledge_unsound
+
+
+@dataclass
 class NoDPConfig(DenoiserConfig):
     """``nodp``: input perturbation only, ordinary backpropagation: no clipping, no gradient noise."""
 
 
 @dataclass
-class SepDPConfig(DPConfig):
-    """``sepdp``: DP-SGD; ``noise_draws`` input-noise draws per example, the gradient noise's shape (``noise``,
-    ``shape_examples``, ``acknowledge_unsound``: training/privacy/shaped_noise.py)."""
+class SepDPConfig(SepDPNoiseConfig, DPConfig):
+    """``sepdp``: DP-SGD (:class:`DPConfig`) with :class:`SepDPNoiseConfig`."""
 
     arm: str = "sepdp"
-    noise_draws: int = _D.noise_draws
-    noise: str = _D.noise
-    shape_examples: int = _D.shape_examples
-    acknowledge_unsound: bool = _D.acknowledge_unsound
 
 
 @dataclass
@@ -137,32 +153,20 @@ RECIPE_LEARNING_RATE = 3e-3  # DP-Adam's step size of the committed configs/reci
 
 
 @dataclass
-class RecipeConfig(DenoiserConfig):
+class RecipeConfig(SepDPNoiseConfig, ClippedSumConfig):
     """``recipe``: the tuned recipe (docs/TRAINING.md), DP-SGD as the ``sepdp`` arm trains it (``arm`` is the
     algorithm, whose privacy analysis applies) with the recipe's defaults: batch size ``"auto"`` (the largest
     power of two leaving ``min_steps`` steps at ``target_epsilon``), DP-Adam at learning rate 3e-3, no parameter
     averaging (what configs/recipe_*.toml choose). ``target_epsilon`` is required and calibrates the noise
-    multiplier, so ``xi_up`` is not a setting; otherwise sepdp's settings (:class:`SepDPConfig`; a test checks the
-    two lists agree)."""
+    multiplier, so ``xi_up`` is not a setting: sepdp's settings are :class:`DPConfig`'s less ``xi_up``
+    (:class:`ClippedSumConfig`) and :class:`SepDPNoiseConfig`."""
 
     arm: str = "sepdp"
     batch_size: int | str = AUTO
     optimizer: str = "adam"
     learning_rate: float = RECIPE_LEARNING_RATE
     ema_decay: float = 0.0
-    clip_norm: float = _D.clip_norm
     target_epsilon: float | None = None
-    calibration_accountant: str = _D.calibration_accountant
-    delta: float = _D.delta
-    clipping: str = _D.clipping
-    grad_chunk_size: int = _D.grad_chunk_size
-    physical_batch_size: int = _D.physical_batch_size
-    compile: bool = _D.compile
-    min_steps: int = DEFAULT_MIN_STEPS
-    noise_draws: int = _D.noise_draws
-    noise: str = _D.noise
-    shape_examples: int = _D.shape_examples
-    acknowledge_unsound: bool = _D.acknowledge_unsound
 
 
 ARM_CONFIGS: dict[str, type[DenoiserConfig]] = {"nodp": NoDPConfig, "sepdp": SepDPConfig,
