@@ -6,7 +6,8 @@
 
 The page has one section per command, in the order ``transdenoiser --help`` lists them: the command's one-line
 help, its description and epilog as argparse holds them, and a table of its flags (flags, type or choices, default,
-help). Only the parser is built (transdenoiser.cli.build_parser): no command runs and torch is not imported.
+help); the flags most commands take are tabled once, at the top, and named in each command's section. Only the
+parser is built (transdenoiser.cli.build_parser): no command runs and torch is not imported.
 tests/test_cli_reference.py runs --check, so the page cannot drift from the parser.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 from transdenoiser.cli import build_parser  # noqa: E402
 
 PAGE = ROOT / "docs" / "CLI.md"
-MAX_BYTES = 60_000  # above this, the descriptions are left out (help line and flags table only)
+MAX_BYTES = 40_000  # above this, the descriptions are left out (help line and flags table only)
 
 # The value checkers of transdenoiser/argtypes.py and the command modules, in words (others: their name).
 TYPE_WORDS = {
@@ -124,18 +125,39 @@ def shown(action: argparse.Action) -> bool:
     return action.help is not argparse.SUPPRESS and not isinstance(action, argparse._HelpAction)
 
 
-def flags_table(parser: argparse.ArgumentParser) -> list[str]:
-    """One row per flag, group by group as --help prints them; each named group opens with its title."""
+def flag_row(action: argparse.Action, parser: argparse.ArgumentParser) -> str:
+    return (f"| {flags_of(action, parser)} | {cell(type_of(action))} | {cell(default_of(action))} "
+            f"| {cell(help_of(action, parser))} |")
+
+
+def flags_table(parser: argparse.ArgumentParser, common: frozenset[str] = frozenset()) -> list[str]:
+    """One row per flag, group by group as --help prints them; each named group opens with its title. The rows in
+    ``common`` (flags most commands take, tabled once at the top) are named in one line instead."""
     lines = ["| flag | type | default | help |", "|---|---|---|---|"]
+    shared = []
     for group in parser._action_groups:
         actions = [action for action in group._group_actions if shown(action)]
-        if not actions:
+        rows = [(action, flag_row(action, parser)) for action in actions]
+        shared += [action for action, row in rows if row in common]
+        rows = [(action, row) for action, row in rows if row not in common]
+        if not rows:
             continue
         if group.title not in ("positional arguments", "options", "optional arguments"):
             lines.append(f"| **{cell(group.title)}** | | | |")
-        lines += [f"| {flags_of(action, parser)} | {cell(type_of(action))} | {cell(default_of(action))} "
-                  f"| {cell(help_of(action, parser))} |" for action in actions]
-    return lines if len(lines) > 2 else ["No flags."]
+        lines += [row for _, row in rows]
+    lines = lines if len(lines) > 2 else ["No flags of its own."]
+    if shared:
+        names = ", ".join(f"`{flag}`" for action in shared for flag in action.option_strings)
+        lines += ["", f"And flags most commands take (tabled at the top): {names}."]
+    return lines
+
+
+def common_rows(parsers: list[argparse.ArgumentParser]) -> list[str]:
+    """The flag rows that most commands have, the same in each (the shared parent parsers' flags: device, seed,
+    dataset), in the order the first command having each lists them."""
+    tables = [[flag_row(action, parser) for action in parser._actions if shown(action)] for parser in parsers]
+    order = list(dict.fromkeys(row for table in tables for row in table))
+    return [row for row in order if 2 * sum(row in table for table in tables) > len(tables)]
 
 
 def description_lines(parser: argparse.ArgumentParser) -> list[str]:
@@ -161,11 +183,15 @@ def render(with_descriptions: bool = True) -> str:
     listed = commands(parser)
     lines = [HEADER, "| command | what it does |", "|---|---|"]
     lines += [f"| [`{name}`](#{anchor(name)}) | {cell(text)} |" for name, text, _ in listed]
+    common = common_rows([command for _, _, command in listed])
+    if common:
+        lines += ["", "### Flags most commands take", "", "| flag | type | default | help |", "|---|---|---|---|",
+                  *common]
     for name, text, command in listed:
         lines += ["", f"## {name}", "", f"{cell(text)}." if text and not text.endswith(".") else cell(text), ""]
         if with_descriptions and (description := description_lines(command)):
             lines += [*description, ""]
-        lines += flags_table(command)
+        lines += flags_table(command, frozenset(common))
     page = "\n".join(lines) + "\n"
     if with_descriptions and len(page.encode()) > MAX_BYTES:
         return render(with_descriptions=False)

@@ -50,7 +50,8 @@ def register(subparsers, common) -> None:
     from training.cli import add_dataset_args
 
     p = subparsers.add_parser(
-        "train", parents=[common], help="train the denoiser with DP on the private split (nodp|sepdp|transdenoiser)",
+        "train", parents=[common],
+        help="train with DP on the private split (nodp|sepdp|transdenoiser|recipe|baselines)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train a denoiser g in front of the frozen classifier h on the private split, minimising "
                     "||g(x + N(0, sigma^2 I)) - x||^2, and save a checkpoint every epoch with a privacy report.\n"

@@ -28,7 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "data": ("training.cli", "show a dataset's splits, class balance, fingerprints"),
     "pretrain": ("training.cli", "pretrain the classifier on the public split"),
     "import-classifier": ("training.cli", "wrap your own torchvision state dict as a classifier checkpoint"),
-    "train": ("training.train_cli", "train the denoiser with DP on the private split (nodp|sepdp|transdenoiser)"),
+    "train": ("training.train_cli", "train with DP on the private split (nodp|sepdp|transdenoiser|recipe|baselines)"),
     "privacy": ("training.privacy.calculator_cli", "epsilon calculator and noise calibration"),
     "certify": ("certify.cli", "certify a dataset split with randomized smoothing"),
     "predict": ("certify.cli", "smoothed predictions (abstain when unsure)"),
