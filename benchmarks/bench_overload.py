@@ -34,6 +34,7 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks.prober import PATHS as PROBE_PATHS
 from benchmarks.serving_common import model_args, percentiles, run_record, running_server, save_result, worker_process
 from transdenoiser.argtypes import positive_float, positive_int
 
@@ -133,8 +134,6 @@ class Prober:
     """/readyz and /livez probed back to back by :mod:`benchmarks.prober`, a process of its own (so that the
     load threads of this process cannot delay a probe), from :meth:`start` to :meth:`finish`."""
 
-    PATHS = ("/readyz", "/livez")  # as benchmarks/prober.py probes them
-
     def __init__(self, url: str):
         self.url = url
         self.process: subprocess.Popen | None = None
@@ -161,7 +160,7 @@ def _probe_in_thread(url: str, stop: threading.Event, latencies: list[float]) ->
     def run() -> None:
         with httpx.Client(base_url=url, timeout=60) as http:
             while not stop.is_set():
-                for path in Prober.PATHS:
+                for path in PROBE_PATHS:
                     started = time.perf_counter()
                     http.get(path)
                     latencies.append(time.perf_counter() - started)

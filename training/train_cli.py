@@ -189,7 +189,7 @@ def resolve_auto_batch(args, config, num_examples: int, print=builtins.print) ->
     from training.methods.denoiser import plan_batch
 
     _, chosen, text = plan_batch(config, num_examples)
-    print(text, file=sys.stderr if not args.plan else sys.stdout)
+    print(text, file=sys.stdout if getattr(args, "plan", False) else sys.stderr)  # privacy-audit has no --plan
     config.batch_size = chosen.batch_size
 
 

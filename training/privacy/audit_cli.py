@@ -133,23 +133,15 @@ def _config(args):
     return method, config
 
 
-def _plan_batch(config, dataset) -> None:
-    """``batch_size = "auto"`` (from a ``--config`` file): the tuned recipe's plan for the target epsilon on the
-    examples the run trains on (the audit's canaries aside), printed on stderr, as ``train`` plans it."""
-    from training.methods.denoiser import plan_batch, training_examples
-
-    _, chosen, text = plan_batch(config, training_examples(config, dataset))
-    print(text, file=sys.stderr)
-    config.batch_size = chosen.batch_size
-
-
 def cmd_privacy_audit(args) -> int:
     import json
 
     from training.checkpoint import load_checkpoint
     from training.cli import load_dataset_from_args
+    from training.methods.denoiser import training_examples
     from training.privacy.audit import AuditSettings, format_audit, format_power, privacy_audit
     from training.privacy.bounds import DEFAULT_GUESS_FRACTIONS
+    from training.train_cli import resolve_auto_batch
     from transdenoiser.progress import bar
     from transdenoiser.runtime import hardware_description, resolve_device, seed_everything
 
@@ -167,7 +159,9 @@ def cmd_privacy_audit(args) -> int:
     classifier = load_checkpoint(args.classifier, kind="classifier", map_location=device)
     planned = arm_config.batch_size == "auto"
     if planned:
-        _plan_batch(arm_config, dataset)
+        # batch_size = "auto" (from --config, or the recipe's): planned as train plans it, on the examples the run
+        # trains on (the black-box canaries aside), the plan printed on stderr
+        resolve_auto_batch(args, arm_config, training_examples(arm_config, dataset))
     describe = getattr(method, "describe", None)  # the recipe: what it chose, and the arm it trains as
     if describe is not None:
         print(describe(arm_config, planned), file=sys.stderr)
