@@ -1,4 +1,4 @@
-"""The three library internals the server patches, each checked before it is patched.
+"""The four library internals the server patches, each checked before it is patched.
 
 Neither library offers an extension point for these (checked against BentoML 1.4's service configuration,
 ``add_asgi_middleware`` and ``__metrics__`` hook, and uvicorn 0.x's options):
@@ -265,8 +265,44 @@ def cancel_request_timers(middleware=None) -> None:
     middleware._transdenoiser_cancels_timers = True
 
 
+def check_app_factory_internals(service_class=None, worker_source: str | None = None):
+    """BentoML's ``Service`` as ``serve_behind_front_door`` expects it, or ``LibraryInternalsChanged``: its worker
+    builds the app it serves with ``service.to_asgi(...)``, and ``to_asgi(self, is_main)`` exists."""
+    if service_class is None:
+        service_class = _library_object("bentoml", "_bentoml_sdk.service.factory", "Service", "its Service class")
+    if worker_source is None:
+        worker_source = _source(_library_object("bentoml", "_bentoml_impl.worker.service", None, "its worker"))
+    if "service.to_asgi(" not in worker_source:
+        raise _changed("bentoml", "its worker no longer builds the served app with service.to_asgi()")
+    to_asgi = getattr(service_class, "_transdenoiser_original_to_asgi", getattr(service_class, "to_asgi", None))
+    if to_asgi is None or list(inspect.signature(to_asgi).parameters)[:2] != ["self", "is_main"]:
+        raise _changed("bentoml", "Service.to_asgi(self, is_main) is gone or changed")
+    return service_class
+
+
+def serve_behind_front_door(service, front_door, service_class=None, worker_source: str | None = None) -> None:
+    """The app ``service.to_asgi`` returns is ``front_door(app)`` (``app``: the one BentoML builds); every other
+    service's app is BentoML's. Idempotent per service (the last ``front_door`` given is used)."""
+    service_class = check_app_factory_internals(service_class or type(service), worker_source)
+    doors = getattr(service_class, "_transdenoiser_front_doors", None)
+    if doors is None:
+        doors = {}
+        original = service_class.to_asgi
+
+        def to_asgi(self, is_main: bool = True):
+            app = original(self, is_main=is_main)
+            door = doors.get(id(self))
+            return app if door is None else door(app)
+
+        service_class._transdenoiser_original_to_asgi = original
+        service_class._transdenoiser_front_doors = doors
+        service_class.to_asgi = to_asgi
+    doors[id(service)] = front_door
+
+
 def check_library_internals() -> None:
-    """All three checks (``transdenoiser serve`` runs them before starting BentoML)."""
+    """All four checks (``transdenoiser serve`` runs them before starting BentoML)."""
     check_request_metrics_internals()
     check_protocol_internals()
     check_timeout_internals()
+    check_app_factory_internals()

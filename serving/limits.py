@@ -5,18 +5,22 @@ BentoML 1.4.39 reads any body whole (no size limit). This middleware refuses a d
 counting bytes, so a chunked upload is cut off at the limit instead of being buffered whole;
 the app then receives the (bounded) body as if from the client.
 
-It also bounds the request bodies being read and parsed at once (``max_parsing_requests``): a request with a
-body takes a *body slot* before a byte of it is read, and one more than the limit is refused at once with 503
-and ``Retry-After: 1``, before reading or parsing anything. The slot is given back by the parser once the body
-is parsed (``release_body_slot``, called by the service), or when the request ends, whichever comes first; so
-slow computations never hold one. Requests without a body (GET, HEAD: the probes) take no slot.
+It also bounds the request bodies being read and parsed at once (``max_parsing_requests``, :class:`BodySlots`): a
+request with a body takes a *body slot* before a byte of it is read, and one more than the limit is refused at once
+with 503 and ``Retry-After: 1``, before reading or parsing anything. The slot is given back by the parser once the
+body is parsed (``release_body_slot``, called by the service), or when the request ends, whichever comes first; so
+slow computations never hold one. Requests without a body (GET, HEAD: the probes) take no slot. In the server the
+same refusal is made earlier still, by the front door (``serving.front_door``), which shares the slots.
 """
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from serving.auth import send_json
 
 SLOT_KEY = "transdenoiser.release_body_slot"
 BODILESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+RETRY_AFTER_FULL_S = 1  # the Retry-After of a refusal for full body slots, in s
 
 
 def release_body_slot(scope) -> None:
@@ -26,18 +30,64 @@ def release_body_slot(scope) -> None:
         release()
 
 
-class PayloadLimitMiddleware:
-    def __init__(self, app, max_bytes: int | None = None, max_parsing: int | None = None):
-        self.app = app
-        if max_bytes is None or max_parsing is None:
+class BodySlots:
+    """The request bodies being read or parsed at once: at most ``limit`` (``max_parsing_requests``); ``limit``
+    None reads it from the served model directory's settings when first needed."""
+
+    def __init__(self, limit: int | None = None):
+        self._limit = limit
+        self.taken = 0
+
+    @property
+    def limit(self) -> int:
+        if self._limit is None:
             from serving.config import load_config, model_dir_from_env
 
-            config = load_config(model_dir_from_env())
-            max_bytes = config.max_payload_bytes if max_bytes is None else max_bytes
-            max_parsing = config.max_parsing_requests if max_parsing is None else max_parsing
+            self._limit = load_config(model_dir_from_env()).max_parsing_requests
+        return self._limit
+
+    def full(self) -> bool:
+        return self.taken >= self.limit
+
+    def take(self) -> Callable[[], None]:
+        """Take a slot (the caller has checked ``full()``); returns its release, which is idempotent."""
+        self.taken += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.taken -= 1
+
+        return release
+
+    def refusal(self) -> dict:
+        """The 503 body of a request refused because every slot is taken."""
+        return {"error": f"the server is reading {self.taken} request bodies already, the most it reads at once "
+                         f"(max_parsing_requests); retry in {RETRY_AFTER_FULL_S} s"}
+
+
+class PayloadLimitMiddleware:
+    def __init__(self, app, max_bytes: int | None = None, max_parsing: int | None = None,
+                 slots: BodySlots | None = None, on_full: Callable[[], None] | None = None):
+        self.app = app
+        if max_bytes is None:
+            from serving.config import load_config, model_dir_from_env
+
+            max_bytes = load_config(model_dir_from_env()).max_payload_bytes
         self.max_bytes = max_bytes
-        self.max_parsing = max_parsing
-        self.parsing = 0  # body slots taken (requests whose body is being read or parsed)
+        self.slots = slots if slots is not None else BodySlots(max_parsing)
+        self.on_full = on_full  # called for each request refused because every slot is taken (a metric)
+
+    @property
+    def parsing(self) -> int:
+        """Body slots taken (requests whose body is being read or parsed)."""
+        return self.slots.taken
+
+    @property
+    def max_parsing(self) -> int:
+        return self.slots.limit
 
     def _too_large(self, size: str) -> dict:
         return {"error": f"request body of {size} exceeds this server's limit of {self.max_bytes} bytes "
@@ -46,21 +96,12 @@ class PayloadLimitMiddleware:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or scope.get("method") in BODILESS_METHODS:
             return await self.app(scope, receive, send)
-        if self.parsing >= self.max_parsing:
-            return await send_json(send, 503, {"error": f"the server is reading {self.parsing} request bodies "
-                                                        f"already, the most it reads at once "
-                                                        f"(max_parsing_requests); retry in 1 s"},
-                                   [(b"retry-after", b"1")])
-        self.parsing += 1
-        released = False
-
-        def release() -> None:
-            nonlocal released
-            if not released:
-                released = True
-                self.parsing -= 1
-
-        scope[SLOT_KEY] = release
+        if self.slots.full():
+            if self.on_full is not None:
+                self.on_full()
+            return await send_json(send, 503, self.slots.refusal(),
+                                   [(b"retry-after", str(RETRY_AFTER_FULL_S).encode())])
+        release = scope[SLOT_KEY] = self.slots.take()
         try:
             return await self._bounded(scope, receive, send)
         finally:

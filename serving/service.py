@@ -34,16 +34,18 @@ from starlette.responses import JSONResponse
 
 from certify.core import ABSTAIN, AdaptiveCertificate, Certificate, Smooth, sequential_rule
 from certify.sound_noise import grid_levels
-from serving.auth import ApiKeyMiddleware
+from serving.auth import ApiKeyMiddleware, api_key_from_env
 from serving.bundle import load_model_dir
 from serving.card import model_card
 from serving.compute.engine import CertifyWork, NoiseJob, SequentialWork, VoteCounter
 from serving.compute.noise import NoiseKey, client_image_seed, model_identity
 from serving.compute.scheduler import FairScheduler, SchedulerRefusal, Work
-from serving.config import DEVICE_ENV, model_dir_from_env
+from serving.config import DEVICE_ENV, load_config, model_dir_from_env
+from serving.front_door import FrontDoor, Readiness
 from serving.http_errors import JsonErrorMiddleware
-from serving.library_patches import bound_request_labels, cancel_request_timers, json_protocol_errors
-from serving.limits import PayloadLimitMiddleware, release_body_slot
+from serving.library_patches import (bound_request_labels, cancel_request_timers, json_protocol_errors,
+                                     serve_behind_front_door)
+from serving.limits import BodySlots, PayloadLimitMiddleware, release_body_slot
 from serving.metrics import service_metrics
 from serving.validation import PredictRequest, RequestError, parse_payload, parse_predict_request
 from training.checkpoint import WEIGHTS
@@ -55,6 +57,9 @@ logger = logging.getLogger(__name__)
 ROUTES = frozenset({"/", "/predict", "/metadata", "/healthz", "/livez", "/readyz", "/metrics", "/docs.json",
                     "/schema.json", "/static_content"})
 REQUEST_TIMEOUT_S = 600  # BentoML traffic timeout; the scheduler's deadline (max_latency_ms) stops requests earlier
+# this process's body slots (max_parsing_requests), shared by the front door and the body-limit middleware
+BODY_SLOTS = BodySlots()
+READINESS = Readiness()  # set once the service has warmed up; /readyz is answered from it (serving.front_door)
 
 
 class PredictInput(bentoml.IODescriptor):
@@ -212,15 +217,16 @@ class TransDenoiser:
         # the start-up's objects (about 342,000) out of the garbage collector's full collections, which would
         # otherwise scan them all and pause every request, probes included, for 0.17 s of CPU now and then
         freeze_start_up_objects()
-        self._ready = True
+        self._ready = READINESS.ready = True
 
     @bentoml.on_shutdown
     async def stop_scheduler(self) -> None:
         await self.scheduler.shutdown()
 
     async def __is_ready__(self) -> bool:
-        """Ready once warmed up. A coroutine, so that BentoML's /readyz awaits it on the event loop instead of
-        sending a one-line check through a worker thread and back (two more turns of the loop per probe)."""
+        """Ready once warmed up (the server's /readyz is answered by the front door from ``READINESS``, set at the
+        same moment; this serves BentoML's own route, e.g. in process). A coroutine, so that BentoML awaits it on
+        the event loop instead of sending a one-line check through a worker thread and back."""
         return self._ready
 
     def image_seeds(self, request: PredictRequest, kind: str, rule=None) -> list[int]:
@@ -322,11 +328,22 @@ class TransDenoiser:
         return self.card
 
 
+def _count_parsing_refusal() -> None:
+    service_metrics().refused.labels(reason="parsing").inc()
+
+
+def _front_door(app) -> FrontDoor:
+    """BentoML's app behind the front door (serving.front_door): probes and full-slot refusals answered first."""
+    return FrontDoor(app, BODY_SLOTS, READINESS, api_key=api_key_from_env(),
+                     show_versions=load_config(model_dir_from_env()).show_versions, on_full=_count_parsing_refusal)
+
+
 # Outermost first: every error answer as our JSON; refuse unauthenticated requests before reading their bodies.
 TransDenoiser.add_asgi_middleware(JsonErrorMiddleware)
 TransDenoiser.add_asgi_middleware(ApiKeyMiddleware)
-TransDenoiser.add_asgi_middleware(PayloadLimitMiddleware)
+TransDenoiser.add_asgi_middleware(PayloadLimitMiddleware, slots=BODY_SLOTS, on_full=_count_parsing_refusal)
 # Checked patches of library internals (serving.library_patches): a changed BentoML or uvicorn stops the start here
 bound_request_labels(ROUTES)  # BentoML's request metrics: one label per route, one for every other path
 json_protocol_errors()  # uvicorn's own 400 (an unparsable request) as our JSON
 cancel_request_timers()  # BentoML's request timeout cancels its timer when the request ends (no 10-minute contexts)
+serve_behind_front_door(TransDenoiser, _front_door)  # ahead of BentoML's middlewares: probes, full-slot refusals

@@ -16,8 +16,10 @@ from serving.library_patches import (
     check_library_internals,
     check_protocol_internals,
     check_request_metrics_internals,
+    check_app_factory_internals,
     check_timeout_internals,
     json_protocol_errors,
+    serve_behind_front_door,
 )
 
 
@@ -32,6 +34,13 @@ def test_the_installed_libraries_pass_and_the_patches_apply_once():
         bound_request_labels(frozenset({"/predict"}))
         json_protocol_errors()
         cancel_request_timers()
+    from _bentoml_sdk.service.factory import Service
+
+    import serving.service as service_module  # applies the front-door patch to the served service, at import
+
+    for _ in range(2):
+        serve_behind_front_door(service_module.TransDenoiser, service_module._front_door)
+    assert Service.to_asgi is not Service._transdenoiser_original_to_asgi
     check_library_internals()  # still passes once patched (it checks the originals)
     assert RunnerTrafficMetricsMiddleware._transdenoiser_bounded and H11Protocol._transdenoiser_json_400
     assert TimeoutMiddleware._transdenoiser_cancels_timers
@@ -304,3 +313,42 @@ def test_changed_bentoml_timeout_stops_the_start(middleware, factory, message):
         with pytest.raises(LibraryInternalsChanged, match="^bentoml "):  # the patch checks before patching
             cancel_request_timers(middleware)
         assert not hasattr(middleware, "_transdenoiser_cancels_timers")
+
+
+class _Service:
+    def to_asgi(self, is_main=True):
+        return ("bentoml's app", self, is_main)
+
+
+class _NewToAsgi:
+    def to_asgi(self, main_service):
+        return "app"
+
+
+WORKER = "asgi_app = service.to_asgi(is_main=server_context.service_type == 'entry_service')"
+
+
+def test_the_front_door_wraps_only_its_own_service():
+    """``to_asgi`` of the service given returns its front door around BentoML's app; another service of the same
+    class gets BentoML's app unchanged; a second call replaces the door instead of stacking two."""
+    class Service(_Service):
+        pass
+
+    served, other = Service(), Service()
+    serve_behind_front_door(served, lambda app: ("door 1", app), worker_source=WORKER)
+    serve_behind_front_door(served, lambda app: ("door", app), worker_source=WORKER)
+    assert served.to_asgi(is_main=False) == ("door", ("bentoml's app", served, False))
+    assert other.to_asgi() == ("bentoml's app", other, True)
+    assert Service._transdenoiser_original_to_asgi is _Service.to_asgi
+
+
+@pytest.mark.parametrize(("service_class", "worker_source", "message"), [
+    (_Service, "asgi_app = build_app(service)", r"no longer builds the served app with service.to_asgi\(\)"),
+    (_NewToAsgi, WORKER, r"Service.to_asgi\(self, is_main\) is gone or changed"),
+])
+def test_changed_bentoml_app_factory_stops_the_start(service_class, worker_source, message):
+    assert check_app_factory_internals(_Service, WORKER) is _Service
+    with pytest.raises(LibraryInternalsChanged, match=message) as info:
+        serve_behind_front_door(service_class(), lambda app: app, worker_source=worker_source)
+    assert str(info.value).startswith("bentoml ") and "\n" not in str(info.value)
+    assert not hasattr(service_class, "_transdenoiser_front_doors")  # checked before patching

@@ -382,7 +382,13 @@ def test_server_header_and_malformed_content_length_are_ours(servers):
 
 def test_probes_answer_quickly_under_a_burst_of_large_bodies(servers, client):
     """40 bodies just under the payload limit at once: the ones beyond max_parsing_requests are refused with 503
-    at once; none is a 5xx otherwise; /readyz and /livez keep answering fast."""
+    at once (by the front door, counted as refused for parsing; the others' 503s are admission's, counted too);
+    none is a 5xx otherwise; /readyz and /livez keep answering fast."""
+    def refusals() -> dict[str, float]:
+        return {dict(labels)["reason"]: value for (name, labels), value in metric_values(client).items()
+                if name == "transdenoiser_refused_requests_total"}
+
+    before = refusals()
     body = ('{"images": [' + json.dumps(np.full(SHAPE, 0.123456789).tolist()) + "]" + " " * 150_000 + "}").encode()
     statuses: list[int] = []
     probes: list[float] = []
@@ -406,6 +412,58 @@ def test_probes_answer_quickly_under_a_burst_of_large_bodies(servers, client):
         thread.join(timeout=60)
     assert len(statuses) == 40 and set(statuses) <= {200, 503}, statuses
     assert float(np.median(probes)) < 0.1, sorted(probes)[-5:]
+    after = refusals()
+    new = {reason: after[reason] - before.get(reason, 0.0) for reason in after}
+    assert sum(new.values()) == statuses.count(503), (new, statuses)
+
+
+def _hold_body_slots(url: str, count: int, key: str | None = None) -> list[socket.socket]:
+    """``count`` connections, each with a request whose body is started and never finished: each holds a body
+    slot (max_parsing_requests) until closed."""
+    host, port = url.split("://")[1].split(":")
+    held = []
+    for _ in range(count):
+        sock = socket.create_connection((host, int(port)), timeout=10)
+        sock.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n"
+                     + (f"X-API-Key: {key}\r\n".encode() if key else b"") + b"\r\n{\"images\": ")
+        held.append(sock)
+    return held
+
+
+@pytest.mark.parametrize("which", ["open", "auth"])
+def test_full_body_slots_refuse_at_the_door_and_unauthenticated_requests_still_get_401(servers, which):
+    """Every body slot held by a slow upload: the next body is refused with 503 at once (the front door), counted
+    as refused for parsing; on the key server a request without the key still gets its 401; probes answer."""
+    url = servers[which].url
+    key = API_KEY if which == "auth" else None
+    headers = {"content-type": "application/json", **({"x-api-key": key} if key else {})}
+    with httpx.Client(base_url=url, timeout=30, headers=headers) as http:
+        def parsing_refusals() -> float:
+            return metric(metric_values(http), "transdenoiser_refused_requests_total", reason="parsing")
+
+        before = parsing_refusals()
+        held = _hold_body_slots(url, 8, key)  # max_parsing_requests, the default
+        try:
+            time.sleep(1.0)  # the server reads the 8 requests' headers and each takes a slot; none is answered
+            for sock in held:
+                sock.setblocking(False)
+                with pytest.raises(BlockingIOError):
+                    sock.recv(100)
+            answer = http.post("/predict", content=b'{"images": []}')
+            assert answer.status_code == 503, answer.text
+            assert "max_parsing_requests" in answer.json()["error"] and answer.headers["retry-after"] == "1"
+            assert answer.headers["server"] == "transdenoiser" and parsing_refusals() == before + 1
+            if key:
+                refused = httpx.post(url + "/predict", content=b"{}", headers={"content-type": "application/json"})
+                assert refused.status_code == 401 and "API key" in refused.json()["error"]
+            assert http.get("/readyz").status_code == 200 and http.get("/livez").text == "\n"
+        finally:
+            for sock in held:
+                sock.close()
+        deadline = time.monotonic() + 20
+        while http.post("/predict", json={"images": [np.zeros(SHAPE).tolist()]}).status_code != 200:
+            assert time.monotonic() < deadline, "the slots were not given back when the uploads were abandoned"
+            time.sleep(0.1)
 
 
 # ------------------------------------------------------------------------------------------------ slow clients

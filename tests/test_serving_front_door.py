@@ -1,0 +1,125 @@
+"""The front door (serving/front_door.py), in process: the health probes and the refusal of a body while every body
+slot is taken are answered ahead of BentoML's middlewares, exactly as they were answered behind them; every other
+request reaches the app untouched."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from serving.front_door import FrontDoor, Readiness
+from serving.limits import BodySlots, PayloadLimitMiddleware
+
+KEY = b"k" * 32
+
+
+class _App:
+    """Records the requests it sees and answers 200 ``app``."""
+
+    def __init__(self):
+        self.seen: list[tuple[str, str]] = []
+
+    async def __call__(self, scope, receive, send):
+        self.seen.append((scope["method"], scope["path"]))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"app"})
+
+
+def _call(door, method: str, path: str, headers=()) -> tuple[int, dict, bytes]:
+    sent: list[dict] = []
+
+    async def receive():
+        raise AssertionError("the front door read a body")
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": method, "path": path, "headers": list(headers)}
+    asyncio.run(door(scope, receive, send))
+    start, body = sent[0], b"".join(m.get("body", b"") for m in sent[1:])
+    return start["status"], dict(start["headers"]), body
+
+
+def _door(app, slots=None, ready=True, api_key=None, show_versions=False):
+    readiness = Readiness()
+    readiness.ready = ready
+    refusals: list[int] = []
+    door = FrontDoor(app, slots or BodySlots(2), readiness, api_key, show_versions=show_versions,
+                     on_full=lambda: refusals.append(1))
+    return door, refusals
+
+
+@pytest.mark.parametrize("path", ["/livez", "/healthz", "/readyz"])
+def test_probes_are_answered_as_bentoml_answers_them_without_reaching_the_app(path):
+    app = _App()
+    door, _ = _door(app)
+    status, headers, body = _call(door, "GET", path)
+    assert (status, body) == (200, b"\n") and not app.seen
+    assert headers == {b"content-type": b"text/plain; charset=utf-8", b"content-length": b"1",
+                       b"server": b"transdenoiser"}
+    assert _call(door, "HEAD", path)[:2] == (200, headers) and not app.seen
+    assert _call(door, "POST", path)[0] == 200 and app.seen == [("POST", path)]  # not a probe: the app's (405)
+    assert _call(door, "GET", path + "/")[0] == 200 and app.seen[-1] == ("GET", path + "/")
+
+
+def test_readyz_is_503_until_the_service_has_warmed_up():
+    door, _ = _door(_App(), ready=False)
+    status, headers, body = _call(door, "GET", "/readyz")
+    assert status == 503 and headers[b"content-type"] == b"application/json"
+    assert "warming up" in json.loads(body)["error"]
+    assert _call(door, "GET", "/livez")[0] == 200  # alive all the same
+    door.readiness.ready = True
+    assert _call(door, "GET", "/readyz")[0] == 200
+
+
+def test_versions_shown_means_no_server_header():
+    door, _ = _door(_App(), show_versions=True)
+    assert b"server" not in _call(door, "GET", "/livez")[1]
+
+
+def test_a_body_while_every_slot_is_taken_is_refused_at_the_door_as_the_body_limit_refuses_it():
+    """The same status, Retry-After and JSON body as PayloadLimitMiddleware's refusal, counted, the app never
+    reached and the body never read; a free slot, or a request without a body, goes through."""
+    slots = BodySlots(1)
+    app = _App()
+    door, refusals = _door(app, slots)
+    assert _call(door, "POST", "/predict")[0] == 200 and app.seen == [("POST", "/predict")]
+    release = slots.take()
+    status, headers, body = _call(door, "POST", "/predict")
+    assert status == 503 and headers[b"retry-after"] == b"1" and headers[b"server"] == b"transdenoiser"
+    assert len(app.seen) == 1 and refusals == [1]
+    inner_refusals: list[int] = []
+    inner = PayloadLimitMiddleware(_App(), max_bytes=1000, slots=slots, on_full=lambda: inner_refusals.append(1))
+    inner_status, inner_headers, inner_body = _call(inner, "POST", "/predict")
+    assert (inner_status, json.loads(inner_body)) == (503, json.loads(body)) and inner_refusals == [1]
+    assert "max_parsing_requests" in json.loads(body)["error"]
+    assert inner_headers[b"retry-after"] == headers[b"retry-after"]
+    assert _call(door, "GET", "/metadata")[0] == 200 and app.seen[-1] == ("GET", "/metadata")
+    release()
+    assert _call(door, "POST", "/predict")[0] == 200 and len(app.seen) == 3 and refusals == [1]
+
+
+def test_with_an_api_key_only_an_authenticated_body_is_refused_at_the_door():
+    """Slots full: the right key gets the 503 here; a missing or wrong key goes on to the authentication
+    middleware (its 401), as before the front door."""
+    slots = BodySlots(0)
+    app = _App()
+    door, refusals = _door(app, slots, api_key=KEY)
+    assert _call(door, "POST", "/predict", [(b"x-api-key", KEY)])[0] == 503 and refusals == [1]
+    assert _call(door, "POST", "/predict", [(b"authorization", b"Bearer " + KEY)])[0] == 503
+    assert _call(door, "POST", "/predict", [(b"x-api-key", b"x" * 32)])[0] == 200
+    assert _call(door, "POST", "/predict")[0] == 200
+    assert app.seen == [("POST", "/predict")] * 2 and len(refusals) == 2
+    assert _call(door, "GET", "/readyz")[0] == 200  # probes are open, key or not
+
+
+def test_other_scopes_pass_through():
+    seen: list[str] = []
+
+    async def app(scope, receive, send):
+        seen.append(scope["type"])
+
+    door, _ = _door(app, BodySlots(0))
+    asyncio.run(door({"type": "lifespan"}, None, None))
+    assert seen == ["lifespan"]
