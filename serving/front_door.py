@@ -11,10 +11,14 @@ request on a 2-core Intel Xeon. Two kinds of request need none of it, and are an
   are BentoML's (``"\\n"``, ``text/plain``).
 - **A request with a body while every body slot is taken** (``max_parsing_requests``, ``serving.limits``): 503
   with ``Retry-After: 1`` before anything is read, as the body-limit middleware answers it, but without the cost of
-  the layers in between; a burst of large bodies is refused at a fraction of the loop's time. Such refusals are
-  counted in ``transdenoiser_refused_requests_total{reason="parsing"}`` (not in BentoML's request counter, which they
-  no longer reach). When the server has an API key, only a request presenting the right key is refused here; any
-  other goes on to the authentication middleware and gets its 401, as before.
+  the layers in between; a burst of large bodies is refused at a fraction of the loop's time. For that the front
+  door takes the body slot itself, as the request arrives (BentoML's timeout middleware runs the rest of a request
+  as a task of its own, so the body-limit middleware would take it only after every request of a burst has passed
+  the door); the body-limit middleware finds it held, and the service gives it back once the body is parsed, as
+  before. Such refusals are counted in ``transdenoiser_refused_requests_total{reason="parsing"}`` (not in BentoML's
+  request counter, which they no longer reach). When the server has an API key, only a request presenting the right
+  key takes a slot here or is refused here; any other goes on to the authentication middleware and gets its 401,
+  as before, holding no slot.
 
 Everything else passes through untouched. The front door wraps the app ``Service.to_asgi`` builds
 (``serving.library_patches.serve_behind_front_door``).
@@ -25,7 +29,7 @@ import hmac
 from collections.abc import Callable
 
 from serving.auth import presented_key, send_json
-from serving.limits import BODILESS_METHODS, RETRY_AFTER_FULL_S, BodySlots
+from serving.limits import BODILESS_METHODS, RETRY_AFTER_FULL_S, SLOT_KEY, BodySlots
 
 PROBE_PATHS = frozenset({"/livez", "/healthz", "/readyz"})
 _PROBE_METHODS = frozenset({"GET", "HEAD"})
@@ -58,11 +62,17 @@ class FrontDoor:
             method = scope.get("method")
             if method in _PROBE_METHODS and scope.get("path") in PROBE_PATHS:
                 return await self._probe(scope["path"], method, send)
-            if method not in BODILESS_METHODS and self.slots.full() and self._authorized(scope):
-                if self.on_full is not None:
-                    self.on_full()
-                return await send_json(send, 503, self.slots.refusal(),
-                                       [(b"retry-after", str(RETRY_AFTER_FULL_S).encode()), *self.server_header])
+            if method not in BODILESS_METHODS and self._authorized(scope):
+                if self.slots.full():
+                    if self.on_full is not None:
+                        self.on_full()
+                    return await send_json(send, 503, self.slots.refusal(),
+                                           [(b"retry-after", str(RETRY_AFTER_FULL_S).encode()), *self.server_header])
+                release = scope[SLOT_KEY] = self.slots.take()  # the body-limit middleware finds it held
+                try:
+                    return await self.app(scope, receive, send)
+                finally:
+                    release()
         return await self.app(scope, receive, send)
 
     def _authorized(self, scope) -> bool:

@@ -10,7 +10,8 @@ request with a body takes a *body slot* before a byte of it is read, and one mor
 with 503 and ``Retry-After: 1``, before reading or parsing anything. The slot is given back by the parser once the
 body is parsed (``release_body_slot``, called by the service), or when the request ends, whichever comes first; so
 slow computations never hold one. Requests without a body (GET, HEAD: the probes) take no slot. In the server the
-same refusal is made earlier still, by the front door (``serving.front_door``), which shares the slots.
+front door (``serving.front_door``) takes the slot, or refuses, ahead of BentoML's middlewares; this middleware then
+finds the slot held.
 """
 from __future__ import annotations
 
@@ -96,6 +97,8 @@ class PayloadLimitMiddleware:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or scope.get("method") in BODILESS_METHODS:
             return await self.app(scope, receive, send)
+        if SLOT_KEY in scope:  # the front door (serving.front_door) took this request's slot
+            return await self._bounded(scope, receive, send)
         if self.slots.full():
             if self.on_full is not None:
                 self.on_full()

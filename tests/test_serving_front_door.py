@@ -9,7 +9,7 @@ import json
 import pytest
 
 from serving.front_door import FrontDoor, Readiness
-from serving.limits import BodySlots, PayloadLimitMiddleware
+from serving.limits import SLOT_KEY, BodySlots, PayloadLimitMiddleware, release_body_slot
 
 KEY = b"k" * 32
 
@@ -123,3 +123,69 @@ def test_other_scopes_pass_through():
     door, _ = _door(app, BodySlots(0))
     asyncio.run(door({"type": "lifespan"}, None, None))
     assert seen == ["lifespan"]
+
+
+def test_the_door_takes_the_slot_as_the_request_arrives_and_the_body_limit_finds_it_held():
+    """A burst arriving at once: each request takes its slot at the door, before the layers behind it run (they
+    may run the request as a task of their own, later), so the requests beyond the limit are refused at the door;
+    the body-limit middleware behind takes no second slot; the service's early release and the end of the request
+    both give the slot back, once."""
+    slots = BodySlots(2)
+    during: list[tuple[int, bool]] = []
+    proceed = asyncio.Event()
+
+    async def service(scope, receive, send):
+        message = await receive()
+        during.append((slots.taken, SLOT_KEY in scope))
+        release_body_slot(scope)  # parsed
+        release_body_slot(scope)  # idempotent
+        during.append((slots.taken, message["body"] == b"{}"))
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    behind = PayloadLimitMiddleware(service, max_bytes=1000, slots=slots)
+
+    async def later(scope, receive, send):  # as BentoML's timeout middleware: the rest runs as its own task
+        await proceed.wait()
+        await behind(scope, receive, send)
+
+    refusals: list[int] = []
+    door = FrontDoor(later, slots, Readiness(), api_key=None, on_full=lambda: refusals.append(1))
+
+    async def call():
+        sent: list[dict] = []
+
+        async def receive():
+            return {"type": "http.request", "body": b"{}", "more_body": False}
+
+        async def send(message):
+            sent.append(message)
+
+        await door({"type": "http", "method": "POST", "path": "/predict", "headers": []}, receive, send)
+        return sent[0]["status"]
+
+    async def burst():
+        tasks = [asyncio.create_task(call()) for _ in range(5)]
+        await asyncio.sleep(0.01)
+        assert slots.taken == 2 and len(refusals) == 3  # refused at the door, the layers behind not yet run
+        proceed.set()
+        return await asyncio.gather(*tasks)
+
+    assert sorted(asyncio.run(burst())) == [200, 200, 503, 503, 503]
+    assert during[0] == (2, True) and slots.taken == 0
+    assert sorted(during) == [(0, True), (1, True), (1, True), (2, True)]
+
+
+def test_an_unauthenticated_body_takes_no_slot():
+    slots = BodySlots(1)
+    taken: list[int] = []
+
+    async def app(scope, receive, send):
+        taken.append(slots.taken)
+        await send({"type": "http.response.start", "status": 401, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    door, refusals = _door(app, slots, api_key=KEY)
+    assert _call(door, "POST", "/predict")[0] == 401 and taken == [0] and not refusals
+    assert _call(door, "POST", "/predict", [(b"x-api-key", KEY)])[0] == 401 and taken == [0, 1]
+    assert slots.taken == 0
