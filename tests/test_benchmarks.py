@@ -161,3 +161,42 @@ def test_bench_burst_ab_refuses_bad_arguments(argv, message, tmp_path, capsys):
     err = capsys.readouterr().err
     assert info.value.code == 2 and message in err, err
     assert len([line for line in err.splitlines() if "error:" in line]) == 1
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--after", "."], "--before is required"),
+    (["--before", "{missing}"], "is not a checkout of transdenoiser"),
+    (["--before", ".", "--rounds", "0"], "--rounds"),
+    (["--before", ".", "--seconds", "0"], "--seconds"),
+    (["--quick", "--classifier-dir", "{tmp}"], "not a classifier checkpoint"),
+])
+def test_bench_probe_cost_refuses_bad_arguments(argv, message, tmp_path, capsys):
+    """Only its argument checks: a run starts two real servers (its figures: docs/results/serving.md)."""
+    from benchmarks import bench_probe_cost
+
+    argv = [arg.format(missing=tmp_path / "missing", tmp=tmp_path) for arg in argv]
+    with pytest.raises(SystemExit) as info:
+        bench_probe_cost.main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and message in err, err
+    assert len([line for line in err.splitlines() if "error:" in line]) == 1
+
+
+def test_bench_probe_cost_reads_the_event_loop_threads_cpu():
+    """The figure's source: the main thread's CPU time grows with work done on it, not with other threads'."""
+    import threading
+
+    import psutil
+
+    from benchmarks.bench_probe_cost import main_thread_cpu_s
+
+    me = psutil.Process()
+    spin = threading.Thread(target=lambda: sum(i * i for i in range(3_000_000)))
+    before = main_thread_cpu_s(me)
+    spin.start()
+    spin.join()
+    other = main_thread_cpu_s(me) - before
+    started = main_thread_cpu_s(me)
+    sum(i * i for i in range(3_000_000))
+    own = main_thread_cpu_s(me) - started
+    assert own > 0.05 and other < own / 2, (own, other)
