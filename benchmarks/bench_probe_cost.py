@@ -68,10 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="1 round of 1 s per kind; --before defaults to --after")
     parser.add_argument("--out", default="runs/bench/probe_cost.json", help="JSON results file")
     args = parser.parse_args(argv)
-    if not (Path(args.classifier_dir) / "metadata.json").is_file():
-        parser.error(f"--classifier-dir {args.classifier_dir}: not a classifier checkpoint (no metadata.json)")
     if args.before is None and not args.quick:
         parser.error("--before is required (a code checkout to compare with), except with --quick")
+    if not (Path(args.classifier_dir) / "metadata.json").is_file():
+        parser.error(f"--classifier-dir {args.classifier_dir}: not a classifier checkpoint (no metadata.json)")
     before = args.before if args.before is not None else args.after
     rounds, seconds = (1, 1.0) if args.quick else (args.rounds, args.seconds)
     record = run_record(argv, "benchmarks.bench_probe_cost")

@@ -14,8 +14,9 @@ request on a 2-core Intel Xeon. Two kinds of request need none of it, and are an
   the layers in between; a burst of large bodies is refused at a fraction of the loop's time. For that the front
   door takes the body slot itself, as the request arrives (BentoML's timeout middleware runs the rest of a request
   as a task of its own, so the body-limit middleware would take it only after every request of a burst has passed
-  the door); the body-limit middleware finds it held, and the service gives it back once the body is parsed, as
-  before. Such refusals are counted in ``transdenoiser_refused_requests_total{reason="parsing"}`` (not in BentoML's
+  the door); the body-limit middleware finds it held, and it is given back as before: by the service once the
+  body is parsed, or by the body-limit middleware when the request ends there (an upload abandoned mid-body ends
+  there at once, while BentoML's timeout middleware outside may wait 600 s for an answer), at the latest here. Such refusals are counted in ``transdenoiser_refused_requests_total{reason="parsing"}`` (not in BentoML's
   request counter, which they no longer reach). When the server has an API key, only a request presenting the right
   key takes a slot here or is refused here; any other goes on to the authentication middleware and gets its 401,
   as before, holding no slot.

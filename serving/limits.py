@@ -11,7 +11,7 @@ with 503 and ``Retry-After: 1``, before reading or parsing anything. The slot is
 body is parsed (``release_body_slot``, called by the service), or when the request ends, whichever comes first; so
 slow computations never hold one. Requests without a body (GET, HEAD: the probes) take no slot. In the server the
 front door (``serving.front_door``) takes the slot, or refuses, ahead of BentoML's middlewares; this middleware then
-finds the slot held.
+finds the slot held, and gives it back when the request ends here, as for a slot it took itself.
 """
 from __future__ import annotations
 
@@ -98,13 +98,16 @@ class PayloadLimitMiddleware:
         if scope["type"] != "http" or scope.get("method") in BODILESS_METHODS:
             return await self.app(scope, receive, send)
         if SLOT_KEY in scope:  # the front door (serving.front_door) took this request's slot
-            return await self._bounded(scope, receive, send)
-        if self.slots.full():
+            release = scope[SLOT_KEY]
+        elif self.slots.full():
             if self.on_full is not None:
                 self.on_full()
             return await send_json(send, 503, self.slots.refusal(),
                                    [(b"retry-after", str(RETRY_AFTER_FULL_S).encode())])
-        release = scope[SLOT_KEY] = self.slots.take()
+        else:
+            release = scope[SLOT_KEY] = self.slots.take()
+        # given back here when the request ends, e.g. an upload abandoned mid-body: the layers outside (BentoML's
+        # timeout middleware) may wait much longer for an answer that never comes
         try:
             return await self._bounded(scope, receive, send)
         finally:

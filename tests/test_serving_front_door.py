@@ -189,3 +189,37 @@ def test_an_unauthenticated_body_takes_no_slot():
     assert _call(door, "POST", "/predict")[0] == 401 and taken == [0] and not refusals
     assert _call(door, "POST", "/predict", [(b"x-api-key", KEY)])[0] == 401 and taken == [0, 1]
     assert slots.taken == 0
+
+
+def test_an_abandoned_upload_gives_its_slot_back_although_the_layers_around_it_wait():
+    """A client gone mid-body: the body-limit middleware ends the request at once and gives the door's slot back,
+    although BentoML's timeout middleware, between the door and it, waits for an answer that never comes (600 s in
+    the server); the slot is not held until then."""
+    slots = BodySlots(1)
+    never = asyncio.Event()
+
+    async def service(scope, receive, send):
+        raise AssertionError("an abandoned upload reached the service")
+
+    behind = PayloadLimitMiddleware(service, max_bytes=1000, slots=slots)
+
+    async def timeout_like(scope, receive, send):
+        await behind(scope, receive, send)  # returns at the disconnect without answering
+        await never.wait()  # waits for an answer
+
+    door = FrontDoor(timeout_like, slots, Readiness(), api_key=None)
+
+    async def run():
+        async def receive():
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            raise AssertionError("nothing is sent to a client that has gone")
+
+        task = asyncio.create_task(door({"type": "http", "method": "POST", "path": "/predict", "headers": []},
+                                        receive, send))
+        await asyncio.sleep(0.01)
+        assert slots.taken == 0 and not task.done()
+        task.cancel()
+
+    asyncio.run(run())
