@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {**record, "frozen_at_start_up": frozen_at_start, "repeats": repeats, "probes": probes,
               "after_probes": after_probes, **figures}
     for mode, run in after_probes.items():
-        print(f"after {probes} probes, {mode.replace('_', ' ')}: a full collection (medians of {repeats}) "
+        print(f"after {probes} requests, {mode.replace('_', ' ')}: a full collection (medians of {repeats}) "
               f"{run['wall_s']['median']:.4f} s wall, {run['cpu_s']['median']:.4f} s CPU; "
               f"{run['objects_added']['median']:.0f} objects more tracked, {run['timers_left']['median']:.0f} "
               "request timers pending")
