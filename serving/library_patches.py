@@ -20,7 +20,8 @@ Neither library offers an extension point for these (checked against BentoML 1.4
   loop and every probe wait, grows with it. Its only setting is the timeout itself (``None`` removes the
   middleware, and with it the 504 of a request that sends nothing for that long, e.g. a body trickled in).
   ``cancel_request_timers`` replaces its ``__call__`` with the same code that also cancels the timer when the
-  request ends: every answer, the 504 included, is unchanged.
+  request ends, and stops waiting when the application has ended without answering (BentoML waits the whole
+  timeout, then sends nothing): every answer, the 504 included, is unchanged.
 
 Each patch first checks the internals it relies on (the class, the method's signature, the code that reads the
 path or writes the answer, that BentoML's service app uses that middleware, that uvicorn picks its h11 protocol)
@@ -228,7 +229,10 @@ def check_timeout_internals(middleware=None, base_source: str | None = None):
 
 def cancel_request_timers(middleware=None) -> None:
     """BentoML's request timeout cancels its timer when the request ends, so that the timer no longer keeps the
-    request's context alive for the whole timeout; the code is otherwise BentoML 1.4's (same 504 and body)."""
+    request's context alive for the whole timeout; and a request whose application ended without answering (e.g.
+    an upload abandoned mid-body: there is no one to answer) ends then, instead of waiting the whole timeout to
+    send nothing. The code is otherwise BentoML 1.4's (the same 504 and body; an application that fails before
+    answering is still waited for, as BentoML does)."""
     middleware = check_timeout_internals(middleware)
     if getattr(middleware, "_transdenoiser_cancels_timers", False):
         return
@@ -247,6 +251,12 @@ def cancel_request_timers(middleware=None) -> None:
             await send(message)
 
         fut = asyncio.ensure_future(self.app(scope, receive, _send), loop=loop)
+
+        def _ended(done) -> None:  # the second change: an app that ended without answering is not waited for
+            if not waiter.done() and not done.cancelled() and done.exception() is None:
+                waiter.set_result(None)
+
+        fut.add_done_callback(_ended)
         try:
             try:
                 await waiter
@@ -258,7 +268,7 @@ def cancel_request_timers(middleware=None) -> None:
             else:
                 await fut  # wait for the future to finish
         finally:
-            timer.cancel()  # the one change: the timer (and the request's context it holds) goes with the request
+            timer.cancel()  # the first change: the timer (and the request's context it holds) goes with the request
 
     middleware._transdenoiser_original_call = middleware.__call__
     middleware.__call__ = call

@@ -229,6 +229,24 @@ def test_request_timeout_answers_are_unchanged(app):
     assert lifespan[0]["status"] == 200
 
 
+async def _ends_without_answering(scope, receive, send):
+    await receive()  # e.g. the client went away mid-body: nothing to answer
+
+
+def test_an_application_that_ends_without_answering_is_not_waited_for():
+    """BentoML's middleware waits its whole timeout, then sends nothing; the patched one sends nothing at once
+    (an upload abandoned mid-body no longer holds its request for 600 s)."""
+    import time
+
+    middleware = _timeout_middleware(_ends_without_answering, timeout=0.5)
+    started = time.perf_counter()
+    sent, _, _ = _run(type(middleware)._transdenoiser_original_call, middleware, 1)
+    assert sent == [] and time.perf_counter() - started >= 0.5
+    started = time.perf_counter()
+    assert _run(type(middleware).__call__, middleware, 1) == ([], 0, 0)
+    assert time.perf_counter() - started < 0.25
+
+
 def test_a_failing_application_is_answered_as_before():
     """An application that fails before answering: BentoML's middleware waits for its timer (the failure is never
     awaited) and sends nothing; the patched one does the same and leaves no timer."""
