@@ -40,6 +40,11 @@ def presented_key(headers: list[tuple[bytes, bytes]]) -> bytes | None:
     return None
 
 
+def key_accepted(given: bytes | None, api_key: bytes) -> bool:
+    """Whether ``given`` (the key a request presents, :func:`presented_key`) is ``api_key``, in constant time."""
+    return given is not None and hmac.compare_digest(given, api_key)
+
+
 async def send_json(send, status: int, payload: dict, headers: list[tuple[bytes, bytes]] = ()) -> None:
     body = json.dumps(payload).encode()
     await send({"type": "http.response.start", "status": status,
@@ -59,7 +64,7 @@ class ApiKeyMiddleware:
         if self.api_key is None or scope["type"] != "http" or scope.get("path") in OPEN_PATHS:
             return await self.app(scope, receive, send)
         given = presented_key(scope.get("headers", []))
-        if given is None or not hmac.compare_digest(given, self.api_key):
+        if not key_accepted(given, self.api_key):
             what = "missing" if given is None else "invalid"
             return await send_json(send, 401, {"error": f"{what} API key: send 'Authorization: Bearer KEY' or "
                                                         f"'X-API-Key: KEY'"},

@@ -16,21 +16,20 @@ request on a 2-core Intel Xeon. Two kinds of request need none of it, and are an
   as a task of its own, so the body-limit middleware would take it only after every request of a burst has passed
   the door); the body-limit middleware finds it held, and it is given back as before: by the service once the
   body is parsed, or by the body-limit middleware when the request ends there (an upload abandoned mid-body ends
-  there at once, while BentoML's timeout middleware outside may wait 600 s for an answer), at the latest here. Such refusals are counted in ``transdenoiser_refused_requests_total{reason="parsing"}`` (not in BentoML's
-  request counter, which they no longer reach). When the server has an API key, only a request presenting the right
-  key takes a slot here or is refused here; any other goes on to the authentication middleware and gets its 401,
-  as before, holding no slot.
+  there at once), at the latest here. Such refusals are counted in
+  ``transdenoiser_refused_requests_total{reason="parsing"}`` (not in BentoML's request counter, which they no
+  longer reach). When the server has an API key, only a request presenting the right key takes a slot here or is
+  refused here; any other goes on to the authentication middleware and gets its 401, as before, holding no slot.
 
 Everything else passes through untouched. The front door wraps the app ``Service.to_asgi`` builds
 (``serving.library_patches.serve_behind_front_door``).
 """
 from __future__ import annotations
 
-import hmac
 from collections.abc import Callable
 
-from serving.auth import presented_key, send_json
-from serving.limits import BODILESS_METHODS, RETRY_AFTER_FULL_S, SLOT_KEY, BodySlots
+from serving.auth import key_accepted, presented_key, send_json
+from serving.limits import BODILESS_METHODS, SLOT_KEY, BodySlots, refuse_for_full_slots
 
 PROBE_PATHS = frozenset({"/livez", "/healthz", "/readyz"})
 _PROBE_METHODS = frozenset({"GET", "HEAD"})
@@ -65,10 +64,7 @@ class FrontDoor:
                 return await self._probe(scope["path"], method, send)
             if method not in BODILESS_METHODS and self._authorized(scope):
                 if self.slots.full():
-                    if self.on_full is not None:
-                        self.on_full()
-                    return await send_json(send, 503, self.slots.refusal(),
-                                           [(b"retry-after", str(RETRY_AFTER_FULL_S).encode()), *self.server_header])
+                    return await refuse_for_full_slots(send, self.slots, self.on_full, self.server_header)
                 release = scope[SLOT_KEY] = self.slots.take()  # the body-limit middleware finds it held
                 try:
                     return await self.app(scope, receive, send)
@@ -77,10 +73,7 @@ class FrontDoor:
         return await self.app(scope, receive, send)
 
     def _authorized(self, scope) -> bool:
-        if self.api_key is None:
-            return True
-        given = presented_key(scope.get("headers", []))
-        return given is not None and hmac.compare_digest(given, self.api_key)
+        return self.api_key is None or key_accepted(presented_key(scope.get("headers", [])), self.api_key)
 
     async def _probe(self, path: str, method: str, send) -> None:
         if path == "/readyz" and not self.readiness.ready:

@@ -69,6 +69,15 @@ class BodySlots:
                          f"(max_parsing_requests); retry in {RETRY_AFTER_FULL_S} s"}
 
 
+async def refuse_for_full_slots(send, slots: BodySlots, on_full: Callable[[], None] | None,
+                                headers: list[tuple[bytes, bytes]] = ()) -> None:
+    """Answer 503 with ``Retry-After`` (and ``headers``) to a body sent while every slot is taken; ``on_full``
+    (a metric) is called first."""
+    if on_full is not None:
+        on_full()
+    await send_json(send, 503, slots.refusal(), [(b"retry-after", str(RETRY_AFTER_FULL_S).encode()), *headers])
+
+
 class PayloadLimitMiddleware:
     def __init__(self, app, max_bytes: int | None = None, max_parsing: int | None = None,
                  slots: BodySlots | None = None, on_full: Callable[[], None] | None = None):
@@ -100,10 +109,7 @@ class PayloadLimitMiddleware:
         if SLOT_KEY in scope:  # the front door (serving.front_door) took this request's slot
             release = scope[SLOT_KEY]
         elif self.slots.full():
-            if self.on_full is not None:
-                self.on_full()
-            return await send_json(send, 503, self.slots.refusal(),
-                                   [(b"retry-after", str(RETRY_AFTER_FULL_S).encode())])
+            return await refuse_for_full_slots(send, self.slots, self.on_full)
         else:
             release = scope[SLOT_KEY] = self.slots.take()
         # given back here when the request ends, e.g. an upload abandoned mid-body: the layers outside (BentoML's

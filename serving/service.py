@@ -43,8 +43,12 @@ from serving.compute.scheduler import FairScheduler, SchedulerRefusal, Work
 from serving.config import DEVICE_ENV, load_config, model_dir_from_env
 from serving.front_door import FrontDoor, Readiness
 from serving.http_errors import JsonErrorMiddleware
-from serving.library_patches import (bound_request_labels, cancel_request_timers, json_protocol_errors,
-                                     serve_behind_front_door)
+from serving.library_patches import (
+    bound_request_labels,
+    cancel_request_timers,
+    json_protocol_errors,
+    serve_behind_front_door,
+)
 from serving.limits import BodySlots, PayloadLimitMiddleware, release_body_slot
 from serving.metrics import service_metrics
 from serving.validation import PredictRequest, RequestError, parse_payload, parse_predict_request

@@ -142,41 +142,28 @@ def test_bench_gc_pause_quick_times_collections_with_timers_kept_and_cancelled(t
     assert all(result[mode]["cpu_s"]["median"] >= 0 for mode in ("frozen", "unfrozen"))
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--before", "{missing}", "--after", "."], "is not a checkout of transdenoiser"),
-    (["--before", ".", "--after", "{tmp}"], "is not a checkout of transdenoiser"),
-    (["--before", ".", "--after", ".", "--rounds", "0"], "--rounds"),
-    (["--before", ".", "--after", ".", "--loop-seconds", "-1"], "--loop-seconds"),
-    (["--before", ".", "--after", ".", "--classifier-dir", "{tmp}"], "not a classifier checkpoint"),
-    (["--after", "."], "--before"),
+@pytest.mark.parametrize(("module", "argv", "message"), [
+    ("bench_burst_ab", ["--before", "{missing}", "--after", "."], "is not a checkout of transdenoiser"),
+    ("bench_burst_ab", ["--before", ".", "--after", "{tmp}"], "is not a checkout of transdenoiser"),
+    ("bench_burst_ab", ["--before", ".", "--after", ".", "--rounds", "0"], "--rounds"),
+    ("bench_burst_ab", ["--before", ".", "--after", ".", "--loop-seconds", "-1"], "--loop-seconds"),
+    ("bench_burst_ab", ["--before", ".", "--after", ".", "--classifier-dir", "{tmp}"], "not a classifier checkpoint"),
+    ("bench_burst_ab", ["--after", "."], "--before"),
+    ("bench_probe_cost", ["--after", "."], "--before is required"),
+    ("bench_probe_cost", ["--before", "{missing}"], "is not a checkout of transdenoiser"),
+    ("bench_probe_cost", ["--before", ".", "--rounds", "0"], "--rounds"),
+    ("bench_probe_cost", ["--before", ".", "--seconds", "0"], "--seconds"),
+    ("bench_probe_cost", ["--quick", "--classifier-dir", "{tmp}"], "not a classifier checkpoint"),
 ])
-def test_bench_burst_ab_refuses_bad_arguments(argv, message, tmp_path, capsys):
-    """Only its argument checks: a run starts two real servers and takes minutes (its figures are measured by hand,
-    docs/results/serving.md)."""
-    from benchmarks import bench_burst_ab
+def test_two_server_benchmarks_refuse_bad_arguments(module, argv, message, tmp_path, capsys):
+    """Only their argument checks: a run starts two real servers and takes minutes (their figures are measured by
+    hand, docs/results/serving.md)."""
+    import importlib
 
+    main = importlib.import_module(f"benchmarks.{module}").main
     argv = [arg.format(missing=tmp_path / "missing", tmp=tmp_path) for arg in argv]
     with pytest.raises(SystemExit) as info:
-        bench_burst_ab.main(argv)
-    err = capsys.readouterr().err
-    assert info.value.code == 2 and message in err, err
-    assert len([line for line in err.splitlines() if "error:" in line]) == 1
-
-
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--after", "."], "--before is required"),
-    (["--before", "{missing}"], "is not a checkout of transdenoiser"),
-    (["--before", ".", "--rounds", "0"], "--rounds"),
-    (["--before", ".", "--seconds", "0"], "--seconds"),
-    (["--quick", "--classifier-dir", "{tmp}"], "not a classifier checkpoint"),
-])
-def test_bench_probe_cost_refuses_bad_arguments(argv, message, tmp_path, capsys):
-    """Only its argument checks: a run starts two real servers (its figures: docs/results/serving.md)."""
-    from benchmarks import bench_probe_cost
-
-    argv = [arg.format(missing=tmp_path / "missing", tmp=tmp_path) for arg in argv]
-    with pytest.raises(SystemExit) as info:
-        bench_probe_cost.main(argv)
+        main(argv)
     err = capsys.readouterr().err
     assert info.value.code == 2 and message in err, err
     assert len([line for line in err.splitlines() if "error:" in line]) == 1
