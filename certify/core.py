@@ -61,6 +61,14 @@ def _has_conv2d(*models: nn.Module | None) -> bool:
                for model in models if model is not None for m in model.modules())
 
 
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor on ``device`` without waiting for the device: on CUDA a copy from pinned memory, queued
+    behind the work already sent (a copy from pageable memory waits for that work to finish first)."""
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 class _BasePipeline(nn.Module):
     """f(D(x)): the denoiser (if any) then the classifier, as one module (what ``torch.compile`` compiles)."""
 
@@ -272,11 +280,14 @@ class Smooth:
         in_flight: deque[tuple[Future | torch.Tensor, torch.Tensor]] = deque()  # (predictions, slot of each)
 
         def collect(limit: int) -> None:
+            # index_add_, not bincount: on CUDA bincount reads its input's maximum back to the host, a wait for the
+            # pass that keeps the host from queueing the next one (integer adds: the same counts in any order)
             while len(in_flight) > limit:
                 predictions, slot_ids = in_flight.popleft()
                 if isinstance(predictions, Future):
                     predictions = predictions.result()
-                counts.add_(torch.bincount(slot_ids * self.num_classes + predictions, minlength=counts.numel()))
+                votes = slot_ids * self.num_classes + predictions
+                counts.index_add_(0, votes, torch.ones_like(votes))
 
         def forward(take: int) -> None:
             batch = pending[0] if len(pending) == 1 else torch.cat(pending)
@@ -291,8 +302,7 @@ class Smooth:
                     pending_slots.popleft()
                 else:
                     pending_slots[0] = (slot, size - used)
-            slot_ids = torch.repeat_interleave(torch.tensor(slots, device=self.device),
-                                               torch.tensor(sizes, device=self.device))
+            slot_ids = _to_device(torch.repeat_interleave(torch.tensor(slots), torch.tensor(sizes)), self.device)
             if self.workers > 1:
                 collect(self.workers)  # at most workers + 1 passes in flight: bounded memory
                 in_flight.append((self._executor().submit(self._predict_classes, batch[:take]), slot_ids))
