@@ -28,6 +28,7 @@ import torch
 from benchmarks import prepare_process
 from training.arms import SepDPArm, TransDenoiserArm
 from training.models import build_model, count_parameters
+from training.privacy.dp import standard_normal
 from training.train_config import TrainConfig
 from transdenoiser.runtime import hardware_description
 
@@ -88,7 +89,7 @@ def nonprivate_step(denoiser: str, kwargs: dict, x: torch.Tensor):
     generator = torch.Generator().manual_seed(0)
 
     def gradient():
-        z = x + 0.25 * torch.randn(x.shape, generator=generator).to(x.device)
+        z = x + 0.25 * standard_normal(x.shape, generator, x.device)
         loss = (model(z) - x).pow(2).flatten(1).sum(1).sum()
         return dict(zip(names, torch.autograd.grad(loss, params), strict=True))
 
@@ -123,7 +124,7 @@ def opacus_step(denoiser: str, kwargs: dict, x: torch.Tensor, force_functorch: b
     generator = torch.Generator().manual_seed(0)
 
     def step():
-        z = x + 0.25 * torch.randn(x.shape, generator=generator).to(x.device)
+        z = x + 0.25 * standard_normal(x.shape, generator, x.device)
         optimizer.zero_grad(set_to_none=True)
         loss = (model(z) - x).pow(2).sum()
         with warnings.catch_warnings():  # "full backward hook is firing ... no inputs require gradients"
@@ -153,7 +154,7 @@ def opacus_ghost_step(denoiser: str, kwargs: dict, x: torch.Tensor):
     generator = torch.Generator().manual_seed(0)
 
     def step():
-        z = x + 0.25 * torch.randn(x.shape, generator=generator).to(x.device)
+        z = x + 0.25 * standard_normal(x.shape, generator, x.device)
         optimizer.zero_grad(set_to_none=True)
         loss = criterion(model(z), x)
         with warnings.catch_warnings():

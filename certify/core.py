@@ -51,6 +51,7 @@ __all__ = ["ABSTAIN", "AdaptiveCertificate", "Certificate", "Smooth", "adaptive_
            "certificate_from_counts", "clopper_pearson_lower", "image_seed", "max_certifiable_radius",
            "prediction_from_counts", "radius_from_p_lower", "sequential_rule", "validate_sampling"]
 
+PASS_SIZE_STEPS = 16  # eager CUDA passes are padded to a multiple of batch_size / 16 (padded_pass_size)
 NOISE_PIECE_ELEMENTS = 1 << 20  # noise is drawn per image in pieces of about this many numbers (4 MiB of float32)
 MEMORY_FORMATS = ("auto", "channels_last", "contiguous")
 MAX_AUTO_WORKERS = 8  # ``workers="auto"`` on CPU: one worker per torch thread, at most this many
@@ -59,6 +60,25 @@ MAX_AUTO_WORKERS = 8  # ``workers="auto"`` on CPU: one worker per torch thread, 
 def _has_conv2d(*models: nn.Module | None) -> bool:
     return any(isinstance(m, nn.modules.conv._ConvNd) and m.weight.dim() == 4
                for model in models if model is not None for m in model.modules())
+
+
+def padded_pass_size(size: int, batch_size: int, compiled: bool, device_type: str) -> int:
+    """Rows a forward pass of ``size`` <= ``batch_size`` samples is run with (zero rows added, their logits dropped).
+
+    Compiled: ``batch_size``, so one static-shape graph computes every sample (no recompilation per tail size, and
+    never torch's eager fallback past its recompile limit, which would make the base classifier a mix of two
+    functions). Eager on CUDA: rounded up to one of a few sizes (powers of two up to ``batch_size /``
+    :data:`PASS_SIZE_STEPS`, then its multiples), because cuDNN sets up each new input shape (a plan per
+    convolution) and the adaptive modes make passes of ever new sizes. Elsewhere (CPU): ``size``, since a CPU pass
+    costs in proportion to its rows."""
+    if compiled:
+        return batch_size
+    if device_type != "cuda" or size >= batch_size:
+        return size
+    step = max(1, batch_size // PASS_SIZE_STEPS)
+    if size > step:
+        return min(batch_size, -(-size // step) * step)
+    return min(step, 1 << max(0, size - 1).bit_length())
 
 
 def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -202,16 +222,16 @@ class Smooth:
     @torch.inference_mode()
     def base_logits(self, x: torch.Tensor) -> torch.Tensor:
         """Logits of the base pipeline f(D(x)) for a batch ``x`` (no noise added here), as run: at ``precision``
-        (returned as float32) and compiled if asked."""
-        if not self.compile:
+        (returned as float32) and compiled if asked. A pass is run at the size :func:`padded_pass_size` gives,
+        zero rows added and their logits dropped."""
+        if not self.compile and (self.device.type != "cuda" or len(x) >= self.batch_size):
             return self._run(x)
-        # Compiled: every pass is padded to ``batch_size`` samples, so one static-shape graph computes every sample
-        # (no recompilation per tail size, and never an eager fallback past torch's recompile limit).
         logits = []
         for part in x.split(self.batch_size):
             size = part.shape[0]
-            if size < self.batch_size:
-                part = torch.cat([part, part.new_zeros((self.batch_size - size, *part.shape[1:]))])
+            rows = padded_pass_size(size, self.batch_size, self.compile, self.device.type)
+            if size < rows:
+                part = torch.cat([part, part.new_zeros((rows - size, *part.shape[1:]))])
             logits.append(self._run(part)[:size])
         return torch.cat(logits)
 

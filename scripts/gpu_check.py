@@ -182,7 +182,7 @@ def run_benchmarks(check: Check, args) -> None:
             ["--pipeline", "mnist", "--precision", "fp32,bf16", "--images", "1", "--n", "200", "--repeats", "1",
              "--classifier", out / "classifier", "--denoiser", out / "denoiser", "--device", device]))
         return
-    for pipeline, images, n in (("mnist", "4", "10000"), ("cifar", "2", "10000"), ("imagenet", "1", "2000")):
+    for pipeline, images, n in (("mnist", "4", "10000"), ("cifar", "2", "10000"), ("imagenet", "1", "10000")):
         check.step(f"bench_certify {pipeline} (fp32, bf16, fp16; fp32 and bf16 compiled)", lambda p=pipeline, i=images,
                    n=n: _bench_certify(bench_certify, out / f"bench_certify_{p}.json",
                                        ["--pipeline", p, "--precision", "fp32,bf16,fp16", "--compile", "fp32,bf16",

@@ -15,6 +15,7 @@ from certify.core import (
     certificate_from_counts,
     image_seed,
     max_certifiable_radius,
+    padded_pass_size,
     prediction_from_counts,
 )
 from transdenoiser.errors import UserError
@@ -240,6 +241,34 @@ def test_small_calls_are_split_so_every_worker_gets_a_pass():
     samples = torch.rand(7, 1, 28, 28)
     assert torch.equal(two.classify(samples), one.classify(samples))
     two.close()
+
+
+@pytest.mark.parametrize("batch", [1, 7, 64, 1000, 4096, 8192])
+def test_eager_cuda_passes_are_padded_to_few_sizes_and_never_cut(batch):
+    sizes = {padded_pass_size(size, batch, False, "cuda") for size in range(1, batch + 1)}
+    step = max(1, batch // 16)
+    assert len(sizes) <= 17 + step.bit_length()  # multiples of batch // 16 and batch itself; powers of two below
+    for size in range(1, batch + 1):
+        rows = padded_pass_size(size, batch, False, "cuda")
+        assert size <= rows <= batch
+        assert rows - size < max(step, size)  # at most one step, or doubling a pass smaller than a step
+        assert padded_pass_size(size, batch, True, "cuda") == batch  # compiled: one static shape
+        assert padded_pass_size(size, batch, False, "cpu") == size  # a CPU pass costs in proportion to its rows
+    assert padded_pass_size(batch, batch, False, "cuda") == batch
+
+
+def test_sync_free_counting_gives_the_counts_of_a_plain_loop():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 10)).eval()
+    smooth = Smooth(model, num_classes=10, sigma=0.5, batch_size=37, device="cpu", workers=1)
+    images = torch.rand(3, 1, 28, 28)
+    counts = smooth.sample_counts_many(images, [20, 90], [smooth.image_generator(0, i) for i in range(3)])
+    for i in range(3):  # the same noise, drawn and counted one image and one phase at a time
+        generator = smooth.image_generator(0, i)
+        for phase, num in enumerate((20, 90)):
+            noise = torch.randn((num, 1, 28, 28), generator=generator)
+            predictions = model(noise.mul_(0.5).add_(images[i])).argmax(1)
+            assert np.array_equal(counts[i, phase], np.bincount(predictions.numpy(), minlength=10))
 
 
 @pytest.mark.parametrize("noise", ["gaussian", "sound"])

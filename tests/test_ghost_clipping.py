@@ -257,3 +257,20 @@ def test_baseline_dpsgd_step_clips_alike_with_ghost_and_vmap(arm):
     auto = DPSGDStep(model, example_loss_of(model, _task_loss(kind)), 0.01, 1.0, 5.0, row_loss=_task_row_loss(kind))
     auto.clipped_sum((x, noise, target))
     assert auto.engine in ("ghost", "vmap")
+
+
+def test_ghost_norms_and_weighted_sums_are_formed_without_tf32_and_the_settings_come_back():
+    """A layer's ghost norm and its weighted sum come from different kernels; on CUDA both run in float32 (cuDNN's
+    and cuBLAS's TF32 switched off inside), so clipping holds to float32 rounding; the user's settings return."""
+    from training.privacy.ghost_clipping import _float32_products
+
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = True, True
+        with _float32_products(cuda=True):
+            assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == (False, False)
+        assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == (True, True)
+        with _float32_products(cuda=False):  # CPU: nothing to switch
+            assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == (True, True)
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved

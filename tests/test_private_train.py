@@ -12,7 +12,15 @@ import torch
 from training.arms import ARM_CLASSES, SepDPArm, TransDenoiserArm, line16_sigma_bar
 from training.checkpoint import load_checkpoint, read_metadata
 from training.models import build_model
-from training.privacy.dp import GaussianNoise, PerExampleClipper, PerExampleGradients, PoissonSampler, per_example_norms
+from training.privacy.dp import (
+    GaussianNoise,
+    PerExampleClipper,
+    PerExampleGradients,
+    PoissonSampler,
+    device_generator,
+    per_example_norms,
+    standard_normal,
+)
 from training.private_train import plan, train_denoiser
 from training.release import load_private_record
 from training.train_config import TrainConfig
@@ -84,6 +92,34 @@ def test_noise_std_matches_multiplier_times_clip_norm():
     assert abs(float(out.std()) / (1.5 * 0.7) - 1) < 0.01
     assert abs(float(out.mean())) < 0.01
     assert torch.equal(noise.add({"w": torch.ones(3)}, 0.0, torch.Generator())["w"], torch.ones(3))
+
+
+def test_noise_on_cpu_is_drawn_from_the_run_generator_itself():
+    """On CPU every draw comes straight from the run's CPU generator, bit for bit as torch.randn draws it."""
+    assert device_generator(torch.Generator().manual_seed(0), "cpu") is None
+    ours, plain = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    assert torch.equal(standard_normal((3, 4), ours, torch.device("cpu")), torch.randn((3, 4), generator=plain))
+    tensors = {"w": torch.zeros(2, 3), "b": torch.zeros(5)}
+    noisy = GaussianNoise(clip_norm=0.5).add(tensors, 2.0, ours)
+    assert torch.equal(noisy["w"], torch.randn((2, 3), generator=plain))
+    assert torch.equal(noisy["b"], torch.randn(5, generator=plain))
+    assert torch.equal(ours.get_state(), plain.get_state())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the GPU check runs it)")
+def test_cuda_noise_is_seeded_by_the_run_generator_one_number_per_draw():
+    """On CUDA the noise is drawn on the device by a generator the CPU generator seeds: the same CPU state gives the
+    same noise, and the CPU generator moves by exactly one number per draw (so a resumed run repeats bit for bit)."""
+    first, second = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+    a = standard_normal((1000, 3), first, torch.device("cuda"))
+    b = standard_normal((1000, 3), second, torch.device("cuda"))
+    assert a.device.type == "cuda" and torch.equal(a, b)
+    reference = torch.Generator().manual_seed(9)
+    torch.randint(0, 2 ** 63 - 1, (), generator=reference)
+    assert torch.equal(first.get_state(), reference.get_state())
+    noise = GaussianNoise(clip_norm=1.0).add({"w": torch.zeros(200_000, device="cuda")}, 1.0, first)["w"]
+    assert noise.device.type == "cuda" and abs(float(noise.std()) - 1) < 0.01
+    assert not torch.equal(standard_normal((1000, 3), first, torch.device("cuda")), a)  # the next draw is fresh
 
 
 def test_poisson_sampler_rate_and_empty_batches():

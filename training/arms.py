@@ -6,8 +6,9 @@
 - ``transdenoiser`` (:class:`TransDenoiserArm`): Algorithm 1 of the TransDenoiser paper, line by line, with the unit
   mapping of docs/PRIVACY.md; :func:`line16_sigma_bar` is its line 16 in noise-multiplier units.
 
-The update is (clipped sum + noise) / B with B the expected batch size. Every random number is drawn on the CPU
-generator passed in, so a resumed run continues bit-for-bit.
+The update is (clipped sum + noise) / B with B the expected batch size. Every random number comes from the CPU
+generator passed in (on CUDA drawn on the device by a generator it seeds, :func:`training.privacy.dp.standard_normal`),
+so a resumed run continues bit-for-bit.
 """
 from __future__ import annotations
 
@@ -19,7 +20,13 @@ from torch import nn
 from training.distributed import RankGroup
 from training.models import count_parameters
 from training.privacy.clipping import ClippedGradients, ClippedSums, device_chunk_size, plan_execution
-from training.privacy.dp import GaussianNoise, PerExampleClipper, PerExampleGradients, per_example_norms
+from training.privacy.dp import (
+    GaussianNoise,
+    PerExampleClipper,
+    PerExampleGradients,
+    per_example_norms,
+    standard_normal,
+)
 from training.privacy.report import REMAINDER_NOT_COMPUTED, uncredited_by_construction
 from training.privacy.smin import METHODS, smin_lower_bound
 from training.privacy.taylor import TaylorRemainders
@@ -55,9 +62,9 @@ class Arm:
         raise NotImplementedError
 
     def noisy(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        """Line 7: z = x + N(0, sigma^2 I), drawn on the CPU generator."""
-        noise = torch.randn(x.shape, generator=generator, dtype=torch.float32).to(x.device)
-        return x + self.config.sigma * noise
+        """Line 7: z = x + N(0, sigma^2 I), drawn from the CPU generator (on CUDA by the device generator it seeds:
+        :func:`training.privacy.dp.standard_normal`)."""
+        return x + self.config.sigma * standard_normal(x.shape, generator, x.device)
 
 
 class NoDPArm(Arm):

@@ -106,9 +106,39 @@ class PerExampleClipper:
         return {k: torch.einsum("n,n...->...", weights.to(g.dtype), g) for k, g in grads.items()}
 
 
+_DEVICE_GENERATORS: dict[torch.device, torch.Generator] = {}
+
+
+def device_generator(generator: torch.Generator, device: torch.device | str) -> torch.Generator | None:
+    """The generator a draw for ``device`` uses: None on CPU (draw from ``generator`` itself); on CUDA this
+    device's Philox generator, re-seeded with a 63-bit integer drawn from ``generator``. The CPU ``generator``
+    stays the run's one source of randomness (its saved state resumes a run bit for bit; under torchrun every rank
+    draws the same seed) while the numbers are made on the device, where they are used: no draw on the host and
+    no host-to-device copy per step. One CUDA draw is a different (equally distributed) stream than a CPU draw."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    seed = int(torch.randint(0, 2 ** 63 - 1, (), generator=generator))
+    if device not in _DEVICE_GENERATORS:
+        _DEVICE_GENERATORS[device] = torch.Generator(device=device)
+    return _DEVICE_GENERATORS[device].manual_seed(seed)
+
+
+def standard_normal(shape: tuple[int, ...] | torch.Size, generator: torch.Generator, device: torch.device | str,
+                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """N(0, 1) draws of ``shape`` on ``device`` from the CPU ``generator``: drawn from it on CPU, on CUDA by the
+    device generator it seeds (:func:`device_generator`)."""
+    on_device = device_generator(generator, device)
+    if on_device is None:
+        return torch.randn(shape, generator=generator, dtype=torch.float32).to(device, dtype)
+    return torch.randn(shape, generator=on_device, device=on_device.device, dtype=torch.float32).to(dtype)
+
+
 class GaussianNoise:
-    """Adds N(0, (noise_multiplier * C)^2) to every coordinate; noise is drawn on the CPU ``generator``
-    (so runs are reproducible across devices) and moved to each tensor's device."""
+    """Adds N(0, (noise_multiplier * C)^2) to every coordinate, drawn from the CPU ``generator``: on CPU from it
+    directly, on CUDA by a device generator it seeds once per call (:func:`device_generator`)."""
 
     def __init__(self, clip_norm: float):
         self.clip_norm = clip_norm
@@ -119,7 +149,12 @@ class GaussianNoise:
         if noise_multiplier == 0:
             return dict(tensors)
         std = noise_multiplier * self.clip_norm
-        return {k: t + std * torch.randn(t.shape, generator=generator, dtype=torch.float32).to(t.device, t.dtype)
+        devices = {t.device for t in tensors.values()}
+        on_device = device_generator(generator, devices.pop()) if len(devices) == 1 else None
+        if on_device is None:  # CPU (or tensors on several devices): every draw from the CPU generator
+            return {k: t + std * torch.randn(t.shape, generator=generator, dtype=torch.float32).to(t.device, t.dtype)
+                    for k, t in tensors.items()}
+        return {k: t + std * torch.randn(t.shape, generator=on_device, device=t.device, dtype=torch.float32).to(t.dtype)
                 for k, t in tensors.items()}
 
 
@@ -139,4 +174,5 @@ def losses_fn(model: nn.Module) -> Callable:
 
 
 __all__ = ["PoissonSampler", "PerExampleGradients", "PerExampleClipper", "GaussianNoise", "per_example_norms",
+           "device_generator", "standard_normal",
            "functional_example_loss", "model_params", "input_gradient_fn", "losses_fn"]

@@ -34,7 +34,8 @@ concatenated), so the norm computed is that of the averaged gradient, which is w
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -116,11 +117,16 @@ def _pair_norms(p: torch.Tensor, q: torch.Tensor, ghost: bool | None = None) -> 
     p, q = p.reshape(n * groups, length, d_p), q.reshape(n * groups, length, d_q)
     if ghost is None:
         ghost = length * (d_p + d_q) <= d_p * d_q
+    with _float32_products(p.is_cuda):
+        return _squares(p, q, ghost).reshape(n, groups).sum(1)
+
+
+def _squares(p: torch.Tensor, q: torch.Tensor, ghost: bool) -> torch.Tensor:
     if ghost:  # two T x T Gram matrices per example
         squares = (torch.bmm(p, p.transpose(1, 2)) * torch.bmm(q, q.transpose(1, 2))).sum((1, 2))
     else:  # this layer's per-example gradient, then dropped
         squares = torch.bmm(p.transpose(1, 2), q).pow(2).sum((1, 2))
-    return squares.reshape(n, groups).sum(1)
+    return squares
 
 
 def _conv_weight_grad(m: nn.Module, transposed: bool, a: torch.Tensor, b: torch.Tensor, shape: torch.Size,
@@ -162,6 +168,23 @@ def _conv_weight_norms(m: nn.Module, transposed: bool, a: torch.Tensor, b: torch
     if rows == n:
         return None, per_row.reshape(n, *weight.shape)
     return None, per_row.reshape(n, rows // n, *weight.shape).sum(1)
+
+
+@contextmanager
+def _float32_products(cuda: bool) -> Iterator[None]:
+    """Matrix products and cuDNN convolutions in float32, not TF32, inside the block (on CUDA; the settings are
+    restored after). A ghost norm and the weighted sum of the same layer are formed by different kernels: both in
+    float32, so that no example's part of the sum exceeds C by more than float32 rounding (TF32's 10-bit mantissa
+    could put it about 1e-3 past C)."""
+    if not cuda:
+        yield
+        return
+    previous = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = False, False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = previous
 
 
 class GhostClipping:
@@ -313,13 +336,15 @@ class GhostBatch:
                 p, q = pq
                 n, _, length, d_p = p.shape
                 pw = (p * weights.to(p.dtype).reshape(n, 1, 1, 1)).reshape(n * length, d_p)
-                out[layer.full("weight")] = pw.transpose(0, 1) @ q.reshape(n * length, q.shape[-1])
+                with _float32_products(p.is_cuda):
+                    out[layer.full("weight")] = pw.transpose(0, 1) @ q.reshape(n * length, q.shape[-1])
             else:  # the convolution's own weight-gradient kernel, output gradients weighted by example
                 a, b = pq
                 rows_per_example = len(b) // len(weights)
                 w = weights.to(b.dtype).repeat_interleave(rows_per_example).reshape(-1, 1, 1, 1)
-                out[layer.full("weight")] = _conv_weight_grad(layer.module, layer.kind == "conv_transpose2d", a,
-                                                              b * w, weight.shape, layer.module.groups)
+                with _float32_products(a.is_cuda):  # cuDNN's default on CUDA is TF32
+                    out[layer.full("weight")] = _conv_weight_grad(layer.module, layer.kind == "conv_transpose2d",
+                                                                  a, b * w, weight.shape, layer.module.groups)
         return {k: out[k] for k in self.names}
 
 
