@@ -216,15 +216,20 @@ def _bench_certify(module, path: Path, argv: list) -> dict:
 
 
 def _json_figures(code: int, path: Path, keys: tuple[str, ...]) -> dict:
+    """The values of ``keys`` anywhere in a benchmark's JSON file, each under its dotted path."""
     if code != 0:
         raise RuntimeError(f"exited {code}")
-    result = json.loads(path.read_text())
     found = {}
-    for name, value in result.items():
-        if isinstance(value, dict):
-            found.update({f"{name}.{k}": value[k] for k in keys if k in value})
-        elif name in keys:
-            found[name] = value
+
+    def walk(node, prefix: str) -> None:
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for name, value in items:
+            if name in keys:
+                found[f"{prefix}{name}"] = value
+            else:
+                walk(value, f"{prefix}{name}.")
+
+    walk(json.loads(path.read_text()), "")
     return found
 
 

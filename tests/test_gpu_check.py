@@ -36,3 +36,20 @@ def test_gpu_check_quick_runs_every_command_on_cpu(tmp_path):
     assert set(bench["samples_per_second"]) >= {"cohen@1000", "ours:fp32", "ours:bf16"}
     table = result.stdout
     assert "steps ok" in table and "gpu_check.json" in table
+
+
+def test_benchmark_figures_are_found_at_any_depth_of_their_json(tmp_path):
+    """The check's table shows each benchmark's named figures wherever its JSON keeps them (a top-level dict, as
+    bench_serving's speedup, or deep in rows, as bench_training's examples per second)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from gpu_check import _json_figures
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"speedup": {"16": 1.6}, "rows": [{"sepdp": {"median_examples_per_second": 9.0}}],
+                                "other": 3}))
+    assert _json_figures(0, path, ("speedup", "median_examples_per_second")) == {
+        "speedup": {"16": 1.6}, "rows.0.sepdp.median_examples_per_second": 9.0}
+    with pytest.raises(RuntimeError, match="exited 2"):
+        _json_figures(2, path, ("speedup",))
