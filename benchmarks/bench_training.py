@@ -6,8 +6,10 @@
 Rows: non-private SGD (plain autograd, the floor), sepdp (``SepDPArm.gradient`` + SGD, its clipping planned
 for the device as in training), the transdenoiser arm with S_min not computed (its merged step), Opacus 1.6
 hooks (GradSampleModule + DPOptimizer) and Opacus ghost clipping (its fast-gradient-clipping module, optimiser
-and loss). Grid: autoencoder 1x28x28 at batch 64, 256, 1024; DnCNN-17x64 3x32x32 at 64, 256 (``--quick``: a
-tiny grid, for the test suite). Every row is built once and warmed up; then --repeats blocks of timed steps
+and loss). Every row draws its input noise as the arms do (``training.privacy.dp.standard_normal``: from
+the CPU generator, on CUDA by a device generator it seeds). Grid: autoencoder 1x28x28 at batch 64, 256, 1024;
+DnCNN-17x64 3x32x32 at 64, 256 (``--quick``: a tiny grid, for the test suite). Every row is built once and
+warmed up; then --repeats blocks of timed steps
 alternate between the rows (order rotated every repeat), and every figure is the median over repeats of the
 per-repeat value (examples/s; fraction of non-private; ratios), so a noisy neighbour slows all rows alike.
 Peak memory: on CUDA the allocator's peak per row; on CPU the peak resident memory of a fresh process running
