@@ -100,22 +100,30 @@ def adaptive_certificate(rule, mode: str, top: int, outcome: int, count: int, n:
 
 
 def adaptive_many(smooth, images: torch.Tensor, n0: int, rule,
-                  generators: Sequence[torch.Generator | None]) -> list[AdaptiveCertificate]:
+                  generators: Sequence[torch.Generator | None], lookahead: bool | None = None
+                  ) -> list[AdaptiveCertificate]:
     """Select each image's class with n0 samples, then run ``rule`` on fresh estimation samples of that class,
     block by block, the active images' blocks packed into shared forward passes (module docstring). ``smooth``
-    is a :class:`certify.core.Smooth`."""
+    is a :class:`certify.core.Smooth`. ``lookahead`` (default: on CUDA only) queues each image's next block before
+    its current block's votes are read (:func:`certify.streams.run_blocks`): the same answers, one block more
+    computed per image, and the device kept busy while the host runs the rule (on CPU a block drawn ahead would
+    cost its full compute)."""
     if n0 < 1:
         raise UserError(f"n0 must be >= 1, got {n0}")
     selection = smooth.sample_counts_many(images, [n0], generators)[:, 0]
     top = selection.argmax(axis=1)
 
-    def draw(active: np.ndarray, block_samples: int, segments: np.ndarray) -> np.ndarray:
-        counts = smooth.sample_counts_segments(images[torch.as_tensor(active)], block_samples, segments,
-                                               [generators[i] for i in active])
-        return counts[np.arange(len(active)), :, top[active]]
+    on_device = images.to(smooth.device)
+
+    def draw(active: np.ndarray, block_samples: int, segments: np.ndarray):
+        counts = smooth.queue_counts_segments(smooth.take_rows(on_device, active), block_samples, segments,
+                                              [generators[i] for i in active])
+        return lambda: counts()[np.arange(len(active)), :, top[active]]
 
     mode = "decide" if isinstance(rule, DecideRule) else "estimate"
-    results = run_blocks(rule, draw, images.shape[0], BlockPlan.for_device(smooth.device.type))
+    if lookahead is None:
+        lookahead = smooth.device.type == "cuda"
+    results = run_blocks(rule, draw, images.shape[0], BlockPlan.for_device(smooth.device.type), lookahead)
     return [adaptive_certificate(rule, mode, int(top[j]), int(results.outcome[j]), int(results.successes[j]),
                                  int(results.samples[j]), float(results.p_lower[j]), n0, smooth.sigma,
                                  int(results.computed[j]))

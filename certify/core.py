@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 import math
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 
@@ -79,6 +79,23 @@ def padded_pass_size(size: int, batch_size: int, compiled: bool, device_type: st
     if size > step:
         return min(batch_size, -(-size // step) * step)
     return min(step, 1 << max(0, size - 1).bit_length())
+
+
+def _to_host_later(t: torch.Tensor) -> Callable[[], np.ndarray]:
+    """A callable returning ``t`` as a numpy array. On CUDA the copy to the host is queued now (into pinned memory,
+    behind the work that computes ``t``) and the callable waits for it alone; elsewhere ``t`` is ready."""
+    if t.device.type != "cuda":
+        array = t.cpu().numpy()
+        return lambda: array
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+
+    def wait() -> np.ndarray:
+        done.synchronize()
+        return host.numpy()
+    return wait
 
 
 def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -269,16 +286,35 @@ class Smooth:
         The draw is cut into the same pieces whatever the segments; a piece holding an evaluated sample is drawn in
         full, the pieces after the last one are not drawn (nothing is drawn from the generator after them: this is
         a stream's last block)."""
+        return self.queue_counts_segments(images, draw, segments, generators)()
+
+    @torch.inference_mode()
+    def queue_counts_segments(self, images: torch.Tensor, draw: int, segments: Sequence[int],
+                              generators: Sequence[torch.Generator | None]) -> Callable[[], np.ndarray]:
+        """:meth:`sample_counts_segments` with its work queued: returns a callable that waits for it and returns the
+        counts. On CUDA nothing here waits for the device (the noise, the passes and the counting are queued, and the
+        counts come back by an asynchronous copy), so the caller can queue more before reading these."""
         segments = [int(m) for m in segments]
         if any(m < 1 for m in segments) or sum(segments) > draw:
             raise ValueError(f"segments {segments} do not fit in a draw of {draw} samples")
-        return self._count(images, [(int(draw), segments)], generators).reshape(
-            images.shape[0], len(segments), self.num_classes)
+        counts = self._queue_count(images, [(int(draw), segments)], generators)
+        shape = (images.shape[0], len(segments), self.num_classes)
+        return lambda: counts().reshape(shape)
+
+    def take_rows(self, images: torch.Tensor, rows: Sequence[int] | np.ndarray) -> torch.Tensor:
+        """``images[rows]`` moved to this smoother's device, the row indices sent without waiting for the device."""
+        images = images.to(self.device)
+        return images[_to_device(torch.as_tensor(np.asarray(rows), dtype=torch.long), self.device)]
 
     def _count(self, images: torch.Tensor, draws: Sequence[tuple[int, Sequence[int]]],
                generators: Sequence[torch.Generator | None]) -> np.ndarray:
         """Counts per (image, segment) for ``draws`` [(samples drawn, [segment sizes counted]), ...] made by every
         image in order, packed into shared forward passes; int64 (B, total segments, num_classes)."""
+        return self._queue_count(images, draws, generators)()
+
+    def _queue_count(self, images: torch.Tensor, draws: Sequence[tuple[int, Sequence[int]]],
+                     generators: Sequence[torch.Generator | None]) -> Callable[[], np.ndarray]:
+        """:meth:`_count` with its work queued (:meth:`queue_counts_segments`)."""
         if images.dim() != 4:
             raise UserError(f"expected a batch of images (B, C, H, W), got shape {tuple(images.shape)}")
         if len(generators) != images.shape[0]:
@@ -286,11 +322,11 @@ class Smooth:
         images = images.to(self.device)
         levels = sound_noise.grid_levels(images) if self._grid_noise is not None else None  # refuses off-grid input
         with self._serial_caller():
-            return self._count_packed(images, levels, draws, generators)
+            return _to_host_later(self._count_packed(images, levels, draws, generators))
 
     def _count_packed(self, images: torch.Tensor, levels: torch.Tensor | None,
                       draws: Sequence[tuple[int, Sequence[int]]],
-                      generators: Sequence[torch.Generator | None]) -> np.ndarray:
+                      generators: Sequence[torch.Generator | None]) -> torch.Tensor:
         per_image = sum(len(segments) for _, segments in draws)
         counts = torch.zeros(images.shape[0] * per_image * self.num_classes, dtype=torch.long, device=self.device)
         piece = max(1, NOISE_PIECE_ELEMENTS // images[0].numel())
@@ -370,7 +406,7 @@ class Smooth:
         if queued > 0:
             forward(queued)
         collect(0)
-        return counts.view(images.shape[0], per_image, self.num_classes).cpu().numpy()
+        return counts.view(images.shape[0], per_image, self.num_classes)
 
     def predict(self, x: torch.Tensor, n: int, alpha: float, generator: torch.Generator | None = None) -> int:
         """Top class of the smoothed classifier at ``x``, or ABSTAIN; wrong with probability at most alpha."""

@@ -67,7 +67,7 @@ class StreamResults:
 
 
 Draw = Callable[[np.ndarray, int], np.ndarray]
-BlockDraw = Callable[[np.ndarray, int, np.ndarray], np.ndarray]
+BlockDraw = Callable[[np.ndarray, int, np.ndarray], "np.ndarray | Callable[[], np.ndarray]"]
 
 
 def draw_block_ends(cs: ConfidenceSequence, plan: BlockPlan = BlockPlan()) -> np.ndarray:
@@ -119,11 +119,18 @@ def run_streams(rule: Rule, draw: Draw, count: int) -> StreamResults:
     return StreamResults(outcome, successes, samples, p_lower, stop_look, samples.copy())
 
 
-def run_blocks(rule: Rule, draw: BlockDraw, count: int, plan: BlockPlan = BlockPlan()) -> StreamResults:
+def run_blocks(rule: Rule, draw: BlockDraw, count: int, plan: BlockPlan = BlockPlan(),
+               lookahead: bool = False) -> StreamResults:
     """Run ``rule`` over ``count`` streams block by block (module docstring). For each block,
     ``draw(active, block_samples, segments)`` draws ``block_samples`` fresh samples of each active stream (the
     whole block, so the stream does not depend on n_max), evaluates the first ``segments.sum()`` of them and
-    returns the votes for cA in each consecutive segment (one segment per look), shape (active, len(segments))."""
+    returns the votes for cA in each consecutive segment (one segment per look), shape (active, len(segments)),
+    or a callable returning them (the draw queued, its votes read when called).
+
+    ``lookahead``: each running stream's next block is asked for before the votes of its current block are read,
+    so a device computes the next block while the host evaluates the rule. A stream that stops has drawn one
+    block more than it uses; its answer is unchanged (its noise is drawn in the same order, and the rule reads
+    nothing past the stopping look), and ``computed`` counts that block."""
     cs = rule.cs
     successes = np.zeros(count, dtype=np.int64)
     samples = np.zeros(count, dtype=np.int64)
@@ -131,30 +138,48 @@ def run_blocks(rule: Rule, draw: BlockDraw, count: int, plan: BlockPlan = BlockP
     outcome = np.full(count, CONTINUE, dtype=np.int8)
     p_lower = np.zeros(count)
     stop_look = np.full(count, -1, dtype=np.int64)
-    start = 0
+    blocks, start = [], 0
     for end in draw_block_ends(cs, plan):
-        active = np.flatnonzero(outcome == CONTINUE)
-        if active.size == 0:
-            break
         looks = block_looks(cs, start, int(end))
-        counts = cs.looks[looks]
-        segments = np.diff(np.concatenate([[start], counts]))
-        votes = np.asarray(draw(active, int(end) - start, segments), dtype=np.int64)
-        if votes.shape != (active.size, segments.size) or np.any(votes < 0) or np.any(votes > segments):
-            raise ValueError(f"draw returned votes of shape {votes.shape} for {active.size} streams and "
-                             f"{segments.size} looks")
-        cumulative = successes[active, None] + np.cumsum(votes, axis=1)
-        results, lowers = rule.step_looks(looks, cumulative, p_lower[active])
-        stopped = results != CONTINUE
-        first = np.where(stopped.any(axis=1), stopped.argmax(axis=1), segments.size - 1)
-        rows = np.arange(active.size)
-        successes[active] = cumulative[rows, first]
-        samples[active] = counts[first]
-        computed[active] = counts[-1]
-        p_lower[active] = lowers[rows, first]
-        outcome[active] = results[rows, first]
-        stop_look[active[stopped.any(axis=1)]] = looks[first[stopped.any(axis=1)]]
+        blocks.append((start, int(end), looks, np.diff(np.concatenate([[start], cs.looks[looks]]))))
         start = int(end)
+
+    def launch(b: int, streams: np.ndarray):
+        first, last, _, segments = blocks[b]
+        computed[streams] = first + int(segments.sum())  # evaluated, whether used or not
+        return draw(streams, last - first, segments), streams
+
+    pending = launch(0, np.arange(count)) if blocks and count else None
+    for b, (_, _, looks, segments) in enumerate(blocks):
+        if pending is None:
+            break
+        result, launched = pending
+        ahead = None
+        if lookahead and b + 1 < len(blocks):  # every stream still running before this block's votes are read
+            running = launched[outcome[launched] == CONTINUE]
+            ahead = launch(b + 1, running) if running.size else None
+        votes = np.asarray(result() if callable(result) else result, dtype=np.int64)
+        if votes.shape != (launched.size, segments.size) or np.any(votes < 0) or np.any(votes > segments):
+            raise ValueError(f"draw returned votes of shape {votes.shape} for {launched.size} streams and "
+                             f"{segments.size} looks")
+        keep = outcome[launched] == CONTINUE  # with lookahead, streams that stopped at the last block drew this one
+        active, votes = launched[keep], votes[keep]
+        if active.size:
+            cumulative = successes[active, None] + np.cumsum(votes, axis=1)
+            results, lowers = rule.step_looks(looks, cumulative, p_lower[active])
+            stopped = results != CONTINUE
+            first = np.where(stopped.any(axis=1), stopped.argmax(axis=1), segments.size - 1)
+            rows = np.arange(active.size)
+            successes[active] = cumulative[rows, first]
+            samples[active] = cs.looks[looks][first]
+            p_lower[active] = lowers[rows, first]
+            outcome[active] = results[rows, first]
+            stop_look[active[stopped.any(axis=1)]] = looks[first[stopped.any(axis=1)]]
+        if lookahead:
+            pending = ahead
+        else:
+            running = active[outcome[active] == CONTINUE]
+            pending = launch(b + 1, running) if b + 1 < len(blocks) and running.size else None
     return StreamResults(outcome, successes, samples, p_lower, stop_look, computed)
 
 

@@ -271,6 +271,25 @@ def test_sync_free_counting_gives_the_counts_of_a_plain_loop():
             assert np.array_equal(counts[i, phase], np.bincount(predictions.numpy(), minlength=10))
 
 
+def test_adaptive_answers_are_the_same_with_each_next_block_drawn_ahead():
+    """On CUDA each image's next block is queued before its votes are read (lookahead): forced here on CPU, every
+    decide and estimate answer is the one without it, and at most one block more is computed per image."""
+    from certify.adaptive import adaptive_many, sequential_rule
+
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 10)).eval()
+    smooth = Smooth(model, num_classes=10, sigma=0.5, batch_size=256, device="cpu", workers=1)
+    images = torch.rand(6, 1, 28, 28)
+    for rule in (sequential_rule("decide", 0.5, 3000, 0.01, radius=0.1),
+                 sequential_rule("estimate", 0.5, 3000, 0.01)):
+        runs = [adaptive_many(smooth, images, 50, rule, [smooth.image_generator(1, i) for i in range(6)],
+                              lookahead=ahead) for ahead in (False, True)]
+        for plain, ahead in zip(*runs, strict=True):
+            assert (ahead.prediction, ahead.radius, ahead.p_lower, ahead.count, ahead.n, ahead.outcome) == (
+                plain.prediction, plain.radius, plain.p_lower, plain.count, plain.n, plain.outcome)
+            assert plain.computed <= ahead.computed <= max(plain.computed + 8, math.ceil(1.125 * plain.computed))
+
+
 @pytest.mark.parametrize("noise", ["gaussian", "sound"])
 def test_caller_drawing_noise_on_one_thread_leaves_counts_unchanged(noise):
     """With worker threads, the calling thread draws noise and counts on one torch thread: the same counts as the

@@ -26,7 +26,7 @@ from certify.sequential import (
     radius_of,
 )
 from certify.sequential_exact import boundaries, operating, union_boundary
-from certify.streams import SequentialTest, run_blocks, run_streams
+from certify.streams import SequentialTest, draw_block_ends, run_blocks, run_streams
 from transdenoiser.errors import UserError
 
 SIGMA = 0.25
@@ -353,6 +353,43 @@ def test_blocks_stop_at_the_same_look_with_the_same_counts_as_look_by_look(metho
             np.testing.assert_array_equal(getattr(blocked, name), getattr(looked, name), err_msg=name)
         assert np.all(blocked.computed >= blocked.samples)
         assert np.all(blocked.computed <= np.maximum(DRAW_BLOCK_RATIO * blocked.samples, blocked.samples + 8))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_drawing_a_block_ahead_changes_no_answer(method):
+    """With ``lookahead`` each running stream's next block is queued before the current block's votes are read (the
+    draw returns a callable): every stream's outcome, counts, samples, bound and stopping look are those of the plain
+    block driver; a stream evaluates at most one block more than it did there, and its blocks are drawn in order."""
+    votes = np.random.default_rng(5).binomial(1, np.repeat([0.6, 0.97, 0.99, 0.999, 1.0], 3)[:, None],
+                                              size=(15, 20_000))
+
+    def block_draw(deferred):
+        position = np.zeros(len(votes), dtype=int)
+        calls = []
+
+        def draw(active, size, segments):
+            edges = np.concatenate([[0], np.cumsum(segments)])
+            out = np.array([np.add.reduceat(votes[i, position[i]:position[i] + edges[-1]], edges[:-1])
+                            for i in active])
+            position[active] += size
+            calls.append(len(active))
+            return (lambda: out) if deferred else out
+        draw.calls = calls
+        return draw
+
+    for rule in (DecideRule(confidence_sequence(method, 20_000, 0.001), 0.5, SIGMA),
+                 EstimateRule(confidence_sequence(method, 20_000, 0.001), SIGMA, 0.05)):
+        plain = run_blocks(rule, block_draw(False), len(votes))
+        ahead_draw = block_draw(True)
+        ahead = run_blocks(rule, ahead_draw, len(votes), lookahead=True)
+        for name in ("outcome", "successes", "samples", "p_lower", "stop_look"):
+            np.testing.assert_array_equal(getattr(ahead, name), getattr(plain, name), err_msg=name)
+        assert np.all(ahead.computed >= plain.computed)
+        assert np.any(ahead.computed > plain.computed)  # the block drawn ahead for streams that then stopped
+        ends = np.minimum(draw_block_ends(rule.cs), rule.cs.n_max)  # at most the block after the plain stop's
+        following = [ends[min(np.searchsorted(ends, c, side="right"), len(ends) - 1)] for c in plain.computed]
+        assert np.all((ahead.computed == plain.computed) | (ahead.computed == following))
+        assert run_blocks(rule, block_draw(True), len(votes)).computed.tolist() == plain.computed.tolist()
 
 
 def test_sequential_test_fed_by_blocks_matches_the_block_driver():
