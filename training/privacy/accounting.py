@@ -348,12 +348,15 @@ def _check_accountant(accountant) -> str:
     return accountant
 
 
+@functools.lru_cache(maxsize=256)
 def noise_multiplier_for_epsilon(target_epsilon: float, sample_rate: float, steps: int, delta: float,
                                  accountant: str = "rdp") -> float:
     """Smallest noise multiplier whose epsilon by ``accountant`` is <= ``target_epsilon``.
 
     Root finding on log(z) (scipy's brentq) to a relative tolerance of :data:`CALIBRATION_RTOL`, then
     rounded UP and checked with the same accountant, so the returned multiplier never exceeds the target.
+    A pure function of its arguments, so its answers are kept (a plan of many runs at the same privacy
+    settings calibrates once).
     """
     accountant = _check_accountant(accountant)
     target = _check_epsilon(target_epsilon, "target_epsilon")
