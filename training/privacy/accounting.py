@@ -348,7 +348,7 @@ def _check_accountant(accountant) -> str:
     return accountant
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=256, typed=True)  # typed: 100.0 is validated apart from 100
 def noise_multiplier_for_epsilon(target_epsilon: float, sample_rate: float, steps: int, delta: float,
                                  accountant: str = "rdp") -> float:
     """Smallest noise multiplier whose epsilon by ``accountant`` is <= ``target_epsilon``.
