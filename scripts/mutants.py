@@ -235,7 +235,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("line16_low_branch", "training/arms.py", "line16_sigma_bar",
            "if input_multiplier < xi_low:\n        return xi_up", "if input_multiplier < xi_low:\n        return 0.0",
            LINE16, "line 16: full noise below xi_low"),
-    Mutant("cpu_noise_off_the_run_generator", "training/privacy/dp.py", "standard_normal",
+    Mutant("cpu_noise_off_the_run_generator", "training/privacy/dp.py", "_draw",
            "return torch.randn(shape, generator=generator, dtype=torch.float32).to(device, dtype)",
            "return torch.randn(shape, dtype=torch.float32).to(device, dtype)",
            ("tests/test_private_train.py", "-k", "run_generator"),

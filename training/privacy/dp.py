@@ -130,7 +130,13 @@ def standard_normal(shape: tuple[int, ...] | torch.Size, generator: torch.Genera
                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """N(0, 1) draws of ``shape`` on ``device`` from the CPU ``generator``: drawn from it on CPU, on CUDA by the
     device generator it seeds (:func:`device_generator`)."""
-    on_device = device_generator(generator, device)
+    return _draw(shape, generator, device_generator(generator, device), device, dtype)
+
+
+def _draw(shape: tuple[int, ...] | torch.Size, generator: torch.Generator, on_device: torch.Generator | None,
+          device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
+    """N(0, 1) draws of ``shape`` on ``device``: by ``on_device`` (a device generator, :func:`device_generator`) if
+    given, else from the CPU ``generator``, then moved."""
     if on_device is None:
         return torch.randn(shape, generator=generator, dtype=torch.float32).to(device, dtype)
     return torch.randn(shape, generator=on_device, device=on_device.device, dtype=torch.float32).to(dtype)
@@ -151,11 +157,8 @@ class GaussianNoise:
         std = noise_multiplier * self.clip_norm
         devices = {t.device for t in tensors.values()}
         on_device = device_generator(generator, devices.pop()) if len(devices) == 1 else None
-        if on_device is None:  # CPU (or tensors on several devices): every draw from the CPU generator
-            return {k: t + std * torch.randn(t.shape, generator=generator, dtype=torch.float32).to(t.device, t.dtype)
-                    for k, t in tensors.items()}
-        return {k: t + std * torch.randn(t.shape, generator=on_device, device=t.device, dtype=torch.float32).to(t.dtype)
-                for k, t in tensors.items()}
+        # CPU (or tensors on several devices): on_device is None and every draw comes from the CPU generator
+        return {k: t + std * _draw(t.shape, generator, on_device, t.device, t.dtype) for k, t in tensors.items()}
 
 
 def input_gradient_fn(model: nn.Module) -> Callable:
