@@ -176,6 +176,16 @@ def test_calibration_round_trip(accountant):
     assert accounting.epsilon_for_accountant(accountant, Q, slightly_less, T, DELTA) > target
 
 
+def test_pld_calibration_at_the_edge_of_its_range_takes_the_range_floor_or_rdp():
+    # PLD's epsilon at z = 0.2 is 0 here, and below 0.2 the PLD accountant does not run: RDP decides there. The
+    # answer is the floor itself (RDP needs more), found without root finding across that step (it took 40 s, and
+    # 596 s in CI while hypothesis shrank the case in tests/test_release.py).
+    floor = accounting.PLD_MIN_NOISE_MULTIPLIER
+    z = noise_multiplier_for_epsilon(0.001, 1e-6, 1, DELTA, "pld")
+    assert z == floor and accounting.epsilon_for_accountant("pld", 1e-6, floor, 1, DELTA) <= 0.001
+    assert accounting.epsilon_for_accountant("rdp", 1e-6, floor * (1 - 1e-9), 1, DELTA) > 0.001  # RDP decides
+
+
 # ---------------------------------------------------------------------------------------------- one release
 
 @pytest.mark.parametrize("epsilon,delta", [(0.05, 1e-5), (0.5, 1e-6), (1.0, 1e-3), (3.0, 1e-5), (20.0, 1e-9)])

@@ -380,13 +380,30 @@ def noise_multiplier_for_epsilon(target_epsilon: float, sample_rate: float, step
         if high > MAX_NOISE_MULTIPLIER:
             raise UserError(f"target_epsilon {target} at delta {delta} is out of reach of the {accountant} "
                             f"accountant for noise multipliers up to {MAX_NOISE_MULTIPLIER:g}")
-    low = high / 1.2
+    # For ``pld`` the bracket never straddles PLD_MIN_NOISE_MULTIPLIER: below it the PLD accountant does not
+    # run and the (larger) RDP epsilon decides, a step that root finding would approach one slow PLD
+    # evaluation at a time.
+    pld_floor = PLD_MIN_NOISE_MULTIPLIER if accountant == "pld" else 0.0
+
+    def next_low(value: float) -> float:
+        below = max(value, MIN_NOISE_MULTIPLIER)
+        return max(below, pld_floor) if high > pld_floor else below
+
+    low = next_low(high / 1.2)
     while epsilon_of(low) <= target:
         if low <= MIN_NOISE_MULTIPLIER:  # the floor already meets the target: nothing smaller is accounted
             return MIN_NOISE_MULTIPLIER
-        high, low = low, max(low / 1.5, MIN_NOISE_MULTIPLIER)
-    log_root = optimize.brentq(lambda t: epsilon_of(math.exp(t)) - target, math.log(low), math.log(high),
-                               xtol=CALIBRATION_RTOL / 4)
+        if low <= pld_floor:
+            # Every multiplier from `low` up meets the target; below the PLD range RDP decides, and RDP's
+            # own calibration is the smallest multiplier it accepts.
+            return min(noise_multiplier_for_epsilon(target, q, steps, delta, accountant="rdp"), low)
+        high = low
+        low = next_low(low / 1.5)
+    # Epsilon is close to a power of z, so log(epsilon) against log(z) is nearly straight and brentq's
+    # interpolation needs few evaluations (each PLD one takes seconds); 0 (PLD at large z) maps to -inf's stand-in.
+    log_target = math.log(target)
+    log_root = optimize.brentq(lambda t: math.log(max(epsilon_of(math.exp(t)), 1e-300)) - log_target,
+                               math.log(low), math.log(high), xtol=CALIBRATION_RTOL / 4)
     z = min(math.exp(log_root) * (1 + CALIBRATION_RTOL / 2), high)
     while epsilon_of(z) > target:  # PLD's epsilon is piecewise constant in z: step up until it holds
         z = min(z * (1 + CALIBRATION_RTOL / 2), high)
