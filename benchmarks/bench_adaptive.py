@@ -52,6 +52,17 @@ def _side(rows: list[dict], radii: list[float], samples_total: int | None = None
             "seconds_per_image": seconds / len(rows) if rows else None}
 
 
+def spread_over_split(split_size: int, count: int) -> tuple[list[int], list[int]]:
+    """``count`` indices evenly spaced over a test split, and the same indices in the order to visit them:
+    mnist10k's test split is ordered by class, so they are interleaved (0, stride, 2 stride, ..., 1, ...) and every
+    chunk (and so a partial run) covers the whole split rather than one or two classes."""
+    step = max(1, split_size // count)
+    spread = list(range(0, split_size, step))[:count]
+    stride = max(1, len(spread) // 10)
+    order = [spread[k + stride * j] for k in range(stride) for j in range(10) if k + stride * j < len(spread)]
+    return spread, order + [i for i in spread if i not in set(order)]
+
+
 def _record(idx: int, label: int, prediction: int, radius: float, samples: int, seconds: float,
             computed: int | None = None) -> dict:
     return {"idx": idx, "label": label, "predict": prediction, "radius": radius, "correct": prediction == label,
@@ -95,13 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     denoiser = None if str(args.denoiser) == "none" else args.denoiser
     pipeline = load_pipeline(args.classifier, denoiser, device)
     images, labels = load_dataset("mnist10k").test.tensors("cpu")
-    step = max(1, len(images) // args.images)
-    spread = list(range(0, len(images), step))[:args.images]
-    # mnist10k's test split is ordered by class: interleave, so that every chunk (and so a partial run)
-    # covers the whole split rather than one or two classes
-    stride = max(1, len(spread) // 10)
-    indices = [spread[k + stride * j] for k in range(stride) for j in range(10) if k + stride * j < len(spread)]
-    indices += [i for i in spread if i not in set(indices)]
+    spread, indices = spread_over_split(len(images), args.images)
     big = max(args.fixed) if len(args.fixed) > 1 else None  # --images-100k limits only the largest of several
     every = max(1, round(len(spread) / max(1, args.images_100k)))  # evenly over the split, hence over classes
     big_indices = set(spread[::every][:args.images_100k])

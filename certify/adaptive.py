@@ -100,14 +100,17 @@ def adaptive_certificate(rule, mode: str, top: int, outcome: int, count: int, n:
 
 
 def adaptive_many(smooth, images: torch.Tensor, n0: int, rule,
-                  generators: Sequence[torch.Generator | None], lookahead: bool | None = None
-                  ) -> list[AdaptiveCertificate]:
+                  generators: Sequence[torch.Generator | None], lookahead: bool | None = None,
+                  fill: int | None = None, plan: BlockPlan | None = None) -> list[AdaptiveCertificate]:
     """Select each image's class with n0 samples, then run ``rule`` on fresh estimation samples of that class,
     block by block, the active images' blocks packed into shared forward passes (module docstring). ``smooth``
-    is a :class:`certify.core.Smooth`. ``lookahead`` (default: on CUDA only) queues each image's next block before
-    its current block's votes are read (:func:`certify.streams.run_blocks`): the same answers, one block more
-    computed per image, and the device kept busy while the host runs the rule (on CPU a block drawn ahead would
-    cost its full compute)."""
+    is a :class:`certify.core.Smooth`. Two ways to keep a GPU busy, both on CUDA only by default (on CPU a sample
+    evaluated past a stop costs its full compute), neither changing an answer (:func:`certify.streams.run_blocks`):
+    ``lookahead`` queues each image's next launch before its current votes are read; ``fill`` (default: the
+    batch size) makes a launch take several consecutive blocks of each running image until it fills a pass, so
+    the last few images left do not run one small pass per block. Samples evaluated past a stop are counted in
+    ``computed``. ``plan``: how each image's samples are cut into blocks (default: the device's
+    :meth:`certify.streams.BlockPlan.for_device`; a run setting: another plan draws other noise)."""
     if n0 < 1:
         raise UserError(f"n0 must be >= 1, got {n0}")
     selection = smooth.sample_counts_many(images, [n0], generators)[:, 0]
@@ -115,15 +118,20 @@ def adaptive_many(smooth, images: torch.Tensor, n0: int, rule,
 
     on_device = images.to(smooth.device)
 
-    def draw(active: np.ndarray, block_samples: int, segments: np.ndarray):
-        counts = smooth.queue_counts_segments(smooth.take_rows(on_device, active), block_samples, segments,
-                                              [generators[i] for i in active])
+    def draw(active: np.ndarray, blocks: list[tuple[int, np.ndarray]]):
+        counts = smooth.queue_counts_blocks(smooth.take_rows(on_device, active), blocks,
+                                            [generators[i] for i in active])
         return lambda: counts()[np.arange(len(active)), :, top[active]]
 
     mode = "decide" if isinstance(rule, DecideRule) else "estimate"
+    on_gpu = smooth.device.type == "cuda"
     if lookahead is None:
-        lookahead = smooth.device.type == "cuda"
-    results = run_blocks(rule, draw, images.shape[0], BlockPlan.for_device(smooth.device.type), lookahead)
+        lookahead = on_gpu
+    if fill is None:
+        fill = smooth.batch_size if on_gpu else 0
+    if plan is None:
+        plan = BlockPlan.for_device(smooth.device.type)
+    results = run_blocks(rule, draw, images.shape[0], plan, lookahead, fill)
     return [adaptive_certificate(rule, mode, int(top[j]), int(results.outcome[j]), int(results.successes[j]),
                                  int(results.samples[j]), float(results.p_lower[j]), n0, smooth.sigma,
                                  int(results.computed[j]))

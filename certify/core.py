@@ -294,11 +294,22 @@ class Smooth:
         """:meth:`sample_counts_segments` with its work queued: returns a callable that waits for it and returns the
         counts. On CUDA nothing here waits for the device (the noise, the passes and the counting are queued, and the
         counts come back by an asynchronous copy), so the caller can queue more before reading these."""
-        segments = [int(m) for m in segments]
-        if any(m < 1 for m in segments) or sum(segments) > draw:
-            raise ValueError(f"segments {segments} do not fit in a draw of {draw} samples")
-        counts = self._queue_count(images, [(int(draw), segments)], generators)
-        shape = (images.shape[0], len(segments), self.num_classes)
+        return self.queue_counts_blocks(images, [(draw, segments)], generators)
+
+    @torch.inference_mode()
+    def queue_counts_blocks(self, images: torch.Tensor, blocks: Sequence[tuple[int, Sequence[int]]],
+                            generators: Sequence[torch.Generator | None]) -> Callable[[], np.ndarray]:
+        """:meth:`queue_counts_segments` for several consecutive draws of each image, [(draw, segments), ...], made in
+        order exactly as that many calls would make them (same pieces, same noise) but packed into shared forward
+        passes; counts (B, total segments, classes). Only the last draw may leave samples unevaluated."""
+        draws = []
+        for k, (draw, segments) in enumerate(blocks):
+            segments = [int(m) for m in segments]
+            if any(m < 1 for m in segments) or sum(segments) > draw or (k + 1 < len(blocks) and sum(segments) < draw):
+                raise ValueError(f"segments {segments} do not fit in draw {k} of {draw} samples")
+            draws.append((int(draw), segments))
+        counts = self._queue_count(images, draws, generators)
+        shape = (images.shape[0], sum(len(segments) for _, segments in draws), self.num_classes)
         return lambda: counts().reshape(shape)
 
     def take_rows(self, images: torch.Tensor, rows: Sequence[int] | np.ndarray) -> torch.Tensor:

@@ -67,7 +67,7 @@ class StreamResults:
 
 
 Draw = Callable[[np.ndarray, int], np.ndarray]
-BlockDraw = Callable[[np.ndarray, int, np.ndarray], "np.ndarray | Callable[[], np.ndarray]"]
+BlockDraw = Callable[[np.ndarray, "list[tuple[int, np.ndarray]]"], "np.ndarray | Callable[[], np.ndarray]"]
 
 
 def draw_block_ends(cs: ConfidenceSequence, plan: BlockPlan = BlockPlan()) -> np.ndarray:
@@ -120,17 +120,25 @@ def run_streams(rule: Rule, draw: Draw, count: int) -> StreamResults:
 
 
 def run_blocks(rule: Rule, draw: BlockDraw, count: int, plan: BlockPlan = BlockPlan(),
-               lookahead: bool = False) -> StreamResults:
-    """Run ``rule`` over ``count`` streams block by block (module docstring). For each block,
-    ``draw(active, block_samples, segments)`` draws ``block_samples`` fresh samples of each active stream (the
-    whole block, so the stream does not depend on n_max), evaluates the first ``segments.sum()`` of them and
-    returns the votes for cA in each consecutive segment (one segment per look), shape (active, len(segments)),
-    or a callable returning them (the draw queued, its votes read when called).
+               lookahead: bool = False, fill: int = 0) -> StreamResults:
+    """Run ``rule`` over ``count`` streams block by block (module docstring). For each launch,
+    ``draw(active, blocks)`` draws, for each active stream, the consecutive ``blocks`` [(block_samples, segments),
+    ...] in order: each block's ``block_samples`` fresh samples in full (so the stream does not depend on n_max), of
+    which the first ``segments.sum()`` are evaluated; it returns the votes for cA in each consecutive segment (one
+    segment per look) of all the blocks, shape (active, total segments), or a callable returning them (the draw
+    queued, its votes read when called).
 
-    ``lookahead``: each running stream's next block is asked for before the votes of its current block are read,
-    so a device computes the next block while the host evaluates the rule. A stream that stops has drawn one
-    block more than it uses; its answer is unchanged (its noise is drawn in the same order, and the rule reads
-    nothing past the stopping look), and ``computed`` counts that block."""
+    ``fill``: a launch takes as many consecutive blocks of each running stream as it needs to evaluate at least
+    ``fill`` samples in all (1 block when ``fill`` is 0, or while many streams run): when few streams are left,
+    one launch fills a device's pass instead of one small pass per block, and the rule is evaluated at all the
+    launch's looks at once. ``lookahead``: each running stream's next launch is asked for before the votes of its
+    current one are read, so a device computes it while the host evaluates the rule.
+
+    Neither changes an answer: every stream's blocks are drawn in the same order with the same sizes, and the rule
+    reads nothing past the stopping look. A stream that stops evaluates the rest of its launch (and with
+    ``lookahead`` the next launch) without using it; ``computed`` counts those samples."""
+    if fill < 0:
+        raise ValueError(f"fill must be >= 0, got {fill}")
     cs = rule.cs
     successes = np.zeros(count, dtype=np.int64)
     samples = np.zeros(count, dtype=np.int64)
@@ -145,24 +153,29 @@ def run_blocks(rule: Rule, draw: BlockDraw, count: int, plan: BlockPlan = BlockP
         start = int(end)
 
     def launch(b: int, streams: np.ndarray):
-        first, last, _, segments = blocks[b]
-        computed[streams] = first + int(segments.sum())  # evaluated, whether used or not
-        return draw(streams, last - first, segments), streams
+        e, evaluated = b + 1, streams.size * int(blocks[b][3].sum())
+        while e < len(blocks) and evaluated < fill:
+            evaluated += streams.size * int(blocks[e][3].sum())
+            e += 1
+        group = blocks[b:e]
+        computed[streams] = group[-1][0] + int(group[-1][3].sum())  # evaluated, whether used or not
+        result = draw(streams, [(last - first, segments) for first, last, _, segments in group])
+        return result, streams, b, e
 
     pending = launch(0, np.arange(count)) if blocks and count else None
-    for b, (_, _, looks, segments) in enumerate(blocks):
-        if pending is None:
-            break
-        result, launched = pending
+    while pending is not None:
+        result, launched, b, e = pending
+        looks = np.concatenate([blocks[k][2] for k in range(b, e)])
+        segments = np.concatenate([blocks[k][3] for k in range(b, e)])
         ahead = None
-        if lookahead and b + 1 < len(blocks):  # every stream still running before this block's votes are read
+        if lookahead and e < len(blocks):  # every stream still running before this launch's votes are read
             running = launched[outcome[launched] == CONTINUE]
-            ahead = launch(b + 1, running) if running.size else None
+            ahead = launch(e, running) if running.size else None
         votes = np.asarray(result() if callable(result) else result, dtype=np.int64)
         if votes.shape != (launched.size, segments.size) or np.any(votes < 0) or np.any(votes > segments):
             raise ValueError(f"draw returned votes of shape {votes.shape} for {launched.size} streams and "
                              f"{segments.size} looks")
-        keep = outcome[launched] == CONTINUE  # with lookahead, streams that stopped at the last block drew this one
+        keep = outcome[launched] == CONTINUE  # with lookahead, streams that stopped at the last launch drew this one
         active, votes = launched[keep], votes[keep]
         if active.size:
             cumulative = successes[active, None] + np.cumsum(votes, axis=1)
@@ -179,7 +192,7 @@ def run_blocks(rule: Rule, draw: BlockDraw, count: int, plan: BlockPlan = BlockP
             pending = ahead
         else:
             running = active[outcome[active] == CONTINUE]
-            pending = launch(b + 1, running) if b + 1 < len(blocks) and running.size else None
+            pending = launch(e, running) if e < len(blocks) and running.size else None
     return StreamResults(outcome, successes, samples, p_lower, stop_look, computed)
 
 

@@ -77,6 +77,15 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("padded_pass_cut", "certify/core.py", "padded_pass_size",
            "return min(batch_size, -(-size // step) * step)", "return min(batch_size, size // step * step)", CERTIFY,
            "a padded pass holds every sample of the pass"),
+    Mutant("blocks_of_a_launch_drawn_as_one", "certify/core.py", "Smooth.queue_counts_blocks",
+           "counts = self._queue_count(images, draws, generators)",
+           "counts = self._queue_count(images, [(sum(d for d, _ in draws), [m for _, ms in draws for m in ms])], "
+           "generators)", CERTIFY,
+           "an image's noise is drawn block by block, whichever blocks a launch takes (the same answers)"),
+    Mutant("launch_counts_its_first_block_only", "certify/streams.py", "run_blocks",
+           "computed[streams] = group[-1][0] + int(group[-1][3].sum())",
+           "computed[streams] = group[0][0] + int(group[0][3].sum())", ("tests/test_sequential.py",),
+           "computed counts every sample a launch evaluates"),
     Mutant("block_reads_last_look", "certify/streams.py", "run_blocks",
            "stopped.argmax(axis=1), segments.size - 1)", "segments.size - 1 - stopped[:, ::-1].argmax(axis=1), "
            "segments.size - 1)", ("tests/test_sequential.py",),

@@ -75,6 +75,21 @@ def test_bench_adaptive_quick_compares_every_side_on_the_same_images(tmp_path, c
         300 / sides["decide_r0.5"]["mean_samples_per_image"])
 
 
+def test_bench_launches_quick_counts_fewer_launches_with_the_same_answers(tmp_path, classifier_dir):
+    from benchmarks import bench_launches
+
+    out = tmp_path / "launches.json"
+    assert bench_launches.main(["--quick", "--classifier", str(classifier_dir), "--denoiser", "none",
+                                "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    plain, filled = result["sides"]["0"], result["sides"]["4096"]
+    assert result["answers_identical"] and result["plan"]["block_min_samples"] == 64  # the CUDA plan
+    assert plain["estimation_samples_used"] == filled["estimation_samples_used"]
+    assert filled["launches"] <= plain["launches"] and plain["launches"] >= 1
+    assert filled["estimation_samples_evaluated"] >= plain["estimation_samples_evaluated"] >= \
+        plain["estimation_samples_used"]
+
+
 def test_bench_sequential_quick_reports_cost_and_boundary_errors(tmp_path):
     from benchmarks import bench_sequential
 

@@ -290,6 +290,43 @@ def test_adaptive_answers_are_the_same_with_each_next_block_drawn_ahead():
             assert plain.computed <= ahead.computed <= max(plain.computed + 8, math.ceil(1.125 * plain.computed))
 
 
+def test_adaptive_answers_are_the_same_when_launches_take_several_blocks():
+    """On CUDA a launch takes consecutive blocks of each running image until it fills a pass (``fill``): forced here
+    on CPU (with and without lookahead), every answer is the one with one block a launch; the consecutive blocks of
+    one launch draw exactly the noise of one call per block, and more samples are evaluated past the stops."""
+    from certify.adaptive import adaptive_many, sequential_rule
+
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 10)).eval()
+    smooth = Smooth(model, num_classes=10, sigma=0.5, batch_size=256, device="cpu", workers=1)
+    images = torch.rand(6, 1, 28, 28)
+    # 5x5 images: 40 samples are not a whole number of the CPU generator's 16-value chunks, so drawing two blocks
+    # as one draw would give other noise (on CUDA any two draw sizes do)
+    small = Smooth(nn.Sequential(nn.Flatten(), nn.Linear(25, 10)).eval(), num_classes=10, sigma=0.5, device="cpu",
+                   workers=1)
+    pixels = torch.rand(2, 1, 5, 5)
+    blocks = [(41, [16, 25]), (30, [30]), (50, [10, 20])]  # the last one drawn in full, 30 of it evaluated
+    together = small.queue_counts_blocks(pixels, blocks, [small.image_generator(4, i) for i in range(2)])()
+    for i in range(2):
+        generator = small.image_generator(4, i)
+        one_by_one = np.concatenate([small.sample_counts_segments(pixels[i:i + 1], size, segments, [generator])[0]
+                                     for size, segments in blocks])
+        assert np.array_equal(together[i], one_by_one)
+    with pytest.raises(ValueError, match="do not fit"):  # a block before the last evaluated in part
+        smooth.queue_counts_blocks(images[:1], [(40, [16]), (30, [30])], [smooth.image_generator(4, 0)])
+    for rule in (sequential_rule("decide", 0.5, 3000, 0.01, radius=0.1),
+                 sequential_rule("estimate", 0.5, 3000, 0.01)):
+        plain = adaptive_many(smooth, images, 50, rule, [smooth.image_generator(1, i) for i in range(6)], fill=0)
+        for ahead in (False, True):
+            filled = adaptive_many(smooth, images, 50, rule, [smooth.image_generator(1, i) for i in range(6)],
+                                   lookahead=ahead, fill=2000)
+            for one, many in zip(plain, filled, strict=True):
+                assert (many.prediction, many.radius, many.p_lower, many.count, many.n, many.outcome) == (
+                    one.prediction, one.radius, one.p_lower, one.count, one.n, one.outcome)
+            assert all(many.computed >= one.computed for one, many in zip(plain, filled, strict=True))
+            assert sum(c.computed for c in filled) > sum(c.computed for c in plain)
+
+
 @pytest.mark.parametrize("noise", ["gaussian", "sound"])
 def test_caller_drawing_noise_on_one_thread_leaves_counts_unchanged(noise):
     """With worker threads, the calling thread draws noise and counts on one torch thread: the same counts as the

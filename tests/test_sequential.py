@@ -337,7 +337,8 @@ def test_blocks_stop_at_the_same_look_with_the_same_counts_as_look_by_look(metho
     def block_draw():
         position = np.zeros(len(votes), dtype=int)
 
-        def draw(active, size, segments):
+        def draw(active, blocks):
+            (size, segments), = blocks  # fill 0: one block a launch
             edges = np.concatenate([[0], np.cumsum(segments)])
             out = np.array([np.add.reduceat(votes[i, position[i]:position[i] + edges[-1]], edges[:-1])
                             for i in active])
@@ -367,7 +368,8 @@ def test_drawing_a_block_ahead_changes_no_answer(method):
         position = np.zeros(len(votes), dtype=int)
         calls = []
 
-        def draw(active, size, segments):
+        def draw(active, blocks):
+            (size, segments), = blocks
             edges = np.concatenate([[0], np.cumsum(segments)])
             out = np.array([np.add.reduceat(votes[i, position[i]:position[i] + edges[-1]], edges[:-1])
                             for i in active])
@@ -392,11 +394,59 @@ def test_drawing_a_block_ahead_changes_no_answer(method):
         assert run_blocks(rule, block_draw(True), len(votes)).computed.tolist() == plain.computed.tolist()
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_launches_of_several_blocks_change_no_answer(method):
+    """With ``fill`` a launch takes consecutive blocks of each running stream until it evaluates ``fill`` samples in
+    all: every outcome, count, bound and stopping look is the plain driver's; each stream is drawn the same blocks in
+    the same order (a prefix of one longer run's); fewer launches when few streams run; what a stream evaluates
+    past its stop stays within its last launch."""
+    votes = np.random.default_rng(8).binomial(1, np.repeat([0.6, 0.97, 0.99, 0.999, 1.0], 3)[:, None],
+                                              size=(15, 20_000))
+
+    def block_draw(deferred=False):
+        position = np.zeros(len(votes), dtype=int)
+        sizes = [[] for _ in votes]
+        calls = []
+
+        def draw(active, blocks):
+            segments = np.concatenate([segs for _, segs in blocks])
+            edges = np.concatenate([[0], np.cumsum(segments)])
+            out = np.array([np.add.reduceat(votes[i, position[i]:position[i] + edges[-1]], edges[:-1])
+                            for i in active])
+            for i in active:
+                sizes[i].extend(size for size, _ in blocks)
+            position[active] += sum(size for size, _ in blocks)
+            calls.append((len(active), [int(segs.sum()) for _, segs in blocks]))
+            return (lambda: out) if deferred else out
+        draw.sizes, draw.calls = sizes, calls
+        return draw
+
+    for rule in (DecideRule(confidence_sequence(method, 20_000, 0.001), 0.5, SIGMA),
+                 EstimateRule(confidence_sequence(method, 20_000, 0.001), SIGMA, 0.05)):
+        plain_draw = block_draw()
+        plain = run_blocks(rule, plain_draw, len(votes))
+        for lookahead in (False, True):
+            filled_draw = block_draw(lookahead)
+            filled = run_blocks(rule, filled_draw, len(votes), lookahead=lookahead, fill=3000)
+            for name in ("outcome", "successes", "samples", "p_lower", "stop_look"):
+                np.testing.assert_array_equal(getattr(filled, name), getattr(plain, name), err_msg=name)
+            assert np.all(filled.computed >= plain.computed)
+            for mine, theirs in zip(filled_draw.sizes, plain_draw.sizes, strict=True):  # the same blocks in order
+                longer, shorter = (mine, theirs) if len(mine) >= len(theirs) else (theirs, mine)
+                assert longer[:len(shorter)] == shorter
+            assert len(filled_draw.calls) < len(plain_draw.calls)
+            assert any(len(evaluated) > 1 for _, evaluated in filled_draw.calls)
+            assert all(streams * sum(evaluated[:-1]) < 3000 for streams, evaluated in filled_draw.calls)  # no more
+    with pytest.raises(ValueError, match="fill"):
+        run_blocks(rule, block_draw(), len(votes), fill=-1)
+
+
 def test_sequential_test_fed_by_blocks_matches_the_block_driver():
     rule = EstimateRule(confidence_sequence(DEFAULT_METHOD, 10_000, 0.001), SIGMA, 0.05)
     votes = np.random.default_rng(11).binomial(1, 0.985, size=10_000)
 
-    def draw(active, size, segments):
+    def draw(active, blocks):
+        (size, segments), = blocks
         start = draw.position
         draw.position += size
         edges = start + np.concatenate([[0], np.cumsum(segments)])
