@@ -23,6 +23,9 @@ from __future__ import annotations
 
 import copy
 import math
+import os
+import sys
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -118,6 +121,15 @@ class _BasePipeline(nn.Module):
         return self.classifier(self.denoiser(x) if self.denoiser is not None else x)
 
 
+def _start_worker(threads: int, nice: int) -> None:
+    """A forward-pass worker thread's set-up: its torch CPU threads, and its niceness raised by ``nice`` (Linux:
+    per thread; the OpenMP threads it starts inherit it)."""
+    torch.set_num_threads(threads)
+    if nice and sys.platform == "linux":
+        thread = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread) + nice))
+
+
 class Smooth:
     """A smoothed classifier over ``classifier`` with ``denoiser`` in front (both frozen, eval mode).
 
@@ -133,11 +145,15 @@ class Smooth:
     through ``torch.compile``. Both make the base classifier a (slightly) different function: certificates
     are about the pipeline as run (docs/CERTIFY.md, "Precision and compilation"). ``noise``: ``gaussian``
     (float32 ``x + sigma * randn``) or ``sound`` (8-bit grid inputs, exact integer noise: :mod:`certify.sound_noise`).
+    ``worker_nice``: with worker threads (CPU), raise each one's niceness by this much (0-19; Linux, where
+    niceness is per thread; elsewhere ignored), so that the process's other threads, e.g. a server's event loop,
+    get the cores first while passes run. Values are unchanged; only the scheduling.
     """
 
     def __init__(self, classifier: nn.Module, num_classes: int, sigma: float, denoiser: nn.Module | None = None,
                  batch_size: int = 1000, device: torch.device | str | None = None, memory_format: str = "auto",
-                 workers: int | str = "auto", precision: str = "fp32", compile: bool = False, noise: str = "gaussian"):
+                 workers: int | str = "auto", precision: str = "fp32", compile: bool = False, noise: str = "gaussian",
+                 worker_nice: int = 0):
         if not (isinstance(sigma, (int, float)) and math.isfinite(sigma) and sigma > 0):
             raise UserError(f"sigma must be > 0, got {sigma}")
         if num_classes < 2:
@@ -150,6 +166,9 @@ class Smooth:
             raise UserError(f"workers must be 'auto' or an integer >= 1, got {workers!r}")
         if not isinstance(compile, bool):
             raise UserError(f"compile must be true or false, got {compile!r}")
+        if not (isinstance(worker_nice, int) and not isinstance(worker_nice, bool) and 0 <= worker_nice <= 19):
+            raise UserError(f"worker_nice must be an integer from 0 to 19, got {worker_nice!r}")
+        self.worker_nice = worker_nice
         self.device = torch.device(device) if device is not None else next(classifier.parameters()).device
         self.precision = numerics.check_precision_supported(self.device, precision)
         self.compile = compile
@@ -180,7 +199,7 @@ class Smooth:
         if self._pool is None:
             threads_each = max(1, torch.get_num_threads() // self.workers)
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="smooth-forward",
-                                            initializer=torch.set_num_threads, initargs=(threads_each,))
+                                            initializer=_start_worker, initargs=(threads_each, self.worker_nice))
         return self._pool
 
     @contextmanager

@@ -26,6 +26,7 @@ MODEL_DIR_ENV = "TRANSDENOISER_MODEL_DIR"
 DEVICE_ENV = "TRANSDENOISER_DEVICE"
 CONFIG_NAMES = ("serving.toml", "serving.json")
 CPU_FORWARD_BATCH = 64  # measured fastest for the 28x28 models on CPU (docs/RESULTS.md, section 4)
+CPU_FORWARD_NICE = 10  # the event loop first (docs/results/serving.md, "A burst of large bodies")
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,9 @@ class ServingConfig:
     # noisy samples per forward pass of the models: "auto" is 64 on CPU (cache-sized passes, run side by side
     # in worker threads) and batch_size elsewhere
     forward_batch: int | str = "auto"
+    # niceness added to the forward-pass worker threads (0-19): "auto" is 10 on CPU, where they share the cores with
+    # the event loop that reads requests and answers probes (which then goes first), and 0 elsewhere
+    forward_nice: int | str = "auto"
     max_images: int = 16  # images per request
     max_payload_bytes: int = 2 * 1024 * 1024  # request body limit
     # adaptive batching across requests (true), one request at a time (false), or "auto": adaptive on a GPU only,
@@ -72,6 +76,12 @@ class ServingConfig:
         if self.forward_batch != "auto":
             return int(self.forward_batch)
         return min(CPU_FORWARD_BATCH, self.batch_size) if device_type == "cpu" else self.batch_size
+
+    def forward_nice_on(self, device_type: str) -> int:
+        """Niceness added to the forward-pass worker threads on a device of this type."""
+        if self.forward_nice != "auto":
+            return int(self.forward_nice)
+        return CPU_FORWARD_NICE if device_type == "cpu" else 0
 
     def batching_on(self, device_type: str) -> bool:
         """Whether requests share forward passes on a device of this type ("cpu", "cuda")."""
@@ -112,6 +122,10 @@ def validate_config(raw: dict[str, Any], source: str) -> ServingConfig:
             isinstance(raw["forward_batch"], bool) or not isinstance(raw["forward_batch"], int)
             or raw["forward_batch"] < 1):
         raise bad("forward_batch", 'an integer >= 1 or "auto"')
+    if "forward_nice" in raw and raw["forward_nice"] != "auto" and (
+            isinstance(raw["forward_nice"], bool) or not isinstance(raw["forward_nice"], int)
+            or not 0 <= raw["forward_nice"] <= 19):
+        raise bad("forward_nice", 'an integer from 0 to 19 or "auto"')
     if "precision" in raw and raw["precision"] not in PRECISIONS:
         raise bad("precision", f"one of {', '.join(repr(p) for p in PRECISIONS)}")
     if "alpha" in raw:

@@ -177,7 +177,8 @@ class TransDenoiser:
         self.smooth = Smooth(pipeline.classifier, pipeline.num_classes, config.sigma, pipeline.denoiser,
                              batch_size=config.forward_batch_on(self.device.type), device=self.device,
                              precision=config.precision, compile=config.compile,  # the bundle's settings
-                             noise="sound" if config.sound_noise else "gaussian")
+                             noise="sound" if config.sound_noise else "gaussian",
+                             worker_nice=config.forward_nice_on(self.device.type))
         if self.device.type == "cuda" and config.forward_batch == "auto":  # what fits in free memory, <= batch_size
             from certify.batching import cuda_forward_batch
 
@@ -199,6 +200,7 @@ class TransDenoiser:
                     f"(setting batching = {config.batching!r})")
         self.card = model_card(self.bundle, str(self.device), batching, self.smooth.describe())
         self.card["runtime"]["forward_batch"] = self.smooth.batch_size  # as sized on this device
+        self.card["runtime"]["forward_nice"] = self.smooth.worker_nice if self.smooth.workers > 1 else 0
         counter([NoiseJob(torch.zeros(self.input_shape), config.batch_size, 0)])  # full-size forward pass
         # request kinds: name -> builds the scheduler work of a validated request. A new kind adds a Work class
         # (serving.compute.scheduler.Work) and an entry here, plus its response.

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -325,6 +326,31 @@ def test_adaptive_answers_are_the_same_when_launches_take_several_blocks():
                     one.prediction, one.radius, one.p_lower, one.count, one.n, one.outcome)
             assert all(many.computed >= one.computed for one, many in zip(plain, filled, strict=True))
             assert sum(c.computed for c in filled) > sum(c.computed for c in plain)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="niceness per thread is Linux's")
+def test_worker_threads_run_at_the_asked_niceness_with_the_same_counts():
+    """``worker_nice`` lowers the forward-pass worker threads' priority (a server's event loop first); the caller's
+    own niceness is untouched and the counts are those of workers at the caller's niceness."""
+    import os
+    import threading
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 10)).eval()
+    images = torch.rand(3, 1, 28, 28)
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    counts = {}
+    for nice in (0, 3):
+        smooth = Smooth(model, num_classes=10, sigma=0.5, batch_size=64, device="cpu", workers=2, worker_nice=nice)
+        counts[nice] = smooth.sample_counts_many(images, [300], [smooth.image_generator(0, i) for i in range(3)])
+        workers = list(smooth._pool._threads)  # this smoother's worker threads
+        assert workers and all(os.getpriority(os.PRIO_PROCESS, t.native_id) == min(19, mine + nice) for t in workers)
+        smooth.close()
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
+    assert np.array_equal(counts[0], counts[3])
+    for bad in (-1, 20, 2.5, True):
+        with pytest.raises(UserError, match="worker_nice"):
+            Smooth(model, num_classes=10, sigma=0.5, device="cpu", worker_nice=bad)
 
 
 @pytest.mark.parametrize("noise", ["gaussian", "sound"])

@@ -75,6 +75,9 @@ def test_model_dir_round_trip_and_refusals(model_dir, classifier_dir, tmp_path):
     ({"sigma": 0.25, "batching": "yes"}, 'batching must be true, false or "auto"'),
     ({"sigma": 0.25, "forward_batch": 0}, 'forward_batch must be an integer >= 1 or "auto"'),
     ({"sigma": 0.25, "forward_batch": "big"}, 'forward_batch must be an integer >= 1 or "auto"'),
+    ({"sigma": 0.25, "forward_nice": 20}, 'forward_nice must be an integer from 0 to 19 or "auto"'),
+    ({"sigma": 0.25, "forward_nice": -1}, 'forward_nice must be an integer from 0 to 19 or "auto"'),
+    ({"sigma": 0.25, "forward_nice": True}, 'forward_nice must be an integer from 0 to 19 or "auto"'),
     ({"sigma": 0.25, "chunk_samples": 2000}, "chunk_samples = 2000 exceeds batch_size"),
     ({"sigma": 0.25, "sigmaa": 1}, "unknown setting"),
     ({"sigma": 0.25, "noise_key": "too-short-a-secret"}, "noise_key must be a secret string of at least 32"),
@@ -379,3 +382,12 @@ def test_forward_batch_auto_is_cache_sized_on_cpu_only():
     assert auto.forward_batch_on("cpu") == CPU_FORWARD_BATCH and auto.forward_batch_on("cuda") == 500
     assert validate_config({"sigma": 0.25, "batch_size": 50, "chunk_samples": 50}, "t").forward_batch_on("cpu") == 50
     assert validate_config({"sigma": 0.25, "forward_batch": 300}, "test").forward_batch_on("cpu") == 300
+
+
+def test_forward_nice_auto_lowers_the_passes_on_cpu_only():
+    from serving.config import CPU_FORWARD_NICE, validate_config
+
+    auto = validate_config({"sigma": 0.25}, "test")
+    assert auto.forward_nice_on("cpu") == CPU_FORWARD_NICE > 0 and auto.forward_nice_on("cuda") == 0
+    assert validate_config({"sigma": 0.25, "forward_nice": 0}, "test").forward_nice_on("cpu") == 0
+    assert validate_config({"sigma": 0.25, "forward_nice": 19}, "test").forward_nice_on("cuda") == 19

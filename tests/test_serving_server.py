@@ -73,6 +73,7 @@ def test_probes_and_model_card(client):
     assert metrics.status_code == 200 and "bentoml_service_request" in metrics.text
     card = client.post("/metadata").json()
     assert card["classifier"]["architecture"] == "cnn28" and card["certification"]["sigma"] == 0.25
+    assert card["runtime"]["forward_nice"] == 10  # CPU, 2 worker threads (tests run 2 torch threads): "auto"
 
 
 def test_good_requests(client, digits):
