@@ -200,6 +200,7 @@ class TransDenoiser:
                     f"(setting batching = {config.batching!r})")
         self.card = model_card(self.bundle, str(self.device), batching, self.smooth.describe())
         self.card["runtime"]["forward_batch"] = self.smooth.batch_size  # as sized on this device
+        self.card["runtime"]["forward_workers"] = self.smooth.workers  # threads running passes side by side
         self.card["runtime"]["forward_nice"] = self.smooth.worker_nice if self.smooth.workers > 1 else 0
         counter([NoiseJob(torch.zeros(self.input_shape), config.batch_size, 0)])  # full-size forward pass
         # request kinds: name -> builds the scheduler work of a validated request. A new kind adds a Work class

@@ -399,11 +399,14 @@ def noise_multiplier_for_epsilon(target_epsilon: float, sample_rate: float, step
             return min(noise_multiplier_for_epsilon(target, q, steps, delta, accountant="rdp"), low)
         high = low
         low = next_low(low / 1.5)
-    # Epsilon is close to a power of z, so log(epsilon) against log(z) is nearly straight and brentq's
-    # interpolation needs few evaluations (each PLD one takes seconds); 0 (PLD at large z) maps to -inf's stand-in.
-    log_target = math.log(target)
-    log_root = optimize.brentq(lambda t: math.log(max(epsilon_of(math.exp(t)), 1e-300)) - log_target,
-                               math.log(low), math.log(high), xtol=CALIBRATION_RTOL / 4)
+    if accountant == "pld":
+        # Epsilon is close to a power of z, so log(epsilon) against log(z) is nearly straight and brentq's
+        # interpolation needs fewer evaluations (each takes up to seconds); PLD's 0 at large z maps to a stand-in.
+        log_target = math.log(target)
+        gap = lambda t: math.log(max(epsilon_of(math.exp(t)), 1e-300)) - log_target  # noqa: E731
+    else:
+        gap = lambda t: epsilon_of(math.exp(t)) - target  # noqa: E731
+    log_root = optimize.brentq(gap, math.log(low), math.log(high), xtol=CALIBRATION_RTOL / 4)
     z = min(math.exp(log_root) * (1 + CALIBRATION_RTOL / 2), high)
     while epsilon_of(z) > target:  # PLD's epsilon is piecewise constant in z: step up until it holds
         z = min(z * (1 + CALIBRATION_RTOL / 2), high)
