@@ -9,8 +9,8 @@ the passes, wait for the votes, run the rule on the host): once most images have
 small launch per block. ``fill`` makes a launch take consecutive blocks of each running image until it evaluates
 at least ``fill`` samples (on CUDA: the forward batch). This benchmark runs the real pipeline on any device with a
 device's block plan (``--plan-device``, the plan decides the noise) and counts, for each fill: launches, launches
-holding at most 2 images, samples used and evaluated (the rest of each stopped image's last launches), and checks
-that every answer is the same. Launch counts do not depend on the device the passes run on; the wall time here is
+holding at most 2 images, samples used and evaluated (the rest of each stopped image's last launches), the host's
+time in the stopping rule, and checks that every answer is the same. Launch counts do not depend on the device the passes run on; the wall time here is
 this device's, not a GPU's.
 """
 from __future__ import annotations
@@ -78,11 +78,22 @@ def main(argv: list[str] | None = None) -> int:
         evaluated[-1] += images_.shape[0] * sum(int(sum(segments)) for _, segments in blocks)
         return queue(images_, blocks, generators)
     smooth.queue_counts_blocks = counted
+    rule_seconds = [0.0]  # the host's time evaluating the stopping rule (a GPU waits for it unless work is queued)
+    evaluate = rule.step_looks
+
+    def timed(*args_, **kwargs):
+        started_ = time.perf_counter()
+        try:
+            return evaluate(*args_, **kwargs)
+        finally:
+            rule_seconds[0] += time.perf_counter() - started_
+    object.__setattr__(rule, "step_looks", timed)  # the rule is a frozen dataclass
 
     sides, answers = {}, {}
     for fill in args.fills:
         launches.append([])
         evaluated.append(0)
+        rule_seconds[0] = 0.0
         started = time.perf_counter()
         certs = adaptive_many(smooth, batch, args.n0, rule, [smooth.image_generator(args.seed, i) for i in indices],
                               lookahead=args.lookahead == "on", fill=fill, plan=plan)
@@ -93,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
                             "launches_of_at_most_2_images": sum(k <= 2 for k in launches[-1]),
                             "estimation_samples_used": used, "estimation_samples_evaluated": evaluated[-1],
                             "evaluated_per_launch_mean": evaluated[-1] / max(1, len(launches[-1])),
-                            "seconds_on_this_device": round(seconds, 2)}
+                            "seconds_on_this_device": round(seconds, 2),
+                            "rule_seconds_on_this_host": round(rule_seconds[0], 3)}
     smooth.close()
     same = all(answers[fill] == answers[args.fills[0]] for fill in args.fills)
     record = {"command": "python -m benchmarks.bench_launches " + " ".join(sys.argv[1:] if argv is None else argv),
@@ -103,11 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     write_result(args.json, record)
     print(f"{len(indices)} images, {args.mode}" + (f" R = {args.radius:g}" if args.mode == "decide" else "")
           + f", {plan.describe()}, lookahead {args.lookahead}; answers identical across fills: {same}")
-    print(f"{'fill':>6} {'launches':>9} {'<= 2 images':>12} {'samples used':>13} {'evaluated':>10} {'s here':>7}")
+    print(f"{'fill':>6} {'launches':>9} {'<= 2 images':>12} {'samples used':>13} {'evaluated':>10} {'s here':>7} "
+          f"{'rule s':>7}")
     for side in sides.values():
         print(f"{side['fill']:>6} {side['launches']:>9} {side['launches_of_at_most_2_images']:>12} "
               f"{side['estimation_samples_used']:>13,} {side['estimation_samples_evaluated']:>10,} "
-              f"{side['seconds_on_this_device']:>7}")
+              f"{side['seconds_on_this_device']:>7} {side['rule_seconds_on_this_host']:>7}")
     return 0 if same else 1
 
 

@@ -86,6 +86,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "computed[streams] = group[-1][0] + int(group[-1][3].sum())",
            "computed[streams] = group[0][0] + int(group[0][3].sum())", ("tests/test_sequential.py",),
            "computed counts every sample a launch evaluates"),
+    Mutant("logsumexp_ties_counted_once", "certify/one_sided.py", "logsumexp_last",
+           "rest = np.where(rest == 0, rest, rest / count)", "rest = rest", ("tests/test_sequential.py",),
+           "the mixtures' sums are scipy's logsumexp, equal largest terms included"),
     Mutant("block_reads_last_look", "certify/streams.py", "run_blocks",
            "stopped.argmax(axis=1), segments.size - 1)", "segments.size - 1 - stopped[:, ::-1].argmax(axis=1), "
            "segments.size - 1)", ("tests/test_sequential.py",),

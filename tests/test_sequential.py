@@ -441,6 +441,28 @@ def test_launches_of_several_blocks_change_no_answer(method):
         run_blocks(rule, block_draw(), len(votes), fill=-1)
 
 
+def test_the_mixtures_logsumexp_is_scipys_bit_for_bit():
+    """The bounds' mixtures sum their terms with ``logsumexp_last``, scipy's algorithm without its per-call overhead:
+    the same values bit for bit (so the same bounds and answers), ties, -inf terms and all -inf rows included."""
+    from scipy.special import logsumexp
+
+    from certify.one_sided import logsumexp_last
+
+    rng = np.random.default_rng(0)
+    for trial in range(600):
+        shape = (*rng.integers(1, 6, size=rng.integers(1, 4)), int(rng.integers(1, 45)))
+        terms = rng.normal(size=shape) * 10 ** rng.uniform(-3, 5)
+        if trial % 4 == 1:
+            terms[rng.random(shape) < 0.5] = -np.inf
+        elif trial % 4 == 2:
+            terms = np.round(terms)  # equal largest terms
+            terms[..., :1] = -np.inf if trial % 8 == 2 else terms[..., :1]
+        elif trial % 4 == 3:
+            terms[..., : max(1, shape[-1] // 2)] = -np.inf
+            terms[rng.random(shape) < 0.1] = -np.inf  # some rows all -inf
+        np.testing.assert_array_equal(logsumexp_last(terms), logsumexp(terms, axis=-1))
+
+
 def test_sequential_test_fed_by_blocks_matches_the_block_driver():
     rule = EstimateRule(confidence_sequence(DEFAULT_METHOD, 10_000, 0.001), SIGMA, 0.05)
     votes = np.random.default_rng(11).binomial(1, 0.985, size=10_000)
