@@ -10,8 +10,8 @@ small launch per block. ``fill`` makes a launch take consecutive blocks of each 
 at least ``fill`` samples (on CUDA: the forward batch). This benchmark runs the real pipeline on any device with a
 device's block plan (``--plan-device``, the plan decides the noise) and counts, for each fill: launches, launches
 holding at most 2 images, samples used and evaluated (the rest of each stopped image's last launches), the host's
-time in the stopping rule, and checks that every answer is the same. Launch counts do not depend on the device the passes run on; the wall time here is
-this device's, not a GPU's.
+time in the stopping rule, and checks that every answer is the same. Launch counts do not depend on the device
+the passes run on; the wall time here is this device's, not a GPU's.
 """
 from __future__ import annotations
 

@@ -425,7 +425,7 @@ def test_launches_of_several_blocks_change_no_answer(method):
                  EstimateRule(confidence_sequence(method, 20_000, 0.001), SIGMA, 0.05)):
         plain_draw = block_draw()
         plain = run_blocks(rule, plain_draw, len(votes))
-        for lookahead in (False, True):
+        for lookahead in (False, True) if method == DEFAULT_METHOD else (True,):
             filled_draw = block_draw(lookahead)
             filled = run_blocks(rule, filled_draw, len(votes), lookahead=lookahead, fill=3000)
             for name in ("outcome", "successes", "samples", "p_lower", "stop_look"):

@@ -375,7 +375,9 @@ def noise_multiplier_for_epsilon(target_epsilon: float, sample_rate: float, step
 
     # Bracket around the closed-form GDP answer (close to PLD, a little below RDP), widening as needed.
     high = _gdp_noise_multiplier(target, q, steps, delta) * 1.1
+    exceeded = 0.0  # the largest multiplier seen to miss the target
     while epsilon_of(high) > target:
+        exceeded = high
         high *= 1.5
         if high > MAX_NOISE_MULTIPLIER:
             raise UserError(f"target_epsilon {target} at delta {delta} is out of reach of the {accountant} "
@@ -389,7 +391,8 @@ def noise_multiplier_for_epsilon(target_epsilon: float, sample_rate: float, step
         below = max(value, MIN_NOISE_MULTIPLIER)
         return max(below, pld_floor) if high > pld_floor else below
 
-    low = next_low(high / 1.2)
+    # pld: a multiplier already seen to miss the target closes the bracket (its epsilon is kept: no evaluation)
+    low = exceeded if accountant == "pld" and exceeded >= pld_floor else next_low(high / 1.2)
     while epsilon_of(low) <= target:
         if low <= MIN_NOISE_MULTIPLIER:  # the floor already meets the target: nothing smaller is accounted
             return MIN_NOISE_MULTIPLIER
