@@ -90,6 +90,17 @@ def test_bench_launches_quick_counts_fewer_launches_with_the_same_answers(tmp_pa
         plain["estimation_samples_used"]
 
 
+def test_bench_calibration_quick_times_each_input(tmp_path):
+    from benchmarks import bench_calibration
+
+    out = tmp_path / "calibration.json"
+    assert bench_calibration.main(["--quick", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 3 and all(row["seconds"] >= 0 for row in rows)
+    assert [row["seconds"] for row in rows] == sorted((row["seconds"] for row in rows), reverse=True)
+    assert all((row["noise_multiplier"] is None) != (row["refused"] is None) for row in rows)
+
+
 def test_bench_sequential_quick_reports_cost_and_boundary_errors(tmp_path):
     from benchmarks import bench_sequential
 

@@ -362,13 +362,12 @@ def noise_multiplier_for_epsilon(target_epsilon: float, sample_rate: float, step
     target = _check_epsilon(target_epsilon, "target_epsilon")
     q, delta, steps = _check_sample_rate(sample_rate), _check_delta(delta), _check_steps(steps)
 
-    @functools.cache
+    evaluated: dict[float, float] = {}  # multiplier -> its epsilon, each computed once
+
     def epsilon_of(z: float) -> float:
-        if accountant == "pld" and z >= MIN_NOISE_MULTIPLIER:
-            rdp = _rdp_epsilon(q, {z: steps}, delta)
-            if not pld_in_range(steps, z, rdp):
-                return rdp  # beyond the PLD accountant's range: its upper bound, the RDP epsilon, decides
-        return epsilon_for_accountant(accountant, q, z, steps, delta)
+        if z not in evaluated:
+            evaluated[z] = _epsilon_to_calibrate(accountant, q, z, steps, delta)
+        return evaluated[z]
 
     if accountant == "gdp":
         return _gdp_noise_multiplier(target, q, steps, delta)
@@ -411,9 +410,21 @@ def noise_multiplier_for_epsilon(target_epsilon: float, sample_rate: float, step
         gap = lambda t: epsilon_of(math.exp(t)) - target  # noqa: E731
     log_root = optimize.brentq(gap, math.log(low), math.log(high), xtol=CALIBRATION_RTOL / 4)
     z = min(math.exp(log_root) * (1 + CALIBRATION_RTOL / 2), high)
+    if accountant == "pld":  # a multiplier already evaluated and meeting the target, no larger: no new evaluation
+        seen = [value for value in evaluated if evaluated[value] <= target and value <= z]
+        z = min(seen) if seen else z
     while epsilon_of(z) > target:  # PLD's epsilon is piecewise constant in z: step up until it holds
         z = min(z * (1 + CALIBRATION_RTOL / 2), high)
     return z
+
+
+def _epsilon_to_calibrate(accountant: str, q: float, z: float, steps: int, delta: float) -> float:
+    """The epsilon a calibration meets: the accountant's, or for ``pld`` beyond its range its upper bound, RDP's."""
+    if accountant == "pld" and z >= MIN_NOISE_MULTIPLIER:
+        rdp = _rdp_epsilon(q, {z: steps}, delta)
+        if not pld_in_range(steps, z, rdp):
+            return rdp
+    return epsilon_for_accountant(accountant, q, z, steps, delta)
 
 
 def _gdp_noise_multiplier(target: float, q: float, steps: int, delta: float) -> float:
