@@ -262,8 +262,8 @@ def test_every_valid_input_gets_an_answer_in_seconds(q, z, steps, delta):
 
 
 # derandomized: the same 8 inputs in every run (each PLD evaluation at q near 1e-6 takes seconds, and a random draw
-# of several such could land a suite run on its time limit); the random exploration of this strategy is
-# benchmarks-style work done offline (300 inputs: slowest 10.5 s, docs/ACCOUNTING.md)
+# of several such could land a suite run on its time limit); random inputs of this strategy are timed by
+# benchmarks/bench_calibration.py (docs/ACCOUNTING.md: slowest found 19.7 s)
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(target=st.floats(min_value=1e-3, max_value=1e6), q=st.floats(min_value=1e-6, max_value=1),
        steps=st.integers(min_value=1, max_value=10 ** 6), accountant=st.sampled_from(["rdp", "pld", "gdp"]))
