@@ -52,6 +52,15 @@ def _side(rows: list[dict], radii: list[float], samples_total: int | None = None
             "seconds_per_image": seconds / len(rows) if rows else None}
 
 
+def add_pipeline_arguments(parser: argparse.ArgumentParser, images: int) -> None:
+    """The flags every adaptive benchmark shares: the demo models (or others), how many test images, sigma, n0."""
+    parser.add_argument("--classifier", type=Path, default=DEMO / "classifier")
+    parser.add_argument("--denoiser", type=Path, default=DEMO / "denoiser", help="'none' for the classifier alone")
+    parser.add_argument("--images", type=int, default=images, help="test images, spread evenly over the split")
+    parser.add_argument("--sigma", type=float, default=0.25)
+    parser.add_argument("--n0", type=int, default=100)
+
+
 def spread_over_split(split_size: int, count: int) -> tuple[list[int], list[int]]:
     """``count`` indices evenly spaced over a test split, and the same indices in the order to visit them:
     mnist10k's test split is ordered by class, so they are interleaved (0, stride, 2 stride, ..., 1, ...) and every
@@ -72,12 +81,8 @@ def _record(idx: int, label: int, prediction: int, radius: float, samples: int, 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_adaptive", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--classifier", type=Path, default=DEMO / "classifier")
-    parser.add_argument("--denoiser", type=Path, default=DEMO / "denoiser", help="'none' for the classifier alone")
-    parser.add_argument("--images", type=int, default=500, help="test images, spread evenly over the split")
+    add_pipeline_arguments(parser, images=500)
     parser.add_argument("--images-100k", type=int, default=100, help="of them, how many fixed n = 100,000 certifies")
-    parser.add_argument("--sigma", type=float, default=0.25)
-    parser.add_argument("--n0", type=int, default=100)
     parser.add_argument("--alpha", type=float, default=0.001)
     parser.add_argument("--radii", type=float, nargs="+", default=[0.25, 0.5, 0.75])
     parser.add_argument("--n-max", type=int, default=100_000, help="decide mode's budget of estimation samples")

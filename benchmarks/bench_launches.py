@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import prepare_process, write_result
-from benchmarks.bench_adaptive import DEMO, spread_over_split
+from benchmarks.bench_adaptive import add_pipeline_arguments, spread_over_split
 from certify.cli import DEFAULT_BATCH
 from transdenoiser.runtime import hardware_description
 
@@ -31,13 +31,9 @@ from transdenoiser.runtime import hardware_description
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_launches", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--classifier", type=Path, default=DEMO / "classifier")
-    parser.add_argument("--denoiser", type=Path, default=DEMO / "denoiser", help="'none' for the classifier alone")
-    parser.add_argument("--images", type=int, default=250, help="test images, spread evenly over the split")
+    add_pipeline_arguments(parser, images=250)
     parser.add_argument("--mode", choices=("decide", "estimate"), default="decide")
     parser.add_argument("--radius", type=float, default=0.25, help="decide mode's radius")
-    parser.add_argument("--sigma", type=float, default=0.25)
-    parser.add_argument("--n0", type=int, default=100)
     parser.add_argument("--n-max", type=int, default=100_000)
     parser.add_argument("--alpha", type=float, default=0.001)
     parser.add_argument("--plan-device", default="cuda", help="whose block plan cuts the samples (cpu, cuda)")
