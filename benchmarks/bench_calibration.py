@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     from hypothesis import HealthCheck, given, seed, settings
     from hypothesis import strategies as st
 
-    from training.privacy.accounting import noise_multiplier_for_epsilon
+    from training.privacy.accounting import clear_caches, noise_multiplier_for_epsilon
     from transdenoiser.errors import UserError
     from transdenoiser.runtime import hardware_description
 
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     @given(target=st.floats(min_value=1e-3, max_value=1e6), q=st.floats(min_value=1e-6, max_value=1),
            steps=st.integers(min_value=1, max_value=10 ** 6), accountant=st.sampled_from(["rdp", "pld", "gdp"]))
     def calibrate(target, q, steps, accountant):
-        noise_multiplier_for_epsilon.cache_clear()
+        clear_caches()
         started = time.perf_counter()
         try:
             z, refused = noise_multiplier_for_epsilon(target, q, steps, 1e-5, accountant=accountant), None
