@@ -1,14 +1,18 @@
-"""The burst of large bodies (``bench_overload --mode burst``) against two versions of the server, interleaved.
+"""The burst of large bodies (``bench_overload --mode burst``), or its overload, against two versions of the server,
+interleaved.
 
     mkdir /tmp/before && git archive COMMIT | tar -x -C /tmp/before
     python -m benchmarks.bench_burst_ab --before /tmp/before --after . [--rounds 4] [--loop-seconds 15]
+    python -m benchmarks.bench_burst_ab --before /tmp/before --after . --mode overload [--deadline-s 20]
 
 Two servers start on 127.0.0.1, one from each code checkout (its own ``transdenoiser serve``, imported from that
 directory), over one model directory (default settings, sigma 0.25, deadline 30 s). Then, ``--rounds`` times, the
 burst benchmark's three phases (10 s of probes alone, ``--burst-bodies`` bodies of 2 MB at once, 2 clients looping
 such bodies for ``--loop-seconds``) run against each server in turn, the order alternating, so that both see the
 same machine; each run records the load average at its start. Figures per server: every run's probes (count, p50,
-p99, max, over 100 ms) per phase, and their totals.
+p99, max, over 100 ms) per phase, and their totals. With ``--mode overload`` (servers with the deadline
+``--deadline-s``) each run is ``bench_overload``'s overload instead: its goodput, the large requests' statuses,
+and each small request's latency against 3x its idle median; totals: small requests answered and within 3x.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.bench_overload import measure_burst
+from benchmarks.bench_overload import measure, measure_burst
 from benchmarks.serving_common import model_args, run_record, save_result, worker_process
 from serving.bundle import write_model_dir
 from serving.process import ServerProcess
@@ -58,15 +62,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=positive_int, default=4, help="runs against each server")
     parser.add_argument("--burst-bodies", type=positive_int, default=100, help="bodies of the burst sent at once")
     parser.add_argument("--loop-seconds", type=positive_float, default=15.0, help="how long 2 clients loop bodies")
+    parser.add_argument("--mode", choices=("burst", "overload"), default="burst",
+                        help="the burst of large bodies (default) or bench_overload's overload")
+    parser.add_argument("--deadline-s", type=positive_float, default=None,
+                        help="the servers' max_latency_ms, in s (default: 30 for burst, 20 for overload)")
     parser.add_argument("--out", default="runs/bench/burst_ab.json", help="JSON results file")
     args = parser.parse_args(argv)
+    deadline_s = args.deadline_s or (30.0 if args.mode == "burst" else 20.0)
     if not (Path(args.classifier_dir) / "metadata.json").is_file():
         parser.error(f"--classifier-dir {args.classifier_dir}: not a classifier checkpoint (no metadata.json)")
     record = run_record(argv, "benchmarks.bench_burst_ab")
     runs: dict[str, list[dict]] = {"before": [], "after": []}
     with tempfile.TemporaryDirectory(prefix="bench_burst_ab_") as tmp:
         model_dir = write_model_dir(Path(tmp) / "model", args.classifier_dir, args.denoiser_dir, sigma=0.25,
-                                    max_latency_ms=30_000)
+                                    max_latency_ms=int(deadline_s * 1000))
+        images = None
+        if args.mode == "overload":
+            from training.datasets import load_dataset
+
+            images = load_dataset("mnist10k").test.tensors()[0][:32].numpy()
         servers = {}
         try:
             for name in runs:
@@ -75,8 +89,17 @@ def main(argv: list[str] | None = None) -> int:
                 server.wait_ready(time.monotonic() + 600)
             for index in range(args.rounds):
                 for name in ("before", "after") if index % 2 == 0 else ("after", "before"):
-                    worker = worker_process(servers[name])
                     load = os.getloadavg()[0]
+                    if args.mode == "overload":
+                        figures = measure(servers[name].url, images, deadline_s, 4.0)
+                        runs[name].append({"load_at_start": load, **figures})
+                        small = figures["small_answered"] or {"count": 0, "max_s": 0.0}
+                        print(f"round {index} {name:6s} load {load:4.1f}: goodput {figures['goodput']:.3f}, large "
+                              f"{figures['large_statuses']}, small {figures['small_within_3x_idle']} of "
+                              f"{small['count']} within 3x idle ({figures['idle_small']['p50_s']:.3f} s), max "
+                              f"{small['max_s']:.3f} s", flush=True)
+                        continue
+                    worker = worker_process(servers[name])
                     burst = measure_burst(servers[name].url, args.burst_bodies, 2 * 1024 * 1024 - 4096,
                                           lambda w=worker: w.memory_info().rss, 2, args.loop_seconds)
                     runs[name].append({"load_at_start": load, **burst})
@@ -87,6 +110,21 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             for server in servers.values():
                 server.stop()
+    if args.mode == "overload":
+        def small_totals(done: list[dict]) -> dict:
+            answered = [run for run in done if run["small_answered"]]
+            return {"small_answered": sum(run["small_answered"]["count"] for run in answered),
+                    "small_within_3x_idle": sum(run["small_within_3x_idle"] for run in done),
+                    "largest_ratio_to_idle": max((run["small_answered"]["max_s"] / run["idle_small"]["p50_s"]
+                                                  for run in answered), default=0.0)}
+
+        totals = {name: {**small_totals(done),
+                         "lowest_goodput": min(run["goodput"] for run in done)} for name, done in runs.items()}
+        for name, t in totals.items():
+            print(f"{name}: {t['small_within_3x_idle']} of {t['small_answered']} small requests within 3x idle "
+                  f"(slowest {t['largest_ratio_to_idle']:.2f}x); lowest goodput {t['lowest_goodput']:.3f}")
+        save_result(args.out, {**record, "mode": "overload", "deadline_s": deadline_s, "runs": runs, "totals": totals})
+        return 0
     totals = {name: {phase: {"probes": sum(run[phase]["probes"]["count"] for run in done),
                              "over_100ms": sum(run[phase]["probes_over_100ms"] for run in done),
                              "max_s": max(run[phase]["probes"]["max_s"] for run in done)} for phase in PHASES}
