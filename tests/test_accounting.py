@@ -181,8 +181,13 @@ def test_pld_calibration_at_the_edge_of_its_range_takes_the_range_floor_or_rdp()
     # answer is the floor itself (RDP needs more), found without root finding across that step (it took 40 s, and
     # 596 s in CI while hypothesis shrank the case in tests/test_release.py).
     floor = accounting.PLD_MIN_NOISE_MULTIPLIER
+    accounting.clear_caches()
     z = noise_multiplier_for_epsilon(0.001, 1e-6, 1, DELTA, "pld")
+    kept = accounting._pld_epsilon_kept.cache_info()
     assert z == floor and accounting.epsilon_for_accountant("pld", 1e-6, floor, 1, DELTA) <= 0.001
+    # the check reads the PLD epsilon the calibration computed (each takes seconds here), not a new one
+    assert accounting._pld_epsilon_kept.cache_info().hits == kept.hits + 1
+    assert accounting._pld_epsilon_kept.cache_info().misses == kept.misses
     assert accounting.epsilon_for_accountant("rdp", 1e-6, floor * (1 - 1e-9), 1, DELTA) > 0.001  # RDP decides
 
 
