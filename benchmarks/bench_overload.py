@@ -6,9 +6,10 @@
 
 A real server (``transdenoiser serve``, default settings but ``max_latency_ms`` = the deadline, sigma 0.25) starts
 on 127.0.0.1. After an idle phase (small requests: 1 image, n = 100, one after another), the measured rate
-(``transdenoiser_compute_rate``) sizes the overload to this machine: large requests of 16 images, each about half
-of what the server computes within the deadline, ``--factor`` times as much work in all as it can finish within the
-deadline, all sent at once (no retries), while one client keeps sending small requests one after another.
+(``transdenoiser_compute_rate``) sizes the overload to this machine: large requests of 16 images, each about
+``--large-fraction`` (0.3) of what the server computes within the deadline, ``--factor`` times as much work in all
+as it can finish within the deadline, all sent at once (no retries), while one client keeps sending small requests
+one after another.
 Figures: goodput (noisy samples of requests answered 200 / noisy samples computed, from /metrics), the large
 requests' statuses and Retry-After values, the time to each refusal, and each small request's latency against
 3x its idle median (or an immediate refusal). Then a burst: after 10 s of probes alone (the baseline),
@@ -39,6 +40,9 @@ from benchmarks.serving_common import model_args, percentiles, run_record, runni
 from transdenoiser.argtypes import positive_float, positive_int
 
 N0, SMALL_N, LARGE_IMAGES = 100, 100, 16
+# a large request's work, as a fraction of what the server computes within the deadline: admission takes at most
+# 37.5 % (75 % of the deadline at the half of the compute an admitted request is sure of, serving.compute.admission)
+LARGE_FRACTION = 0.3
 
 
 def metric_value(http: httpx.Client, name: str) -> float:
@@ -48,7 +52,8 @@ def metric_value(http: httpx.Client, name: str) -> float:
                for sample in family.samples if sample.name == name)
 
 
-def measure(url: str, images, deadline_s: float, factor: float, idle_requests: int = 5) -> dict:
+def measure(url: str, images, deadline_s: float, factor: float, idle_requests: int = 5,
+            large_fraction: float = LARGE_FRACTION) -> dict:
     small = {"images": [images[0].tolist()], "n": SMALL_N}
     with httpx.Client(base_url=url, timeout=deadline_s + 60) as http:
         idle = []
@@ -59,7 +64,7 @@ def measure(url: str, images, deadline_s: float, factor: float, idle_requests: i
         idle = idle[1:]  # the first warms the HTTP path
         idle_p50 = percentiles(idle)["p50_s"]
         rate = metric_value(http, "transdenoiser_compute_rate")
-        per_image = max(SMALL_N, int(rate * deadline_s / 2 / LARGE_IMAGES) - N0) // 100 * 100
+        per_image = max(SMALL_N, int(rate * deadline_s * large_fraction / LARGE_IMAGES) - N0) // 100 * 100
         large_samples = LARGE_IMAGES * (N0 + per_image)
         count = max(2, round(factor * rate * deadline_s / large_samples))
         computed_before = metric_value(http, "transdenoiser_noisy_samples_total")
@@ -289,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     model_args(parser)
     parser.add_argument("--deadline-s", type=positive_float, default=30.0, help="the server's max_latency_ms, in s")
     parser.add_argument("--factor", type=positive_float, default=4.0, help="offered work / finishable work")
+    parser.add_argument("--large-fraction", type=positive_float, default=LARGE_FRACTION,
+                        help="a large request's work / what the server computes within the deadline")
     parser.add_argument("--quick", action="store_true", help="deadline 10 s")
     parser.add_argument("--out", default="runs/bench/overload.json", help="JSON results file")
     parser.add_argument("--idle-requests", type=positive_int, default=5, help="small requests on the idle server")
@@ -311,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
                            max_latency_ms=int(deadline_s * 1000)) as server:
         figures = {}
         if args.mode in ("all", "overload"):
-            figures = measure(server.url, x[:32].numpy(), deadline_s, args.factor, args.idle_requests)
+            figures = measure(server.url, x[:32].numpy(), deadline_s, args.factor, args.idle_requests,
+                              args.large_fraction)
         if args.mode in ("all", "burst"):
             worker = worker_process(server)
             figures["burst"] = measure_burst(server.url, args.burst_bodies, 2 * 1024 * 1024 - 4096,

@@ -1,13 +1,15 @@
 """A large request next to a steady stream of small ones: is it ever admitted if its client honours Retry-After?
 
     python -m benchmarks.bench_stream_large [--classifier-dir runs/demo/classifier] [--small-clients 1] [--seconds 40]
+        [--fraction 0.3]
 
 A real server (``transdenoiser serve``, default settings, sigma 0.25, 20 s deadline) starts on 127.0.0.1. After
-idle small requests (1 image, n = 100) the measured rate sizes a large request of 16 images at about half of what
-the server computes within the deadline (as bench_overload's). ``--small-clients`` clients then send small
-requests back to back, while one client sends the large request for ``--seconds``: again at once after a 200,
-after ``Retry-After`` seconds after a 503. Figures: every large attempt's status, seconds and Retry-After, and the
-small requests' statuses and latencies. Loopback only; bounded by ``--seconds`` plus one large request.
+idle small requests (1 image, n = 100) the measured rate sizes a large request of 16 images at ``--fraction`` of
+what the server computes within the deadline (default 0.3, as bench_overload's; admission takes at most 0.375).
+``--small-clients`` clients then send small requests back to back, while one client sends the large request for
+``--seconds``: again at once after a 200, after ``Retry-After`` seconds after a 503, not after a 400. Figures:
+every large attempt's status, seconds and Retry-After, and the small requests' statuses and latencies. Loopback
+only; bounded by ``--seconds`` plus one large request.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from benchmarks.bench_overload import LARGE_IMAGES, N0, SMALL_N, metric_value
+from benchmarks.bench_overload import LARGE_FRACTION, LARGE_IMAGES, N0, SMALL_N, metric_value
 from benchmarks.serving_common import model_args, percentiles, run_record, running_server, save_result
 from transdenoiser.argtypes import positive_float, positive_int
 
@@ -27,7 +29,7 @@ HEADERS = {"content-type": "application/json"}
 DEADLINE_S = 20.0
 
 
-def measure(url: str, images, small_clients: int, seconds: float) -> dict:
+def measure(url: str, images, small_clients: int, seconds: float, fraction: float = LARGE_FRACTION) -> dict:
     import httpx
 
     small = json.dumps({"images": [images[0].tolist()], "n": SMALL_N}).encode()
@@ -35,7 +37,7 @@ def measure(url: str, images, small_clients: int, seconds: float) -> dict:
         for _ in range(6):
             assert client.post("/predict", content=small, headers=HEADERS).status_code == 200
         rate = metric_value(client, "transdenoiser_compute_rate")
-    per_image = max(SMALL_N, int(rate * DEADLINE_S / 2 / LARGE_IMAGES) - N0) // 100 * 100
+    per_image = max(SMALL_N, int(rate * DEADLINE_S * fraction / LARGE_IMAGES) - N0) // 100 * 100
     large_samples = LARGE_IMAGES * (N0 + per_image)
     large = json.dumps({"images": [images[k % len(images)].tolist() for k in range(LARGE_IMAGES)],
                         "n": per_image}).encode()
@@ -64,6 +66,8 @@ def measure(url: str, images, small_clients: int, seconds: float) -> dict:
                              "retry_after_s": int(retry) if retry else None})
             if response.status_code == 503 and retry:
                 time.sleep(int(retry))
+            elif 400 <= response.status_code < 500:
+                break  # refused for its size (400): it never fits on this server, trying again cannot help
     stop.set()
     for thread in threads:
         thread.join()
@@ -81,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     model_args(parser)
     parser.add_argument("--small-clients", type=positive_int, default=1, help="clients sending small requests")
     parser.add_argument("--seconds", type=positive_float, default=40.0, help="how long the large client tries")
+    parser.add_argument("--fraction", type=positive_float, default=LARGE_FRACTION,
+                        help="the large request's work / what the server computes within the deadline")
     parser.add_argument("--out", default="runs/bench/stream_large.json", help="JSON results file")
     args = parser.parse_args(argv)
     if not (Path(args.classifier_dir) / "metadata.json").is_file():
@@ -92,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench_stream_large_") as tmp, \
             running_server(Path(tmp), args.classifier_dir, args.denoiser_dir, sigma=0.25,
                            max_latency_ms=int(DEADLINE_S * 1000)) as server:
-        figures = measure(server.url, images, args.small_clients, args.seconds)
+        figures = measure(server.url, images, args.small_clients, args.seconds, args.fraction)
     retries = [a["retry_after_s"] for a in figures["large_attempts"] if a["retry_after_s"] is not None]
     print(f"rate {figures['rate_samples_per_s']:.0f} samples/s; large request {figures['large']}, "
           f"{figures['large_alone_s']:.1f} s alone; {args.small_clients} small client(s) back to back")

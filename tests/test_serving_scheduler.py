@@ -283,17 +283,23 @@ def test_a_broken_loop_fails_its_requests_and_restarts():
 # ------------------------------------------------------------------------------------------------ admission by deadline
 
 def test_processor_sharing_finish_times_and_admission_rules():
-    from serving.compute.admission import Admitted, admission, doomed, finish_times
+    from serving.compute.admission import Admitted, admission, doomed, finish_times, fits_alone
 
     left = [300, 100, 100, 50]
     brute = [sum(min(r, mine) for r in left) / 10 for mine in left]
     assert finish_times(left, 10) == pytest.approx(brute)
     assert admission(100, 1.0, [], 0.0).admit  # rate not measured yet
-    assert admission(70, 1.0, [], 100).admit and admission(80, 1.0, [], 100).reason == "never"  # 75 % of alone
+    # alone: within 75 % of the deadline at half the rate (the share an admitted request is sure of), 37.5 samples
+    assert admission(37, 1.0, [], 100).admit and admission(38, 1.0, [], 100).reason == "never"
+    assert fits_alone(100, 1.0) == 37
+    # a large request that fits alone is refused next to admitted work only as far as that work pushes it past the
+    # bound: the decision moves with the admitted work, with no jump between an idle server and one small request
+    assert admission(36, 1.0, [Admitted(1, 1.0)], 100).admit
+    assert admission(37, 1.0, [Admitted(1, 1.0)], 100).reason == "busy"
     # two admitted requests fill the next 60 s of a 100 samples/s server; a large newcomer is refused, with a
     # Retry-After within the admitted deadlines, a small one still fits in the slack
     admitted = [Admitted(3000, 70), Admitted(3000, 90)]
-    large = admission(5000, 100, admitted, 100)
+    large = admission(3500, 100, admitted, 100)
     assert not large.admit and large.reason == "busy" and 1 <= large.retry_after_s <= 90
     assert admission(100, 100, admitted, 100).admit
     # an admitted request the rate left behind (projected past 90 % of its time) blocks no newcomer; one that cannot
@@ -333,10 +339,10 @@ def test_overload_keeps_goodput_and_answers_small_requests_or_refuses_them_at_on
     async def run():
         await scheduler.run(work(1, 1980, seed=500), 10, 10**6)  # measures the rate
         idle = [(await timed(work(1, 80, seed=600 + k)))[1] for k in range(3)]
-        # scaled to the measured rate: each large request takes half the deadline alone, so the server can finish
-        # about 2 within the deadline; 8 arrive at once (4x)
-        n = int(scheduler.rate * deadline_s / 2) - 20
-        large = [asyncio.create_task(timed(work(1, n, seed=1000 * k))) for k in range(8)]
+        # scaled to the measured rate: each large request takes a third of the deadline alone (the most admitted is
+        # 37.5 %), so the server can finish about 3 within the deadline; 12 arrive at once (4x)
+        n = int(scheduler.rate * deadline_s / 3) - 20
+        large = [asyncio.create_task(timed(work(1, n, seed=1000 * k))) for k in range(12)]
         small = [asyncio.create_task(timed(work(1, 80, seed=700 + k), 0.1 + 0.3 * k)) for k in range(4)]
         return float(np.median(idle)), await asyncio.gather(*large), await asyncio.gather(*small)
 
@@ -345,7 +351,7 @@ def test_overload_keeps_goodput_and_answers_small_requests_or_refuses_them_at_on
     finished = [r for r in large if r[0] == "ok"]
     refused = [r for r in large if isinstance(r[0], int)]
     assert finished and not [r for r in large if r[0] == "late"], large
-    assert len(finished) + len(refused) == 8 and refused
+    assert len(finished) + len(refused) == 12 and refused
     assert all(1 <= retry <= math.ceil(deadline_s) and seconds < 0.05 for retry, seconds in refused)  # at once
     computed = scheduler.stats.samples - samples_before
     goodput = (scheduler.stats.finished_samples - samples_before) / computed

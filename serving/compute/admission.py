@@ -8,13 +8,18 @@ samples delays each admitted request ``i`` by ``min(c, r_i) / rate``.
 
 ``admission`` checks, at the measured rate:
 
-- the request alone: ``c / rate`` within its deadline; otherwise it can never finish on this server and is
-  refused at once (``never``);
+- the request alone, at the share of the rate the scheduler guarantees an admitted request (``RESCUE_SHARE``,
+  below): ``c / (RESCUE_SHARE * rate)`` within ``new_margin`` of its deadline; otherwise it is refused at once
+  (``never``). A request that fits only at the full rate would finish only if no other request arrived while it
+  computes: admitted on an idle server, a steady stream of small requests then leaves it behind and it ends in 504
+  (measured: ``benchmarks/bench_stream_large.py``), and next to any admitted work it would be refused every time,
+  whatever its Retry-After said;
 - the request among the admitted ones: its projected finish within ``new_margin`` of its deadline;
 - a *large* request (more than ``LARGE_FRACTION`` of what the server computes within the deadline) next to
   admitted work: it and all the admitted work within ``new_margin`` of its deadline at ``RESCUE_SHARE`` of the
-  rate. Processor sharing over the admitted requests does not see the requests admitted later: a steady stream
-  of small ones keeps taking a share, and a large request admitted on the projection alone can drift behind
+  rate (with nothing admitted this is the check above). Processor sharing over the admitted requests does not
+  see the requests admitted later: a steady stream of small ones keeps taking a share, and a large request
+  admitted on the projection alone can drift behind
   (measured: heavy requests ending in 504 in a mixed soak). The scheduler gives a request that falls behind
   extra rounds (about half the compute, earliest deadline first), so this bound keeps it in time;
 - every admitted request that was on time stays on time (within ``admitted_margin`` of its remaining time).
@@ -69,6 +74,11 @@ def finish_times(samples_left: Sequence[int], rate: float) -> list[float]:
     return [sums[value] / rate for value in samples_left]
 
 
+def fits_alone(rate: float, deadline_s: float, new_margin: float = NEW_MARGIN) -> int:
+    """The most noisy samples a request may need and still be admitted (``admission``'s ``never`` bound)."""
+    return int(RESCUE_SHARE * new_margin * rate * deadline_s)
+
+
 def admission(samples: int, deadline_s: float, admitted: Sequence[Admitted], rate: float,
               new_margin: float = NEW_MARGIN, admitted_margin: float = ADMITTED_MARGIN) -> Decision:
     """Whether a request of ``samples`` noisy samples with deadline ``deadline_s`` can be admitted next to
@@ -76,7 +86,7 @@ def admission(samples: int, deadline_s: float, admitted: Sequence[Admitted], rat
     if rate <= 0:
         return Decision(True, "ok", 0.0, 0.0, 0)
     alone_s = samples / rate
-    if alone_s > new_margin * deadline_s:
+    if alone_s > RESCUE_SHARE * new_margin * deadline_s:
         return Decision(False, "never", math.inf, alone_s, 0)
     before = finish_times([a.samples_left for a in admitted], rate)
     after = finish_times([a.samples_left for a in admitted] + [samples], rate)

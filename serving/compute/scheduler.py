@@ -35,7 +35,7 @@ from typing import Any, Protocol
 import anyio
 import numpy as np
 
-from serving.compute.admission import ADMITTED_MARGIN, Admitted, RateMeter, admission, doomed
+from serving.compute.admission import ADMITTED_MARGIN, Admitted, RateMeter, admission, doomed, fits_alone
 from serving.compute.engine import NoiseJob
 
 Disconnected = Callable[[], Awaitable[bool]]
@@ -188,12 +188,13 @@ class FairScheduler:
         admitted = [Admitted(ticket.work.samples_left, ticket.deadline - now) for ticket in self._tickets]
         decision = admission(work.samples_left, deadline_s, admitted, self.rate)
         if decision.reason == "never":
-            fits = int(self.rate * deadline_s * 0.75)
+            fits = fits_alone(self.rate, deadline_s)
             raise self._refuse("never", NeverInTime(
                 f"the request needs {work.samples_left} noisy samples (images x (n0 + n)), about "
                 f"{decision.alone_s:.0f} s at this server's measured {self.rate:.0f} samples/s, more than its "
-                f"deadline of {deadline_s:g} s (max_latency_ms) allows even alone; lower the number of images "
-                f"or n (about {fits} noisy samples fit), or raise max_latency_ms"))
+                f"deadline of {deadline_s:g} s (max_latency_ms) allows at the half of the compute an admitted "
+                f"request is sure of; lower the number of images or n (about {fits} noisy samples fit), or raise "
+                f"max_latency_ms"))
         if not decision.admit:
             retry = decision.retry_after_s
             raise self._refuse("busy", QueueFull(
