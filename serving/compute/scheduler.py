@@ -12,7 +12,8 @@ costs at most the one pass already running. New tickets beyond ``max_queued`` ar
 is refused with ``BudgetExceeded``. Admission is by deadline at the measured rate
 (``serving.compute.admission``): a request is admitted only if it and every admitted request can still finish
 within their deadlines; otherwise ``QueueFull`` at once, with a Retry-After bounded by the admitted deadlines,
-or ``NeverInTime`` when it could not finish within its deadline even alone.
+or ``NeverInTime`` when it could not finish within its deadline even alone (at the half of the compute an
+admitted request is sure of).
 
 The scheduler changes when samples are computed, never which: every job carries its own seed, so a
 ticket's result is the same whatever it shared passes with (``serving.compute.engine``).
