@@ -6,10 +6,11 @@ A real server (``transdenoiser serve``, default settings, sigma 0.25, 20 s deadl
 idle small requests (1 image, n = 100), each case sends its large bodies (16 images each, encoded beforehand) at
 once from threads of their own, then 2 ms later one small request and, after it, a second one; per case and
 repeat: both small requests' status, latency (and error, if refused) and the large requests' statuses. Cases: one
-large request that is admitted and computes for seconds; eight of them (one admitted, the rest refused); one large
-request that finishes within a second; eight bodies refused for an n above max_n (read and parsed, no compute).
-Compares what parsing the large bodies costs the small request with what waiting for the admitted request's pass
-costs it (bench_overload's first small request). Loopback only; about a minute.
+large request that is admitted and computes for seconds (sized as bench_overload's: 0.3 of the deadline's work);
+eight of them (one admitted, the rest refused); one large request that finishes within a second; eight bodies
+refused for an n above max_n (read and parsed, no compute). Compares what parsing the large bodies costs the small
+request with what waiting for the admitted request's pass costs it (bench_overload's first small request).
+Loopback only; about a minute.
 """
 from __future__ import annotations
 
@@ -20,22 +21,25 @@ import threading
 import time
 from pathlib import Path
 
+from benchmarks.bench_overload import LARGE_FRACTION, LARGE_IMAGES, N0, SMALL_N, metric_value
 from benchmarks.serving_common import model_args, percentiles, run_record, running_server, save_result
 from transdenoiser.argtypes import positive_int
 
 HEADERS = {"content-type": "application/json"}
-# (name, large requests, n per image); n = 100,000 is above the default max_n: 400 after parsing, no compute
-CASES = (("1 large, admitted", 1, 2000), ("8 large, 1 admitted", 8, 2000), ("1 large, under a second", 1, 100),
+DEADLINE_S = 20.0
+# (name, large requests, n per image); None: sized as bench_overload's large requests (LARGE_FRACTION of what the
+# server computes within the deadline); n = 100,000 is above the default max_n: 400 after parsing, no compute
+CASES = (("1 large, admitted", 1, None), ("8 large, 1 admitted", 8, None), ("1 large, under a second", 1, 100),
          ("8 large, refused after parsing", 8, 100_000))
 
 
 def measure(url: str, images, repeats: int) -> dict:
     import httpx
 
-    small = json.dumps({"images": [images[0].tolist()], "n": 100}).encode()
+    small = json.dumps({"images": [images[0].tolist()], "n": SMALL_N}).encode()
 
     def large(index: int, n: int) -> bytes:
-        return json.dumps({"images": [images[(index + k) % len(images)].tolist() for k in range(16)],
+        return json.dumps({"images": [images[(index + k) % len(images)].tolist() for k in range(LARGE_IMAGES)],
                            "n": n}).encode()
 
     with httpx.Client(base_url=url, timeout=80) as client:
@@ -44,8 +48,11 @@ def measure(url: str, images, repeats: int) -> dict:
             started = time.perf_counter()
             assert client.post("/predict", content=small, headers=HEADERS).status_code == 200
             idle.append(time.perf_counter() - started)
+        rate = metric_value(client, "transdenoiser_compute_rate")
+        sized = max(SMALL_N, int(rate * DEADLINE_S * LARGE_FRACTION / LARGE_IMAGES) - N0) // 100 * 100
         cases = {}
         for name, count, n in CASES:
+            n = sized if n is None else n
             rows = []
             for _ in range(repeats):
                 bodies = [large(index, n) for index in range(count)]
@@ -74,7 +81,7 @@ def measure(url: str, images, repeats: int) -> dict:
                 rows.append({**row, "large_statuses": sorted(statuses)})
                 time.sleep(0.5)
             cases[name] = rows
-    return {"idle_small": percentiles(idle[1:]), "cases": cases}
+    return {"idle_small": percentiles(idle[1:]), "rate_samples_per_s": rate, "large_n": sized, "cases": cases}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     record = run_record(argv, "benchmarks.bench_first_small")
     with tempfile.TemporaryDirectory(prefix="bench_first_small_") as tmp, \
             running_server(Path(tmp), args.classifier_dir, args.denoiser_dir, sigma=0.25,
-                           max_latency_ms=20_000) as server:
+                           max_latency_ms=int(DEADLINE_S * 1000)) as server:
         figures = measure(server.url, images, args.repeats)
     print(f"idle small request: median {figures['idle_small']['p50_s']:.3f} s")
     for name, rows in figures["cases"].items():
