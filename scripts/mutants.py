@@ -158,6 +158,11 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/test_serving_server_overload.py", "tests/test_serving_scheduler.py", "-k",
             "heavy_work_finishes or rate_falls"),
            "an admitted request that falls behind its deadline gets extra rounds and finishes (a real server first)"),
+    Mutant("never_bound_at_the_full_rate", "serving/compute/admission.py", "admission",
+           "if alone_s > RESCUE_SHARE * new_margin * deadline_s:", "if alone_s > new_margin * deadline_s:",
+           ("tests/test_serving_scheduler.py", "-k", "admission_rules"),
+           "a request admitted alone must fit at the half of the compute an admitted request is sure of, as one "
+           "next to admitted work must (no starvation by a stream of small requests, no 504 after admission)"),
     Mutant("noise_key_constant_by_default", "serving/compute/noise.py", "NoiseKey.from_setting",
            "secrets.token_bytes(KEY_BYTES)", "bytes(KEY_BYTES)", NOISE_KEY,
            "an unset noise_key is a fresh random secret per start"),
