@@ -23,7 +23,14 @@ import time
 from pathlib import Path
 
 from benchmarks.bench_overload import measure, measure_burst
-from benchmarks.serving_common import model_args, run_record, save_result, worker_process
+from benchmarks.serving_common import (
+    check_classifier_dir,
+    mnist_test_images,
+    model_args,
+    run_record,
+    save_result,
+    worker_process,
+)
 from serving.bundle import write_model_dir
 from serving.process import ServerProcess
 from transdenoiser.argtypes import positive_float, positive_int
@@ -54,6 +61,17 @@ def code_checkout(text: str) -> Path:
     return path
 
 
+def overload_totals(done: list[dict]) -> dict:
+    """One server's overload runs together: small requests answered and within 3x idle, the slowest against its
+    run's idle median, the lowest goodput."""
+    answered = [run for run in done if run["small_answered"]]
+    return {"small_answered": sum(run["small_answered"]["count"] for run in answered),
+            "small_within_3x_idle": sum(run["small_within_3x_idle"] for run in done),
+            "largest_ratio_to_idle": max((run["small_answered"]["max_s"] / run["idle_small"]["p50_s"]
+                                          for run in answered), default=0.0),
+            "lowest_goodput": min(run["goodput"] for run in done)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_burst_ab", description=__doc__.split("\n")[0])
     model_args(parser)
@@ -69,18 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/bench/burst_ab.json", help="JSON results file")
     args = parser.parse_args(argv)
     deadline_s = args.deadline_s or (30.0 if args.mode == "burst" else 20.0)
-    if not (Path(args.classifier_dir) / "metadata.json").is_file():
-        parser.error(f"--classifier-dir {args.classifier_dir}: not a classifier checkpoint (no metadata.json)")
+    check_classifier_dir(parser, args)
     record = run_record(argv, "benchmarks.bench_burst_ab")
     runs: dict[str, list[dict]] = {"before": [], "after": []}
     with tempfile.TemporaryDirectory(prefix="bench_burst_ab_") as tmp:
         model_dir = write_model_dir(Path(tmp) / "model", args.classifier_dir, args.denoiser_dir, sigma=0.25,
                                     max_latency_ms=int(deadline_s * 1000))
-        images = None
-        if args.mode == "overload":
-            from training.datasets import load_dataset
-
-            images = load_dataset("mnist10k").test.tensors()[0][:32].numpy()
+        images = mnist_test_images() if args.mode == "overload" else None
         servers = {}
         try:
             for name in runs:
@@ -111,15 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             for server in servers.values():
                 server.stop()
     if args.mode == "overload":
-        def small_totals(done: list[dict]) -> dict:
-            answered = [run for run in done if run["small_answered"]]
-            return {"small_answered": sum(run["small_answered"]["count"] for run in answered),
-                    "small_within_3x_idle": sum(run["small_within_3x_idle"] for run in done),
-                    "largest_ratio_to_idle": max((run["small_answered"]["max_s"] / run["idle_small"]["p50_s"]
-                                                  for run in answered), default=0.0)}
-
-        totals = {name: {**small_totals(done),
-                         "lowest_goodput": min(run["goodput"] for run in done)} for name, done in runs.items()}
+        totals = {name: overload_totals(done) for name, done in runs.items()}
         for name, t in totals.items():
             print(f"{name}: {t['small_within_3x_idle']} of {t['small_answered']} small requests within 3x idle "
                   f"(slowest {t['largest_ratio_to_idle']:.2f}x); lowest goodput {t['lowest_goodput']:.3f}")

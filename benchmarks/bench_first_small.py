@@ -21,11 +21,18 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks.bench_overload import LARGE_FRACTION, LARGE_IMAGES, N0, SMALL_N, metric_value
-from benchmarks.serving_common import model_args, percentiles, run_record, running_server, save_result
+from benchmarks.bench_overload import JSON_HEADERS, LARGE_FRACTION, LARGE_IMAGES, N0, SMALL_N, metric_value
+from benchmarks.serving_common import (
+    check_classifier_dir,
+    mnist_test_images,
+    model_args,
+    percentiles,
+    run_record,
+    running_server,
+    save_result,
+)
 from transdenoiser.argtypes import positive_int
 
-HEADERS = {"content-type": "application/json"}
 DEADLINE_S = 20.0
 # (name, large requests, n per image); None: sized as bench_overload's large requests (LARGE_FRACTION of what the
 # server computes within the deadline); n = 100,000 is above the default max_n: 400 after parsing, no compute
@@ -46,7 +53,7 @@ def measure(url: str, images, repeats: int) -> dict:
         idle = []
         for _ in range(8):
             started = time.perf_counter()
-            assert client.post("/predict", content=small, headers=HEADERS).status_code == 200
+            assert client.post("/predict", content=small, headers=JSON_HEADERS).status_code == 200
             idle.append(time.perf_counter() - started)
         rate = metric_value(client, "transdenoiser_compute_rate")
         sized = max(SMALL_N, int(rate * DEADLINE_S * LARGE_FRACTION / LARGE_IMAGES) - N0) // 100 * 100
@@ -60,7 +67,7 @@ def measure(url: str, images, repeats: int) -> dict:
                 statuses: list[int] = []
 
                 def send(index: int, bodies=bodies, clients=clients, statuses=statuses) -> None:
-                    statuses.append(clients[index].post("/predict", content=bodies[index], headers=HEADERS)
+                    statuses.append(clients[index].post("/predict", content=bodies[index], headers=JSON_HEADERS)
                                     .status_code)
 
                 threads = [threading.Thread(target=send, args=(index,)) for index in range(count)]
@@ -70,7 +77,7 @@ def measure(url: str, images, repeats: int) -> dict:
                 row = {}
                 for which in ("first", "second"):
                     started = time.perf_counter()
-                    response = client.post("/predict", content=small, headers=HEADERS)
+                    response = client.post("/predict", content=small, headers=JSON_HEADERS)
                     row[which] = {"status": response.status_code, "seconds": round(time.perf_counter() - started, 4)}
                     if response.status_code != 200:  # why it was refused (the error's one line)
                         row[which]["error"] = response.text[:200]
@@ -90,11 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=positive_int, default=3, help="repeats of each case")
     parser.add_argument("--out", default="runs/bench/first_small.json", help="JSON results file")
     args = parser.parse_args(argv)
-    if not (Path(args.classifier_dir) / "metadata.json").is_file():
-        parser.error(f"--classifier-dir {args.classifier_dir}: not a classifier checkpoint (no metadata.json)")
-    from training.datasets import load_dataset
-
-    images = load_dataset("mnist10k").test.tensors()[0][:32].numpy()
+    check_classifier_dir(parser, args)
+    images = mnist_test_images()
     record = run_record(argv, "benchmarks.bench_first_small")
     with tempfile.TemporaryDirectory(prefix="bench_first_small_") as tmp, \
             running_server(Path(tmp), args.classifier_dir, args.denoiser_dir, sigma=0.25,

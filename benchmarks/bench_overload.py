@@ -36,13 +36,22 @@ from pathlib import Path
 import httpx
 
 from benchmarks.prober import PATHS as PROBE_PATHS
-from benchmarks.serving_common import model_args, percentiles, run_record, running_server, save_result, worker_process
+from benchmarks.serving_common import (
+    mnist_test_images,
+    model_args,
+    percentiles,
+    run_record,
+    running_server,
+    save_result,
+    worker_process,
+)
 from transdenoiser.argtypes import positive_float, positive_int
 
 N0, SMALL_N, LARGE_IMAGES = 100, 100, 16
 # a large request's work, as a fraction of what the server computes within the deadline: admission takes at most
 # 37.5 % (75 % of the deadline at the half of the compute an admitted request is sure of, serving.compute.admission)
 LARGE_FRACTION = 0.3
+JSON_HEADERS = {"content-type": "application/json"}  # bodies sent already encoded
 
 
 def metric_value(http: httpx.Client, name: str) -> float:
@@ -76,7 +85,6 @@ def measure(url: str, images, deadline_s: float, factor: float, idle_requests: i
 
     # Every body is encoded, and every client made, before the clock starts: the load process's threads share one
     # interpreter lock, and encoding 16-image bodies beside a small request's send would be timed as the server's.
-    headers = {"content-type": "application/json"}
     large_bodies = [json.dumps({"images": [images[(index + k) % len(images)].tolist() for k in range(LARGE_IMAGES)],
                                 "n": per_image}).encode() for index in range(count)]
     small_body = json.dumps(small).encode()
@@ -84,7 +92,7 @@ def measure(url: str, images, deadline_s: float, factor: float, idle_requests: i
 
     def send_large(index: int) -> None:
         sent = time.perf_counter()
-        response = clients[index].post("/predict", content=large_bodies[index], headers=headers)
+        response = clients[index].post("/predict", content=large_bodies[index], headers=JSON_HEADERS)
         with lock:
             large_results.append((response.status_code, time.perf_counter() - sent,
                                   response.headers.get("retry-after")))
@@ -92,7 +100,7 @@ def measure(url: str, images, deadline_s: float, factor: float, idle_requests: i
     def send_small() -> None:
         while not done.is_set():
             sent = time.perf_counter()
-            status = clients[-1].post("/predict", content=small_body, headers=headers).status_code
+            status = clients[-1].post("/predict", content=small_body, headers=JSON_HEADERS).status_code
             small_results.append((status, time.perf_counter() - sent))
             small_sent.append(sent - started)
             time.sleep(0.2)
@@ -211,7 +219,6 @@ def measure_burst(url: str, bodies: int, body_bytes: int, memory_of=None, loop_c
     process of their own (and, with ``in_process_probes``, also from a thread of this one), the worker's resident
     memory sampled every 50 ms (its peak) and after each phase."""
     body = burst_body(body_bytes)
-    headers = {"content-type": "application/json"}
 
     def phase(threads: list[threading.Thread], statuses: list[int]) -> dict:
         peak = [memory_of() if memory_of else 0]
@@ -250,7 +257,7 @@ def measure_burst(url: str, bodies: int, body_bytes: int, memory_of=None, loop_c
 
     def post(client: httpx.Client, statuses: list[int]) -> None:
         try:
-            statuses.append(client.post("/predict", content=body, headers=headers).status_code)
+            statuses.append(client.post("/predict", content=body, headers=JSON_HEADERS).status_code)
         except httpx.TransportError:
             statuses.append(0)  # a dropped connection: counted as status 0
 
@@ -308,17 +315,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="also probe from a thread of the load's own process (for comparison: those probes "
                              "wait for the load threads' turn at the interpreter lock)")
     args = parser.parse_args(argv)
-    from training.datasets import load_dataset
-
     deadline_s = 10.0 if args.quick else args.deadline_s
-    x, _ = load_dataset("mnist10k").test.tensors()
     record = run_record(argv, "benchmarks.bench_overload")
     with tempfile.TemporaryDirectory(prefix="bench_overload_") as tmp, \
             running_server(Path(tmp), args.classifier_dir, args.denoiser_dir, sigma=0.25,
                            max_latency_ms=int(deadline_s * 1000)) as server:
         figures = {}
         if args.mode in ("all", "overload"):
-            figures = measure(server.url, x[:32].numpy(), deadline_s, args.factor, args.idle_requests,
+            figures = measure(server.url, mnist_test_images(), deadline_s, args.factor, args.idle_requests,
                               args.large_fraction)
         if args.mode in ("all", "burst"):
             worker = worker_process(server)

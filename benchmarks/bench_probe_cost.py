@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.bench_burst_ab import code_checkout, start
-from benchmarks.serving_common import model_args, run_record, save_result, worker_process
+from benchmarks.serving_common import check_classifier_dir, model_args, run_record, save_result, worker_process
 from serving.bundle import write_model_dir
 from transdenoiser.argtypes import positive_float, positive_int
 
@@ -70,8 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.before is None and not args.quick:
         parser.error("--before is required (a code checkout to compare with), except with --quick")
-    if not (Path(args.classifier_dir) / "metadata.json").is_file():
-        parser.error(f"--classifier-dir {args.classifier_dir}: not a classifier checkpoint (no metadata.json)")
+    check_classifier_dir(parser, args)
     before = args.before if args.before is not None else args.after
     rounds, seconds = (1, 1.0) if args.quick else (args.rounds, args.seconds)
     record = run_record(argv, "benchmarks.bench_probe_cost")

@@ -21,11 +21,18 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from benchmarks.bench_overload import LARGE_FRACTION, LARGE_IMAGES, N0, SMALL_N, metric_value
-from benchmarks.serving_common import model_args, percentiles, run_record, running_server, save_result
+from benchmarks.bench_overload import JSON_HEADERS, LARGE_FRACTION, LARGE_IMAGES, N0, SMALL_N, metric_value
+from benchmarks.serving_common import (
+    check_classifier_dir,
+    mnist_test_images,
+    model_args,
+    percentiles,
+    run_record,
+    running_server,
+    save_result,
+)
 from transdenoiser.argtypes import positive_float, positive_int
 
-HEADERS = {"content-type": "application/json"}
 DEADLINE_S = 20.0
 
 
@@ -35,7 +42,7 @@ def measure(url: str, images, small_clients: int, seconds: float, fraction: floa
     small = json.dumps({"images": [images[0].tolist()], "n": SMALL_N}).encode()
     with httpx.Client(base_url=url, timeout=DEADLINE_S + 60) as client:
         for _ in range(6):
-            assert client.post("/predict", content=small, headers=HEADERS).status_code == 200
+            assert client.post("/predict", content=small, headers=JSON_HEADERS).status_code == 200
         rate = metric_value(client, "transdenoiser_compute_rate")
     per_image = max(SMALL_N, int(rate * DEADLINE_S * fraction / LARGE_IMAGES) - N0) // 100 * 100
     large_samples = LARGE_IMAGES * (N0 + per_image)
@@ -48,7 +55,7 @@ def measure(url: str, images, small_clients: int, seconds: float, fraction: floa
         with httpx.Client(base_url=url, timeout=DEADLINE_S + 60) as own:
             while not stop.is_set():
                 sent = time.perf_counter()
-                status = own.post("/predict", content=small, headers=HEADERS).status_code
+                status = own.post("/predict", content=small, headers=JSON_HEADERS).status_code
                 smalls.append((status, time.perf_counter() - sent))
 
     threads = [threading.Thread(target=loop) for _ in range(small_clients)]
@@ -60,7 +67,7 @@ def measure(url: str, images, small_clients: int, seconds: float, fraction: floa
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
             sent = time.perf_counter()
-            response = client.post("/predict", content=large, headers=HEADERS)
+            response = client.post("/predict", content=large, headers=JSON_HEADERS)
             retry = response.headers.get("retry-after")
             attempts.append({"status": response.status_code, "seconds": round(time.perf_counter() - sent, 3),
                              "retry_after_s": int(retry) if retry else None})
@@ -89,11 +96,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the large request's work / what the server computes within the deadline")
     parser.add_argument("--out", default="runs/bench/stream_large.json", help="JSON results file")
     args = parser.parse_args(argv)
-    if not (Path(args.classifier_dir) / "metadata.json").is_file():
-        parser.error(f"--classifier-dir {args.classifier_dir}: not a classifier checkpoint (no metadata.json)")
-    from training.datasets import load_dataset
-
-    images = load_dataset("mnist10k").test.tensors()[0][:32].numpy()
+    check_classifier_dir(parser, args)
+    images = mnist_test_images()
     record = run_record(argv, "benchmarks.bench_stream_large")
     with tempfile.TemporaryDirectory(prefix="bench_stream_large_") as tmp, \
             running_server(Path(tmp), args.classifier_dir, args.denoiser_dir, sigma=0.25,

@@ -27,6 +27,19 @@ def model_args(parser, classifier_default: str = "runs/demo/classifier") -> None
     parser.add_argument("--denoiser-dir", default=None, help="optional denoiser checkpoint directory")
 
 
+def check_classifier_dir(parser, args) -> None:
+    """Refuse (argparse's one-line error) a ``--classifier-dir`` that is not a classifier checkpoint."""
+    if not (Path(args.classifier_dir) / "metadata.json").is_file():
+        parser.error(f"--classifier-dir {args.classifier_dir}: not a classifier checkpoint (no metadata.json)")
+
+
+def mnist_test_images(count: int = 32) -> np.ndarray:
+    """The first ``count`` mnist10k test images, (count, 1, 28, 28) float32 in [0, 1]: the requests' images."""
+    from training.datasets import load_dataset
+
+    return load_dataset("mnist10k").test.tensors()[0][:count].numpy()
+
+
 def save_result(out: str, result: dict, prefix: str = "") -> None:
     """Write ``result`` to the JSON file ``out`` and say where (the CLI's last line)."""
     from benchmarks import write_result
