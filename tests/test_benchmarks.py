@@ -213,3 +213,14 @@ def test_bench_probe_cost_reads_the_event_loop_threads_cpu():
     sum(i * i for i in range(3_000_000))
     own = main_thread_cpu_s(me) - started
     assert own > 0.05 and other < own / 2, (own, other)
+
+
+def test_bench_work_build_quick_times_each_kind_as_built_and_the_alternative(tmp_path):
+    from benchmarks import bench_work_build
+
+    out = tmp_path / "work_build.json"
+    assert bench_work_build.main(["--quick", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert set(rows) == {"certify n=1000", "certify n=10000", "decide n_max=10000", "estimate n_max=10000"}
+    assert all(value > 0 for figures in rows.values() for value in figures.values())
+    assert set(rows["certify n=10000"]) == {"as_built_ms", "every_seed_up_front_ms"}

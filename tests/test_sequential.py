@@ -26,7 +26,7 @@ from certify.sequential import (
     radius_of,
 )
 from certify.sequential_exact import boundaries, operating, union_boundary
-from certify.streams import SequentialTest, draw_block_ends, run_blocks, run_streams
+from certify.streams import BlockPlan, SequentialTest, draw_block_ends, run_blocks, run_streams
 from transdenoiser.errors import UserError
 
 SIGMA = 0.25
@@ -483,3 +483,21 @@ def test_sequential_test_fed_by_blocks_matches_the_block_driver():
     assert (test.outcome, test.samples, test.successes, test.computed) == (
         blocked.outcome[0], blocked.samples[0], blocked.successes[0], blocked.computed[0])
     assert test.p_lower == blocked.p_lower[0]
+
+
+def test_many_sequential_tests_share_block_ends_but_no_state():
+    """SequentialTest.many: each test answers as one built alone, and feeding one leaves the others untouched."""
+    rule = DecideRule(confidence_sequence(DEFAULT_METHOD, 10_000, 0.001), 0.5, SIGMA)
+    tests = SequentialTest.many(rule, BlockPlan(), 3)
+    assert SequentialTest.many(rule, BlockPlan(), 0) == [] and len({id(test) for test in tests}) == 3
+    for p_success, test in zip((0.999, 0.9, 0.6), tests, strict=True):
+        alone = SequentialTest(rule, BlockPlan())
+        votes = np.random.default_rng(int(p_success * 1000)).binomial(1, p_success, size=10_000)
+        for fed in (test, alone):
+            while not fed.done:
+                size, segments = fed.next_block()
+                edges = fed.computed + np.concatenate([[0], np.cumsum(segments)])
+                fed.observe_block(np.add.reduceat(votes[edges[0]:edges[-1]], edges[:-1] - edges[0]))
+        assert (test.outcome, test.samples, test.successes, test.computed, test.p_lower) == (
+            alone.outcome, alone.samples, alone.successes, alone.computed, alone.p_lower)
+    assert len({(test.outcome, test.samples) for test in tests}) == 3  # three different answers: nothing shared

@@ -190,6 +190,28 @@ def test_certify_work_takes_whole_jobs_within_a_round():
                                                       100).take(10)] == [30]  # at least one job per round
 
 
+
+def test_certify_work_derives_each_seed_when_its_job_is_taken(monkeypatch):
+    """Building the work of a request derives no seed (admission may still refuse it, and a 16-image request at
+    n = 10,000 has 1,616 jobs); the jobs handed out are plan_jobs' jobs, in its order, whatever the round size."""
+    from serving.compute import engine
+
+    images = torch.rand(3, *SHAPE)
+    expected = [((i, p), job) for i, p, job in plan_jobs(images, [5, 6, 7], n0=30, n=250, chunk_samples=100)]
+    derived = []
+    monkeypatch.setattr(engine, "job_seed", lambda *args: derived.append(args) or job_seed(*args))
+    work = CertifyWork(images, [5, 6, 7], n0=30, n=250, alpha=0.001, sigma=0.25, num_classes=10, chunk_samples=100)
+    assert derived == [] and work.planned_samples == 3 * 280
+    taken = []
+    for max_samples in (200, 1, 350, 100, 10**6):
+        taken += work.take(max_samples)
+    assert len(derived) == len(taken) == len(expected) == 12 and work.samples_left == 0
+    for (key, job), (want_key, want) in zip(taken, expected, strict=True):
+        assert key == want_key and job.num_samples == want.num_samples and job.seed == want.seed
+        assert torch.equal(job.image, want.image)
+    with pytest.raises(ValueError, match="3 images but 2 image seeds"):
+        CertifyWork(images, [5, 6], 30, 250, 0.001, 0.25, 10, 100)
+
 # ------------------------------------------------------------------------------------------------ middlewares
 
 async def _ok_app(scope, receive, send):
