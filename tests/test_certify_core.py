@@ -233,12 +233,36 @@ def test_parallel_forward_workers_give_the_same_counts():
     parallel.close()
 
 
+def test_pass_sizes_do_not_change_a_convolutional_pipeline_s_classes():
+    """The split into passes (batch size, worker count) changes no logit of a channels-last CNN on CPU, so no count:
+    the pass sizes are a matter of speed only."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(16, 32, 3, padding=1),
+                          nn.ReLU(), nn.Flatten(), nn.Linear(32 * 14 * 14, 10)).eval()
+    samples = torch.rand(200, 1, 28, 28)
+    reference = Smooth(model, 10, 0.25, batch_size=200, device="cpu", workers=1)
+    assert reference.memory_format == "channels_last"
+    expected = reference.base_logits(samples)
+    for batch, workers in ((64, 2), (50, 1), (37, 2), (64, 3)):
+        smooth = Smooth(model, 10, 0.25, batch_size=batch, device="cpu", workers=workers)
+        parts = samples.split(smooth._pass_size(len(samples)))
+        assert torch.equal(torch.cat([smooth.base_logits(part) for part in parts]), expected), (batch, workers)
+        assert torch.equal(smooth.classify(samples), expected.argmax(dim=1))
+        smooth.close()
+
 def test_small_calls_are_split_so_every_worker_gets_a_pass():
     model = nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 10)).eval()
     two = Smooth(model, num_classes=10, sigma=0.5, batch_size=1000, device="cpu", workers=2)
     one = Smooth(model, num_classes=10, sigma=0.5, batch_size=1000, device="cpu", workers=1)
-    assert (two._pass_size(1000), two._pass_size(5000), two._pass_size(1)) == (500, 1000, 1)
+    assert (two._pass_size(1000), two._pass_size(5000), two._pass_size(1)) == (500, 834, 1)
     assert one._pass_size(1000) == 1000
+    for workers, batch in ((2, 64), (3, 50), (8, 1000)):
+        smooth = Smooth(model, num_classes=10, sigma=0.5, batch_size=batch, device="cpu", workers=workers)
+        for total in range(1, 2000, 7):  # every worker gets as many passes, none above the batch
+            size = smooth._pass_size(total)
+            passes = math.ceil(total / size)
+            assert size <= batch and (passes % workers == 0 or passes == total), (workers, batch, total, size)
+    assert Smooth(model, 10, 0.5, batch_size=64, device="cpu", workers=2)._pass_size(200) == 50  # the server's round
     samples = torch.rand(7, 1, 28, 28)
     assert torch.equal(two.classify(samples), one.classify(samples))
     two.close()
