@@ -163,6 +163,10 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/test_serving_scheduler.py", "-k", "admission_rules"),
            "a request admitted alone must fit at the half of the compute an admitted request is sure of, as one "
            "next to admitted work must (no starvation by a stream of small requests, no 504 after admission)"),
+    Mutant("taken_jobs_share_a_chunk_seed", "serving/compute/engine.py", "CertifyWork.take",
+           "job_seed(self.image_seeds[index], phase, chunk)", "job_seed(self.image_seeds[index], phase, 0)",
+           ("tests/test_serving.py", "-k", "derives_each_seed or never_share"),
+           "a certify request's noise jobs never share a draw (each chunk its own seed, derived as it is taken)"),
     Mutant("noise_key_constant_by_default", "serving/compute/noise.py", "NoiseKey.from_setting",
            "secrets.token_bytes(KEY_BYTES)", "bytes(KEY_BYTES)", NOISE_KEY,
            "an unset noise_key is a fresh random secret per start"),
