@@ -9,7 +9,8 @@ pretrain, train for each arm (nodp, sepdp, transdenoiser with S_min computed on 
 (fixed n, decide, estimate; bf16 and compiled fixed-n runs too), predict, attack, audit, privacy-audit,
 train-head, bundle, and ``serve`` answering one request of each kind (certify, decide, estimate). Then the
 benchmarks: bench_certify (Cohen's loop and the mnist / cifar / imagenet pipelines at fp32, bf16 and fp16 eager,
-fp32 and bf16 compiled), bench_training and bench_serving at 16 clients. Needs no network. A failing step is
+fp32 and bf16 compiled), bench_adaptive (decide at R = 0.25 and 0.5 against fixed n = 10,000 on 200 images: samples
+per second and samples per image), bench_training and bench_serving at 16 clients. Needs no network. A failing step is
 recorded and the check goes on; the exit status is 1 if any step failed. Writes OUT/gpu_check.json (every step:
 seconds, status, figures, the error) and prints one table.
 """
@@ -189,6 +190,15 @@ def run_benchmarks(check: Check, args) -> None:
                                         "--images", i,
                                         "--n", n, "--repeats", "3", "--batch", "4096" if p != "imagenet" else "512",
                                         "--device", device]))
+    from benchmarks import bench_adaptive
+
+    # decide's noisy samples per second against fixed n's, on the same images (the target: >= 70 %)
+    check.step("bench_adaptive decide R=0.25, 0.5 vs fixed n = 10,000", lambda: _json_figures(
+        bench_adaptive.main(["--classifier", str(out / "classifier"), "--denoiser", str(out / "denoiser"),
+                             "--images", "200", "--fixed", "10000", "--radii", "0.25", "0.5", "--n-max", "10000",
+                             "--estimate-n-max", "10000", "--estimate-images", "50", "--chunk", "50",
+                             "--batch", "8192", "--device", device, "--json", str(out / "bench_adaptive.json")]),
+        out / "bench_adaptive.json", ("samples_per_second_vs_fixed", "ratios")))
     from benchmarks import bench_training
 
     check.step("bench_training (GPU rows)", lambda: _json_figures(
