@@ -235,7 +235,7 @@ class Smooth:
         the other waits after 72). Results do not depend on the split (tested)."""
         if self.workers == 1 or self.compile:  # compiled passes are padded to batch_size anyway
             return self.batch_size
-        passes = math.ceil(math.ceil(total / self.batch_size) / self.workers) * self.workers
+        passes = max(1, math.ceil(math.ceil(total / self.batch_size) / self.workers)) * self.workers
         return max(1, math.ceil(total / passes))
 
     def classify(self, samples: torch.Tensor) -> torch.Tensor:

@@ -254,7 +254,7 @@ def test_small_calls_are_split_so_every_worker_gets_a_pass():
     model = nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 10)).eval()
     two = Smooth(model, num_classes=10, sigma=0.5, batch_size=1000, device="cpu", workers=2)
     one = Smooth(model, num_classes=10, sigma=0.5, batch_size=1000, device="cpu", workers=1)
-    assert (two._pass_size(1000), two._pass_size(5000), two._pass_size(1)) == (500, 834, 1)
+    assert (two._pass_size(1000), two._pass_size(5000), two._pass_size(1), two._pass_size(0)) == (500, 834, 1, 1)
     assert one._pass_size(1000) == 1000
     for workers, batch in ((2, 64), (3, 50), (8, 1000)):
         smooth = Smooth(model, num_classes=10, sigma=0.5, batch_size=batch, device="cpu", workers=workers)
