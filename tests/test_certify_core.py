@@ -250,6 +250,7 @@ def test_pass_sizes_do_not_change_a_convolutional_pipeline_s_classes():
         assert torch.equal(smooth.classify(samples), expected.argmax(dim=1))
         smooth.close()
 
+
 def test_small_calls_are_split_so_every_worker_gets_a_pass():
     model = nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 10)).eval()
     two = Smooth(model, num_classes=10, sigma=0.5, batch_size=1000, device="cpu", workers=2)
