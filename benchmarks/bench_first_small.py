@@ -15,13 +15,12 @@ Loopback only; about a minute.
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-from benchmarks.bench_overload import JSON_HEADERS, LARGE_FRACTION, LARGE_IMAGES, N0, SMALL_N, metric_value
+from benchmarks.bench_overload import JSON_HEADERS, large_body, large_n, metric_value, small_body
 from benchmarks.serving_common import (
     check_classifier_dir,
     mnist_test_images,
@@ -43,11 +42,7 @@ CASES = (("1 large, admitted", 1, None), ("8 large, 1 admitted", 8, None), ("1 l
 def measure(url: str, images, repeats: int) -> dict:
     import httpx
 
-    small = json.dumps({"images": [images[0].tolist()], "n": SMALL_N}).encode()
-
-    def large(index: int, n: int) -> bytes:
-        return json.dumps({"images": [images[(index + k) % len(images)].tolist() for k in range(LARGE_IMAGES)],
-                           "n": n}).encode()
+    small = small_body(images)
 
     with httpx.Client(base_url=url, timeout=80) as client:
         idle = []
@@ -56,13 +51,13 @@ def measure(url: str, images, repeats: int) -> dict:
             assert client.post("/predict", content=small, headers=JSON_HEADERS).status_code == 200
             idle.append(time.perf_counter() - started)
         rate = metric_value(client, "transdenoiser_compute_rate")
-        sized = max(SMALL_N, int(rate * DEADLINE_S * LARGE_FRACTION / LARGE_IMAGES) - N0) // 100 * 100
+        sized = large_n(rate, DEADLINE_S)
         cases = {}
         for name, count, n in CASES:
             n = sized if n is None else n
             rows = []
             for _ in range(repeats):
-                bodies = [large(index, n) for index in range(count)]
+                bodies = [large_body(images, index, n) for index in range(count)]
                 clients = [httpx.Client(base_url=url, timeout=80) for _ in range(count)]
                 statuses: list[int] = []
 

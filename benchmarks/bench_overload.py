@@ -54,6 +54,23 @@ LARGE_FRACTION = 0.3
 JSON_HEADERS = {"content-type": "application/json"}  # bodies sent already encoded
 
 
+def large_n(rate: float, deadline_s: float, fraction: float = LARGE_FRACTION) -> int:
+    """n per image of a large request (``LARGE_IMAGES`` images, n0 ``N0`` each) worth about ``fraction`` of what the
+    server computes within ``deadline_s`` at ``rate`` noisy samples/s: on a grid of 100, at least ``SMALL_N``."""
+    return max(SMALL_N, int(rate * deadline_s * fraction / LARGE_IMAGES) - N0) // 100 * 100
+
+
+def large_body(images, index: int, n: int) -> bytes:
+    """A large request's JSON body: ``LARGE_IMAGES`` of ``images`` from ``index`` on (wrapping), ``n`` per image."""
+    return json.dumps({"images": [images[(index + k) % len(images)].tolist() for k in range(LARGE_IMAGES)],
+                       "n": n}).encode()
+
+
+def small_body(images) -> bytes:
+    """A small request's JSON body: the first of ``images``, n = ``SMALL_N``."""
+    return json.dumps({"images": [images[0].tolist()], "n": SMALL_N}).encode()
+
+
 def metric_value(http: httpx.Client, name: str) -> float:
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -73,7 +90,7 @@ def measure(url: str, images, deadline_s: float, factor: float, idle_requests: i
         idle = idle[1:]  # the first warms the HTTP path
         idle_p50 = percentiles(idle)["p50_s"]
         rate = metric_value(http, "transdenoiser_compute_rate")
-        per_image = max(SMALL_N, int(rate * deadline_s * large_fraction / LARGE_IMAGES) - N0) // 100 * 100
+        per_image = large_n(rate, deadline_s, large_fraction)
         large_samples = LARGE_IMAGES * (N0 + per_image)
         count = max(2, round(factor * rate * deadline_s / large_samples))
         computed_before = metric_value(http, "transdenoiser_noisy_samples_total")
@@ -85,9 +102,8 @@ def measure(url: str, images, deadline_s: float, factor: float, idle_requests: i
 
     # Every body is encoded, and every client made, before the clock starts: the load process's threads share one
     # interpreter lock, and encoding 16-image bodies beside a small request's send would be timed as the server's.
-    large_bodies = [json.dumps({"images": [images[(index + k) % len(images)].tolist() for k in range(LARGE_IMAGES)],
-                                "n": per_image}).encode() for index in range(count)]
-    small_body = json.dumps(small).encode()
+    large_bodies = [large_body(images, index, per_image) for index in range(count)]
+    small_encoded = small_body(images)
     clients = [httpx.Client(base_url=url, timeout=deadline_s + 60) for _ in range(count + 1)]
 
     def send_large(index: int) -> None:
@@ -100,7 +116,7 @@ def measure(url: str, images, deadline_s: float, factor: float, idle_requests: i
     def send_small() -> None:
         while not done.is_set():
             sent = time.perf_counter()
-            status = clients[-1].post("/predict", content=small_body, headers=JSON_HEADERS).status_code
+            status = clients[-1].post("/predict", content=small_encoded, headers=JSON_HEADERS).status_code
             small_results.append((status, time.perf_counter() - sent))
             small_sent.append(sent - started)
             time.sleep(0.2)

@@ -14,14 +14,22 @@ only; bounded by ``--seconds`` plus one large request.
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import threading
 import time
 from collections import Counter
 from pathlib import Path
 
-from benchmarks.bench_overload import JSON_HEADERS, LARGE_FRACTION, LARGE_IMAGES, N0, SMALL_N, metric_value
+from benchmarks.bench_overload import (
+    JSON_HEADERS,
+    LARGE_FRACTION,
+    LARGE_IMAGES,
+    N0,
+    large_body,
+    large_n,
+    metric_value,
+    small_body,
+)
 from benchmarks.serving_common import (
     check_classifier_dir,
     mnist_test_images,
@@ -39,15 +47,14 @@ DEADLINE_S = 20.0
 def measure(url: str, images, small_clients: int, seconds: float, fraction: float = LARGE_FRACTION) -> dict:
     import httpx
 
-    small = json.dumps({"images": [images[0].tolist()], "n": SMALL_N}).encode()
+    small = small_body(images)
     with httpx.Client(base_url=url, timeout=DEADLINE_S + 60) as client:
         for _ in range(6):
             assert client.post("/predict", content=small, headers=JSON_HEADERS).status_code == 200
         rate = metric_value(client, "transdenoiser_compute_rate")
-    per_image = max(SMALL_N, int(rate * DEADLINE_S * fraction / LARGE_IMAGES) - N0) // 100 * 100
+    per_image = large_n(rate, DEADLINE_S, fraction)
     large_samples = LARGE_IMAGES * (N0 + per_image)
-    large = json.dumps({"images": [images[k % len(images)].tolist() for k in range(LARGE_IMAGES)],
-                        "n": per_image}).encode()
+    large = large_body(images, 0, per_image)
     stop = threading.Event()
     smalls: list[tuple[int, float]] = []
 
