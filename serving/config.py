@@ -27,6 +27,7 @@ DEVICE_ENV = "TRANSDENOISER_DEVICE"
 CONFIG_NAMES = ("serving.toml", "serving.json")
 CPU_FORWARD_BATCH = 64  # measured fastest for the 28x28 models on CPU (docs/RESULTS.md, section 4)
 CPU_FORWARD_NICE = 10  # the event loop first (docs/results/serving.md, "A burst of large bodies")
+ROUND_SAMPLES, CPU_ROUND_SAMPLES = 200, 100  # a small request next to a burst (docs/results/serving.md, overload)
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,9 @@ class ServingConfig:
     # adaptive batching across requests (true), one request at a time (false), or "auto": adaptive on a GPU only,
     # because on CPU it measured no faster than one at a time (0.91x-1.34x, docs/RESULTS.md, section 6)
     batching: bool | str = "auto"
-    round_samples: int = 200  # noisy samples one request computes per scheduling round (fair share of a pass)
+    # noisy samples one request computes per scheduling round (its fair share of the compute): "auto" is 100 on
+    # CPU (a small request arriving waits for at most one such round: about 25 ms on 2 cores) and 200 elsewhere
+    round_samples: int | str = "auto"
     max_latency_ms: int = 120_000  # deadline: a request not answered this long after it arrived stops, 504
     max_request_samples: int = 200_000  # compute budget per request: images x (n0 + n) noisy samples
     max_queued_requests: int = 64  # requests in flight at once; one more is refused with 503 and Retry-After
@@ -83,13 +86,19 @@ class ServingConfig:
             return int(self.forward_nice)
         return CPU_FORWARD_NICE if device_type == "cpu" else 0
 
+    def round_samples_on(self, device_type: str) -> int:
+        """Noisy samples per scheduling round on a device of this type."""
+        if self.round_samples != "auto":
+            return int(self.round_samples)
+        return CPU_ROUND_SAMPLES if device_type == "cpu" else ROUND_SAMPLES
+
     def batching_on(self, device_type: str) -> bool:
         """Whether requests share forward passes on a device of this type ("cpu", "cuda")."""
         return self.batching if isinstance(self.batching, bool) else device_type == "cuda"
 
 
 _INT_KEYS = ("n0", "n", "max_n", "batch_size", "chunk_samples", "max_images", "max_payload_bytes", "max_latency_ms",
-             "round_samples", "max_request_samples", "max_queued_requests", "max_parsing_requests")
+             "max_request_samples", "max_queued_requests", "max_parsing_requests")
 MIN_NOISE_KEY_CHARS = 32
 _BOOL_KEYS = ("allow_client_seed", "show_versions", "compile", "sound_noise")
 PRECISIONS = ("fp32", "bf16", "fp16")  # certify.numerics.PRECISION_CHOICES
@@ -122,6 +131,10 @@ def validate_config(raw: dict[str, Any], source: str) -> ServingConfig:
             isinstance(raw["forward_batch"], bool) or not isinstance(raw["forward_batch"], int)
             or raw["forward_batch"] < 1):
         raise bad("forward_batch", 'an integer >= 1 or "auto"')
+    if "round_samples" in raw and raw["round_samples"] != "auto" and (
+            isinstance(raw["round_samples"], bool) or not isinstance(raw["round_samples"], int)
+            or raw["round_samples"] < 1):
+        raise bad("round_samples", 'an integer >= 1 or "auto"')
     if "forward_nice" in raw and raw["forward_nice"] != "auto" and (
             isinstance(raw["forward_nice"], bool) or not isinstance(raw["forward_nice"], int)
             or not 0 <= raw["forward_nice"] <= 19):

@@ -406,6 +406,18 @@ def test_forward_batch_auto_is_cache_sized_on_cpu_only():
     assert validate_config({"sigma": 0.25, "forward_batch": 300}, "test").forward_batch_on("cpu") == 300
 
 
+def test_round_samples_auto_is_shorter_on_cpu():
+    from serving.config import CPU_ROUND_SAMPLES, ROUND_SAMPLES, validate_config
+
+    auto = validate_config({"sigma": 0.25}, "test")
+    assert auto.round_samples == "auto" and (CPU_ROUND_SAMPLES, ROUND_SAMPLES) == (100, 200)
+    assert auto.round_samples_on("cpu") == 100 and auto.round_samples_on("cuda") == 200
+    assert validate_config({"sigma": 0.25, "round_samples": 300}, "test").round_samples_on("cpu") == 300
+    for bad in (0, True, 1.5, "fast"):
+        with pytest.raises(UserError, match='round_samples must be an integer >= 1 or "auto"'):
+            validate_config({"sigma": 0.25, "round_samples": bad}, "test")
+
+
 def test_forward_nice_auto_lowers_the_passes_on_cpu_only():
     from serving.config import CPU_FORWARD_NICE, validate_config
 

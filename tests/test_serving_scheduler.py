@@ -109,6 +109,28 @@ def test_a_small_request_waits_one_round_not_a_large_request_s_work():
     assert finished["large"] == len(counter.passes)  # the large request finished last
 
 
+def test_a_request_with_at_most_two_rounds_left_finishes_in_one_round():
+    """The finishing round: a small request of two rounds' samples (n0 + n = 200, rounds of 100) next to a large
+    one computes all of them in its first round, so it never waits for the large request's round between its two
+    halves; the large request's rounds stay 100 samples until it too has at most 200 left."""
+    counter = FakeCounter(seconds_per_sample=2e-5)
+    scheduler = FairScheduler(counter, round_samples=100, pass_samples=1000, share_passes=False, max_queued=8)
+
+    async def run():
+        async def small():
+            await asyncio.sleep(0.03)
+            await scheduler.run(work(1, 180, seed=99, chunk=50), 60, 10**6)
+
+        await asyncio.gather(scheduler.run(work(2, 1000), 60, 10**6), small())
+
+    asyncio.run(run())
+    small_seeds = {job_seed(99, phase, k) for phase in (SELECTION, ESTIMATION) for k in range(4)}
+    small_passes = [jobs for jobs in counter.passes if {j.seed for j in jobs} & small_seeds]
+    assert len(small_passes) == 1 and sum(j.num_samples for j in small_passes[0]) == 200
+    large_rounds = [sum(j.num_samples for j in jobs) for jobs in counter.passes if jobs is not small_passes[0]]
+    assert sum(large_rounds) == 2 * 1020 and max(large_rounds[:-1]) == 100 and 100 < large_rounds[-1] <= 200
+
+
 def test_deadline_stops_the_computation():
     counter = FakeCounter(seconds_per_sample=1e-4)
     scheduler = FairScheduler(counter, round_samples=100, pass_samples=1000, share_passes=False, max_queued=8)

@@ -75,6 +75,7 @@ def test_probes_and_model_card(client):
     assert card["classifier"]["architecture"] == "cnn28" and card["certification"]["sigma"] == 0.25
     runtime = card["runtime"]  # CPU: "auto" runs the passes' worker threads at niceness +10 (none with one worker)
     assert runtime["forward_workers"] >= 1 and runtime["forward_nice"] == (10 if runtime["forward_workers"] > 1 else 0)
+    assert runtime["round_samples"] == 150  # the setting of this model directory (default "auto": 100 on CPU)
 
 
 def test_good_requests(client, digits):

@@ -2,8 +2,10 @@
 
 Every request in flight holds a *ticket* on one ``FairScheduler``. A single compute loop takes the tickets
 in turn (round robin) and gives each a *round*: its next noise jobs, at most ``round_samples`` noisy
-samples. With ``share_passes`` off (the CPU default) a forward pass is one ticket's round; with it on (the
-GPU default) one pass gathers the rounds of several tickets, up to ``pass_samples`` samples. Either way a
+samples, or everything it has left when that is at most ``FINISHING_ROUNDS`` rounds (a *finishing round*: a
+small request ends in its first round instead of waiting for another request's round between its halves).
+With ``share_passes`` off (the CPU default) a forward pass is one ticket's round; with it on (the GPU default)
+one pass gathers the rounds of several tickets, up to ``pass_samples`` samples. Either way a
 small request waits for at most one round of each request ahead of it, never for a large request's whole
 work. Between passes the loop drops the tickets whose deadline has passed (``DeadlineExceeded``), whose
 client has disconnected (``ClientDisconnected``) or whose caller stopped waiting; so a dropped request
@@ -40,6 +42,7 @@ from serving.compute.admission import ADMITTED_MARGIN, Admitted, RateMeter, admi
 from serving.compute.engine import NoiseJob
 
 Disconnected = Callable[[], Awaitable[bool]]
+FINISHING_ROUNDS = 2  # a request with at most this many rounds' samples left computes them in one round
 
 
 class Work(Protocol):
@@ -296,6 +299,16 @@ class FairScheduler:
         behind = [ticket for ticket in self._tickets if ticket.behind and ticket.work.samples_left > 0]
         return min(behind, key=lambda ticket: ticket.deadline, default=None)
 
+    def _room(self, ticket: _Ticket, total: int) -> int:
+        """Noisy samples ``ticket``'s round may take in a pass that already holds ``total``: ``round_samples``, or
+        all it has left when that is at most ``FINISHING_ROUNDS`` rounds; with shared passes, at most what the pass
+        has room for. A finishing round costs a request waiting behind it at most one more round of waiting, and
+        saves the finishing request a whole turn of the queue."""
+        room = self.round_samples
+        if ticket.work.samples_left <= FINISHING_ROUNDS * room:
+            room = ticket.work.samples_left
+        return room if not self.share_passes else min(room, self.pass_samples - total)
+
     def _round(self, ticket: _Ticket, room: int) -> list[tuple[Any, NoiseJob]] | None:
         """``ticket``'s next jobs (at most ``room`` samples), or None when it was dropped for its budget."""
         jobs = ticket.work.take(room)
@@ -327,7 +340,7 @@ class FairScheduler:
             self._rescue_turn = rescue is None or self._newcomer_went_first
             self._newcomer_went_first = False
         if rescue is not None:
-            jobs = self._round(rescue, self.round_samples)
+            jobs = self._round(rescue, self._room(rescue, 0))
             if jobs:
                 batch.extend((rescue, key, job) for key, job in jobs)
                 total += sum(job.num_samples for _, job in jobs)
@@ -337,9 +350,7 @@ class FairScheduler:
         for _ in range(len(self._tickets)):
             ticket = self._tickets[0]
             self._tickets.rotate(-1)
-            room = self.round_samples if not self.share_passes else min(self.round_samples,
-                                                                         self.pass_samples - total)
-            jobs = self._round(ticket, room)
+            jobs = self._round(ticket, self._room(ticket, total))
             if jobs is None:
                 continue
             self._last_served = ticket
