@@ -16,6 +16,7 @@ TRAIN_REPORTS = ("tests/test_invariants_training.py", "-k", "accountant or repor
 SMIN = ("tests/test_invariants_training.py", "tests/test_smin.py")
 AUTH = ("tests/test_serving.py", "-k", "api_key")
 VALIDATION = ("tests/test_serving.py", "-k", "json_validation")
+JSON_PATHS = ("tests/test_serving_json_paths.py",)
 SCHEDULER = ("tests/test_serving_scheduler.py", "-k", "largest or waits_one_round or overload or door")
 NOISE_KEY = ("tests/test_serving_scheduler.py", "-k", "noise_key or keyed_seeds or canonical")
 INTEGRITY = ("tests/test_invariants_training.py", "-k", "checkpoint")
@@ -119,6 +120,15 @@ MUTANTS: tuple[Mutant, ...] = (
            "a wrong key is refused"),
     Mutant("api_key_all_paths_open", "serving/auth.py", "ApiKeyMiddleware.__call__",
            'scope.get("path") in OPEN_PATHS', 'scope.get("path") not in ()', AUTH, "only probes are open"),
+    Mutant("fast_json_takes_literals_among_pixels", "serving/validation.py", "fast_payload",
+           " or literals != top_literals", "", JSON_PATHS,
+           "true/false/null among the pixels are refused, never read by NumPy as numbers (the orjson path)"),
+    Mutant("fast_json_takes_duplicate_keys", "serving/validation.py", "fast_payload",
+           "keys != len(payload)", "keys < len(payload)", JSON_PATHS,
+           "a duplicate JSON key is refused, never silently the last value (the orjson path)"),
+    Mutant("fast_json_takes_huge_integers", "serving/validation.py", "fast_payload",
+           " or _LONG_DIGITS.search(emptied)", "", JSON_PATHS,
+           "an integer beyond 64 bits is read as the standard library reads it (orjson would make it a float)"),
     Mutant("front_door_refuses_unauthenticated", "serving/front_door.py", "FrontDoor._authorized",
            "return self.api_key is None or key_accepted(", "return True or key_accepted(",
            ("tests/test_serving_front_door.py", "-k", "api_key or unauthenticated"),
@@ -127,6 +137,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "release = scope[SLOT_KEY] = self.slots.take()", "release = lambda: None",
            ("tests/test_serving_front_door.py", "-k", "takes_the_slot"),
            "the door takes each body's slot as the request arrives, so a burst is refused at the door"),
+    Mutant("no_slot_kept_for_small_bodies", "serving/limits.py", "BodySlots._limit_for",
+           "return self.limit if small or self.limit < 2 else self.limit - 1", "return self.limit",
+           ("tests/test_serving_front_door.py", "-k", "kept_for_small"),
+           "a burst of large bodies leaves the last body slot to small requests"),
     Mutant("abandoned_upload_keeps_its_slot", "serving/limits.py", "PayloadLimitMiddleware.__call__",
            "            release = scope[SLOT_KEY]\n", "            release = lambda: None  # noqa: E731\n",
            ("tests/test_serving_front_door.py", "-k", "abandoned"),
@@ -163,6 +177,10 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/test_serving_scheduler.py", "-k", "admission_rules"),
            "a request admitted alone must fit at the half of the compute an admitted request is sure of, as one "
            "next to admitted work must (no starvation by a stream of small requests, no 504 after admission)"),
+    Mutant("no_finishing_round", "serving/compute/scheduler.py", "FairScheduler._room",
+           "if ticket.work.samples_left <= FINISHING_ROUNDS * room:", "if False:",
+           ("tests/test_serving_scheduler.py", "-k", "finishes_in_one_round"),
+           "a request with at most two rounds left computes them in one round (a small one is not split)"),
     Mutant("taken_jobs_share_a_chunk_seed", "serving/compute/engine.py", "CertifyWork.take",
            "job_seed(self.image_seeds[index], phase, chunk)", "job_seed(self.image_seeds[index], phase, 0)",
            ("tests/test_serving.py", "-k", "derives_each_seed or never_share"),

@@ -9,7 +9,9 @@ It also bounds the request bodies being read and parsed at once (``max_parsing_r
 request with a body takes a *body slot* before a byte of it is read, and one more than the limit is refused at once
 with 503 and ``Retry-After: 1``, before reading or parsing anything. The slot is given back by the parser once the
 body is parsed (``release_body_slot``, called by the service), or when the request ends, whichever comes first; so
-slow computations never hold one. Requests without a body (GET, HEAD: the probes) take no slot. In the server the
+slow computations never hold one. With two slots or more, the last free one is kept for small bodies (declared
+by their ``Content-Length`` at most ``SMALL_BODY_BYTES``): a burst of large bodies cannot refuse a small request
+for full slots. Requests without a body (GET, HEAD: the probes) take no slot. In the server the
 front door (``serving.front_door``) takes the slot, or refuses, ahead of BentoML's middlewares; this middleware then
 finds the slot held, and gives it back when the request ends here, as for a slot it took itself.
 """
@@ -22,6 +24,17 @@ from serving.auth import send_json
 SLOT_KEY = "transdenoiser.release_body_slot"
 BODILESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 RETRY_AFTER_FULL_S = 1  # the Retry-After of a refusal for full body slots, in s
+# a body declared (Content-Length) at most this large may take the last body slot, which larger or undeclared
+# (chunked) bodies leave free: a one-image request of 28x28 or 32x32x3 pixels as JSON, or of a few PNGs
+SMALL_BODY_BYTES = 64 * 1024
+
+
+def declared_small(scope) -> bool:
+    """Whether the request declares a body of at most ``SMALL_BODY_BYTES`` (a chunked one declares none)."""
+    for name, value in scope.get("headers", []):
+        if name.lower() == b"content-length":
+            return value.isdigit() and int(value) <= SMALL_BODY_BYTES
+    return False
 
 
 def release_body_slot(scope) -> None:
@@ -47,8 +60,13 @@ class BodySlots:
             self._limit = load_config(model_dir_from_env()).max_parsing_requests
         return self._limit
 
-    def full(self) -> bool:
-        return self.taken >= self.limit
+    def _limit_for(self, small: bool) -> int:
+        return self.limit if small or self.limit < 2 else self.limit - 1
+
+    def full(self, small: bool = False) -> bool:
+        """Whether a body cannot take a slot now; ``small``: declared at most ``SMALL_BODY_BYTES`` (it may take the
+        last slot, which other bodies leave free when there are two or more)."""
+        return self.taken >= self._limit_for(small)
 
     def take(self) -> Callable[[], None]:
         """Take a slot (the caller has checked ``full()``); returns its release, which is idempotent."""
@@ -63,19 +81,24 @@ class BodySlots:
 
         return release
 
-    def refusal(self) -> dict:
-        """The 503 body of a request refused because every slot is taken."""
-        return {"error": f"the server is reading {self.taken} request bodies already, the most it reads at once "
-                         f"(max_parsing_requests); retry in {RETRY_AFTER_FULL_S} s"}
+    def refusal(self, small: bool = False) -> dict:
+        """The 503 body of a request refused because every slot it may take is taken."""
+        if self._limit_for(small) == self.limit:
+            return {"error": f"the server is reading {self.taken} request bodies already, the most it reads at once "
+                             f"(max_parsing_requests); retry in {RETRY_AFTER_FULL_S} s"}
+        return {"error": f"the server is reading {self.taken} request bodies already, the most it reads at once of "
+                         f"bodies over {SMALL_BODY_BYTES} bytes (max_parsing_requests less the slot kept for small "
+                         f"bodies); retry in {RETRY_AFTER_FULL_S} s"}
 
 
 async def refuse_for_full_slots(send, slots: BodySlots, on_full: Callable[[], None] | None,
-                                headers: list[tuple[bytes, bytes]] = ()) -> None:
-    """Answer 503 with ``Retry-After`` (and ``headers``) to a body sent while every slot is taken; ``on_full``
-    (a metric) is called first."""
+                                headers: list[tuple[bytes, bytes]] = (), small: bool = False) -> None:
+    """Answer 503 with ``Retry-After`` (and ``headers``) to a body sent while every slot it may take is taken
+    (``small``: as ``BodySlots.full``); ``on_full`` (a metric) is called first."""
     if on_full is not None:
         on_full()
-    await send_json(send, 503, slots.refusal(), [(b"retry-after", str(RETRY_AFTER_FULL_S).encode()), *headers])
+    await send_json(send, 503, slots.refusal(small),
+                    [(b"retry-after", str(RETRY_AFTER_FULL_S).encode()), *headers])
 
 
 class PayloadLimitMiddleware:
@@ -108,8 +131,8 @@ class PayloadLimitMiddleware:
             return await self.app(scope, receive, send)
         if SLOT_KEY in scope:  # the front door (serving.front_door) took this request's slot
             release = scope[SLOT_KEY]
-        elif self.slots.full():
-            return await refuse_for_full_slots(send, self.slots, self.on_full)
+        elif self.slots.full(small := declared_small(scope)):
+            return await refuse_for_full_slots(send, self.slots, self.on_full, small=small)
         else:
             release = scope[SLOT_KEY] = self.slots.take()
         # given back here when the request ends, e.g. an upload abandoned mid-body: the layers outside (BentoML's

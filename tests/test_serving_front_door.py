@@ -9,7 +9,7 @@ import json
 import pytest
 
 from serving.front_door import FrontDoor, Readiness
-from serving.limits import SLOT_KEY, BodySlots, PayloadLimitMiddleware, release_body_slot
+from serving.limits import SLOT_KEY, SMALL_BODY_BYTES, BodySlots, PayloadLimitMiddleware, release_body_slot
 
 KEY = b"k" * 32
 
@@ -161,7 +161,8 @@ def test_the_door_takes_the_slot_as_the_request_arrives_and_the_body_limit_finds
         async def send(message):
             sent.append(message)
 
-        await door({"type": "http", "method": "POST", "path": "/predict", "headers": []}, receive, send)
+        await door({"type": "http", "method": "POST", "path": "/predict", "headers": [(b"content-length", b"2")]},
+                   receive, send)
         return sent[0]["status"]
 
     async def burst():
@@ -174,6 +175,32 @@ def test_the_door_takes_the_slot_as_the_request_arrives_and_the_body_limit_finds
     assert sorted(asyncio.run(burst())) == [200, 200, 503, 503, 503]
     assert during[0] == (2, True) and slots.taken == 0
     assert sorted(during) == [(0, True), (1, True), (1, True), (2, True)]
+
+
+def test_the_last_slot_is_kept_for_small_bodies():
+    """Bodies over SMALL_BODY_BYTES (by Content-Length) or undeclared (chunked) leave the last free slot to small
+    ones, at the door and in the body-limit middleware alike, so a burst of large bodies cannot refuse a small
+    request for full slots; a small body may take any slot; with one slot there is none to keep."""
+    slots = BodySlots(3)
+    app = _App()
+    door, refusals = _door(app, slots)
+    large = [(b"content-length", str(SMALL_BODY_BYTES + 1).encode())]
+    small = [(b"content-length", str(SMALL_BODY_BYTES).encode())]
+    held = [slots.take(), slots.take()]
+    for headers in (large, []):  # declared large, or declared nothing
+        status, _, body = _call(door, "POST", "/predict", headers)
+        assert status == 503 and f"bodies over {SMALL_BODY_BYTES} bytes" in json.loads(body)["error"]
+    assert len(refusals) == 2 and app.seen == []
+    inner = PayloadLimitMiddleware(_App(), max_bytes=10**6, slots=slots)
+    assert _call(inner, "POST", "/predict", large)[0] == 503
+    assert _call(door, "POST", "/predict", small)[0] == 200 and app.seen == [("POST", "/predict")]
+    held.append(slots.take())  # every slot taken: a small body is refused too, with the plain message
+    status, _, body = _call(door, "POST", "/predict", small)
+    assert status == 503 and "bodies over" not in json.loads(body)["error"] and "max_parsing_requests" in body.decode()
+    for release in held:
+        release()
+    one = BodySlots(1)
+    assert not one.full(small=False) and _call(_door(_App(), one)[0], "POST", "/predict", large)[0] == 200
 
 
 def test_an_unauthenticated_body_takes_no_slot():
