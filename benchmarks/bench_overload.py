@@ -8,8 +8,8 @@ A real server (``transdenoiser serve``, default settings but ``max_latency_ms`` 
 on 127.0.0.1. After an idle phase (small requests: 1 image, n = 100, one after another), the measured rate
 (``transdenoiser_compute_rate``) sizes the overload to this machine: large requests of 16 images, each about
 ``--large-fraction`` (0.3) of what the server computes within the deadline, ``--factor`` times as much work in all
-as it can finish within the deadline, all sent at once (no retries), while one client keeps sending small requests
-one after another.
+as it can finish within the deadline, all sent at once (no retries), while one client, a process of its own
+(benchmarks/small_client.py), keeps sending small requests one after another.
 Figures: goodput (noisy samples of requests answered 200 / noisy samples computed, from /metrics), the large
 requests' statuses and Retry-After values, the time to each refusal, and each small request's latency against
 3x its idle median (or an immediate refusal). Then a burst: after 10 s of probes alone (the baseline),
@@ -95,16 +95,15 @@ def measure(url: str, images, deadline_s: float, factor: float, idle_requests: i
         count = max(2, round(factor * rate * deadline_s / large_samples))
         computed_before = metric_value(http, "transdenoiser_noisy_samples_total")
     large_results: list[tuple[int, float, str | None]] = []
-    small_results: list[tuple[int, float]] = []
-    small_sent: list[float] = []  # when each small request was sent, seconds after the large ones began
     lock = threading.Lock()
-    done = threading.Event()
 
-    # Every body is encoded, and every client made, before the clock starts: the load process's threads share one
-    # interpreter lock, and encoding 16-image bodies beside a small request's send would be timed as the server's.
+    # Every body is encoded, and every client made, before the clock starts; the small requests are sent and timed
+    # by a process of their own (benchmarks/small_client.py), so that the large requests' threads, which share this
+    # process's interpreter lock, cannot delay them.
     large_bodies = [large_body(images, index, per_image) for index in range(count)]
-    small_encoded = small_body(images)
-    clients = [httpx.Client(base_url=url, timeout=deadline_s + 60) for _ in range(count + 1)]
+    clients = [httpx.Client(base_url=url, timeout=deadline_s + 60) for _ in range(count)]
+    small_client = SmallClient(url, small_body(images))
+    small_client.start()
 
     def send_large(index: int) -> None:
         sent = time.perf_counter()
@@ -113,25 +112,17 @@ def measure(url: str, images, deadline_s: float, factor: float, idle_requests: i
             large_results.append((response.status_code, time.perf_counter() - sent,
                                   response.headers.get("retry-after")))
 
-    def send_small() -> None:
-        while not done.is_set():
-            sent = time.perf_counter()
-            status = clients[-1].post("/predict", content=small_encoded, headers=JSON_HEADERS).status_code
-            small_results.append((status, time.perf_counter() - sent))
-            small_sent.append(sent - started)
-            time.sleep(0.2)
-
     threads = [threading.Thread(target=send_large, args=(i,)) for i in range(count)]
-    small_thread = threading.Thread(target=send_small)
     started = time.perf_counter()
     for thread in threads:
         thread.start()
-    small_thread.start()
+    small_client.go()
     for thread in threads:
         thread.join(timeout=deadline_s + 90)
-    done.set()
-    small_thread.join(timeout=deadline_s + 60)
+    smalls = small_client.finish()
     wall_s = time.perf_counter() - started
+    small_results = [(small["status"], small["seconds"]) for small in smalls]
+    small_sent = [small["sent_s"] for small in smalls]  # seconds after the large requests began (to within 1 ms)
     for client in clients:
         client.close()
     with httpx.Client(base_url=url, timeout=60) as http:
@@ -168,6 +159,40 @@ def burst_body(body_bytes: int) -> bytes:
 
     image = json.dumps(np.full((1, 28, 28), 0.123456789).tolist())
     return ('{"images": [' + image + "]" + " " * (body_bytes - len(image) - 20) + "}").encode()
+
+
+class SmallClient:
+    """Small requests one after another (0.2 s apart) from :mod:`benchmarks.small_client`, a process of its own,
+    from :meth:`go` to :meth:`finish`."""
+
+    def __init__(self, url: str, body: bytes):
+        self.url = url
+        self.body = body
+        self.process: subprocess.Popen | None = None
+        self._body_file: tempfile.NamedTemporaryFile | None = None
+
+    def start(self) -> None:
+        self._body_file = tempfile.NamedTemporaryFile(prefix="small_body_", suffix=".json")
+        self._body_file.write(self.body)
+        self._body_file.flush()
+        self.process = subprocess.Popen([sys.executable, "-m", "benchmarks.small_client", self.url,
+                                         self._body_file.name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        text=True, cwd=Path(__file__).resolve().parent.parent)
+        if self.process.stdout.readline().strip() != "ready":
+            self.process.kill()
+            raise RuntimeError(f"the small-request client of {self.url} did not start")
+
+    def go(self) -> None:
+        self.process.stdin.write("go\n")
+        self.process.stdin.flush()
+
+    def finish(self) -> list[dict]:
+        """Every small request's send time (s after go), status and latency (s)."""
+        output, _ = self.process.communicate(timeout=120)
+        self._body_file.close()
+        if self.process.returncode != 0:
+            raise RuntimeError(f"the small-request client of {self.url} exited with status {self.process.returncode}")
+        return json.loads(output.strip().splitlines()[-1])
 
 
 class Prober:

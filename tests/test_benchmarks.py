@@ -224,3 +224,50 @@ def test_bench_work_build_quick_times_each_kind_as_built_and_the_alternative(tmp
     assert set(rows) == {"certify n=1000", "certify n=10000", "decide n_max=10000", "estimate n_max=10000"}
     assert all(value > 0 for figures in rows.values() for value in figures.values())
     assert set(rows["certify n=10000"]) == {"as_built_ms", "every_seed_up_front_ms"}
+
+
+def test_the_small_request_client_sends_from_go_until_finish_in_a_process_of_its_own():
+    """bench_overload's small requests come from benchmarks/small_client.py: connected before go, one request
+    after another (each body as given) until finish, each with its send time, status and latency."""
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from benchmarks.bench_overload import SmallClient
+
+    bodies: list[bytes] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _answer(self, status: int) -> None:
+            self.send_response(status)
+            self.send_header("content-length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self._answer(200 if self.path == "/livez" else 404)
+
+        def do_POST(self):  # noqa: N802
+            bodies.append(self.rfile.read(int(self.headers["content-length"])))
+            self._answer(200 if self.path == "/predict" else 404)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = SmallClient(f"http://127.0.0.1:{server.server_address[1]}", b'{"images": []}')
+        client.start()
+        assert bodies == []  # nothing sent before go
+        client.go()
+        time.sleep(0.5)
+        results = client.finish()
+    finally:
+        server.shutdown()
+    assert 2 <= len(results) == len(bodies) and set(bodies) == {b'{"images": []}'}
+    assert [r["status"] for r in results] == [200] * len(results)
+    gaps = [later["sent_s"] - earlier["sent_s"] for earlier, later in zip(results, results[1:], strict=False)]
+    assert results[0]["sent_s"] < 0.1 and min(gaps) >= 0.2
