@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from transdenoiser.errors import UserError
+from transdenoiser.runtime import available_cores
 from transdenoiser.toml import tomllib
 
 MODEL_DIR_ENV = "TRANSDENOISER_MODEL_DIR"
@@ -27,6 +28,9 @@ DEVICE_ENV = "TRANSDENOISER_DEVICE"
 CONFIG_NAMES = ("serving.toml", "serving.json")
 CPU_FORWARD_BATCH = 64  # measured fastest for the 28x28 models on CPU (docs/RESULTS.md, section 4)
 CPU_FORWARD_NICE = 10  # the event loop first (docs/results/serving.md, "A burst of large bodies")
+# "auto" body slots: parsing a body is CPU work in a thread; more at once than the cores can run only delays the event
+# loop (and the small requests it reads) behind them
+PARSING_SLOTS_PER_CORE, MIN_PARSING_SLOTS = 2, 4
 ROUND_SAMPLES, CPU_ROUND_SAMPLES = 200, 100  # a small request next to a burst (docs/results/serving.md, overload)
 
 
@@ -56,7 +60,9 @@ class ServingConfig:
     max_latency_ms: int = 120_000  # deadline: a request not answered this long after it arrived stops, 504
     max_request_samples: int = 200_000  # compute budget per request: images x (n0 + n) noisy samples
     max_queued_requests: int = 64  # requests in flight at once; one more is refused with 503 and Retry-After
-    max_parsing_requests: int = 8  # request bodies read and parsed at once; one more is refused with 503 at once
+    # request bodies read and parsed at once; one more is refused with 503 at once. "auto": 2 per CPU core this
+    # process may run on, at least 4 (docs/results/serving.md, overload)
+    max_parsing_requests: int | str = "auto"
     # secret of the keyed noise (>= 32 characters); unset: random at start-up. Never shown (repr=False).
     noise_key: str | None = field(default=None, repr=False)
     allow_client_seed: bool = False  # accept a client "seed" (reproducible noise); see docs/SERVING.md
@@ -92,13 +98,19 @@ class ServingConfig:
             return int(self.round_samples)
         return CPU_ROUND_SAMPLES if device_type == "cpu" else ROUND_SAMPLES
 
+    def parsing_slots(self) -> int:
+        """Request bodies read and parsed at once (``max_parsing_requests``, "auto" resolved on this machine)."""
+        if self.max_parsing_requests != "auto":
+            return int(self.max_parsing_requests)
+        return max(MIN_PARSING_SLOTS, PARSING_SLOTS_PER_CORE * available_cores())
+
     def batching_on(self, device_type: str) -> bool:
         """Whether requests share forward passes on a device of this type ("cpu", "cuda")."""
         return self.batching if isinstance(self.batching, bool) else device_type == "cuda"
 
 
 _INT_KEYS = ("n0", "n", "max_n", "batch_size", "chunk_samples", "max_images", "max_payload_bytes", "max_latency_ms",
-             "max_request_samples", "max_queued_requests", "max_parsing_requests")
+             "max_request_samples", "max_queued_requests")
 MIN_NOISE_KEY_CHARS = 32
 _BOOL_KEYS = ("allow_client_seed", "show_versions", "compile", "sound_noise")
 PRECISIONS = ("fp32", "bf16", "fp16")  # certify.numerics.PRECISION_CHOICES
@@ -131,6 +143,10 @@ def validate_config(raw: dict[str, Any], source: str) -> ServingConfig:
             isinstance(raw["forward_batch"], bool) or not isinstance(raw["forward_batch"], int)
             or raw["forward_batch"] < 1):
         raise bad("forward_batch", 'an integer >= 1 or "auto"')
+    if "max_parsing_requests" in raw and raw["max_parsing_requests"] != "auto" and (
+            isinstance(raw["max_parsing_requests"], bool) or not isinstance(raw["max_parsing_requests"], int)
+            or raw["max_parsing_requests"] < 1):
+        raise bad("max_parsing_requests", 'an integer >= 1 or "auto"')
     if "round_samples" in raw and raw["round_samples"] != "auto" and (
             isinstance(raw["round_samples"], bool) or not isinstance(raw["round_samples"], int)
             or raw["round_samples"] < 1):

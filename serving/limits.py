@@ -57,7 +57,7 @@ class BodySlots:
         if self._limit is None:
             from serving.config import load_config, model_dir_from_env
 
-            self._limit = load_config(model_dir_from_env()).max_parsing_requests
+            self._limit = load_config(model_dir_from_env()).parsing_slots()
         return self._limit
 
     def _limit_for(self, small: bool) -> int:

@@ -418,6 +418,20 @@ def test_round_samples_auto_is_shorter_on_cpu():
             validate_config({"sigma": 0.25, "round_samples": bad}, "test")
 
 
+def test_max_parsing_requests_auto_is_two_per_core_at_least_four(monkeypatch):
+    from serving import config as config_module
+    from serving.config import validate_config
+
+    auto = validate_config({"sigma": 0.25}, "test")
+    for cores, slots in ((1, 4), (2, 4), (3, 6), (16, 32)):
+        monkeypatch.setattr(config_module, "available_cores", lambda cores=cores: cores)
+        assert auto.parsing_slots() == slots
+    assert validate_config({"sigma": 0.25, "max_parsing_requests": 9}, "test").parsing_slots() == 9
+    for bad in (0, False, 2.5, "many"):
+        with pytest.raises(UserError, match='max_parsing_requests must be an integer >= 1 or "auto"'):
+            validate_config({"sigma": 0.25, "max_parsing_requests": bad}, "test")
+
+
 def test_forward_nice_auto_lowers_the_passes_on_cpu_only():
     from serving.config import CPU_FORWARD_NICE, validate_config
 

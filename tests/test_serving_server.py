@@ -76,6 +76,7 @@ def test_probes_and_model_card(client):
     runtime = card["runtime"]  # CPU: "auto" runs the passes' worker threads at niceness +10 (none with one worker)
     assert runtime["forward_workers"] >= 1 and runtime["forward_nice"] == (10 if runtime["forward_workers"] > 1 else 0)
     assert runtime["round_samples"] == 150  # the setting of this model directory (default "auto": 100 on CPU)
+    assert runtime["max_parsing_requests"] >= 4  # "auto": 2 per core this process may run on, at least 4
 
 
 def test_good_requests(client, digits):
@@ -445,7 +446,8 @@ def test_full_body_slots_refuse_at_the_door_and_unauthenticated_requests_still_g
             return metric(metric_values(http), "transdenoiser_refused_requests_total", reason="parsing")
 
         before = parsing_refusals()
-        held = _hold_body_slots(url, 8, key)  # max_parsing_requests, the default
+        slots = http.post("/metadata").json()["runtime"]["max_parsing_requests"]  # "auto": 2 per core, at least 4
+        held = _hold_body_slots(url, slots, key)
         try:
             time.sleep(1.0)  # the server reads the 8 requests' headers and each takes a slot; none is answered
             for sock in held:

@@ -53,15 +53,20 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def hardware_description(device: torch.device) -> str:
-    """A short human-readable description of where a figure was measured."""
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity where the OS has one), at least 1."""
     import os
 
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+def hardware_description(device: torch.device) -> str:
+    """A short human-readable description of where a figure was measured."""
     import torch
 
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda}), torch {torch.__version__}"
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = available_cores()
     threads = torch.get_num_threads()
     return (f"CPU {_cpu_model()}, {cores} cores, {threads} torch thread{'s' if threads != 1 else ''}, "
             f"torch {torch.__version__}")
