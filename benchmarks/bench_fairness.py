@@ -4,10 +4,10 @@
     python -m benchmarks.bench_fairness --quick     # a 4-image n = 2,000 large request, 1 repeat
 
 A real server (``transdenoiser serve``, default settings but a 300 s deadline: n0 = 100, round_samples "auto"
-(100 on CPU), one request's round per forward pass on CPU) starts on 127.0.0.1. Phases alternate, ``--repeats`` times: *idle*,
-``--small-requests`` small requests (1 image, n = 100) one after another; *loaded*, the same while a large request
-(16 images, n = 10,000: 161,600 noisy samples) is in flight, sent on a raw socket that is closed after the phase,
-so the server drops the rest of its work (and the run stays short); a large request the server does not admit
+(100 on CPU), one request's round per forward pass on CPU) starts on 127.0.0.1. Phases alternate, ``--repeats``
+times: *idle*, ``--small-requests`` small requests (1 image, n = 100) one after another; *loaded*, the same while a
+large request (16 images, n = 10,000: 161,600 noisy samples) is in flight, sent on a raw socket that is closed after
+the phase, so the server drops the rest of its work (and the run stays short); a large request the server does not admit
 stops the benchmark with its answer. The figure is the ratio of the loaded to the idle
 median (and p99) latency; the target is at most 3.
 """

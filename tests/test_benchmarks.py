@@ -180,6 +180,9 @@ def test_bench_gc_pause_quick_times_collections_with_timers_kept_and_cancelled(t
     ("bench_probe_cost", ["--before", ".", "--rounds", "0"], "--rounds"),
     ("bench_probe_cost", ["--before", ".", "--seconds", "0"], "--seconds"),
     ("bench_probe_cost", ["--quick", "--classifier-dir", "{tmp}"], "not a classifier checkpoint"),
+    ("bench_round_size", ["--sizes", "100", "0"], "--sizes"),
+    ("bench_round_size", ["--rounds", "0"], "--rounds"),
+    ("bench_round_size", ["--quick", "--classifier-dir", "{tmp}"], "not a classifier checkpoint"),
 ])
 def test_two_server_benchmarks_refuse_bad_arguments(module, argv, message, tmp_path, capsys):
     """Only their argument checks: a run starts two real servers and takes minutes (their figures are measured by
