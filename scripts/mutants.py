@@ -127,7 +127,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "keys != len(payload)", "keys < len(payload)", JSON_PATHS,
            "a duplicate JSON key is refused, never silently the last value (the orjson path)"),
     Mutant("fast_json_takes_huge_integers", "serving/validation.py", "fast_payload",
-           " or _LONG_DIGITS.search(emptied)", "", JSON_PATHS,
+           'if b"1" * LONG_INTEGER_DIGITS in compact.translate(_DIGITS_AS_ONES):', "if False:", JSON_PATHS,
            "an integer beyond 64 bits is read as the standard library reads it (orjson would make it a float)"),
     Mutant("front_door_refuses_unauthenticated", "serving/front_door.py", "FrontDoor._authorized",
            "return self.api_key is None or key_accepted(", "return True or key_accepted(",

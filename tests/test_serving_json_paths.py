@@ -67,6 +67,8 @@ FAST = [  # bodies orjson decodes (fast_payload accepts them): what a client nor
     f'{{"images": [{IMAGE}], "n": 1.5}}',
     f'{{"images": [{IMAGE}], "n": true}}',  # a boolean as n: a top-level value, refused by check_n
     f'{{"images": [{IMAGE}], "seed": 123456789012345678}}',  # 18 digits
+    f'{{"images": [{IMAGE.replace(", ", " ,  ").replace("[", "[ ")}]  ,\r\n "n" :\t200{" " * 100_000}}}',  # spaces
+    f'{{"images": [{IMAGE.replace("0.0", "123456789012345678e-18", 1)}], "seed": 1234567890}}',  # 18 + 10 digits
 ]
 STRICT = [  # bodies fast_payload leaves to the standard library, each for a reason of its own
     f'{{"images": [{IMAGE}], "n": 100, "n": 200}}',  # a duplicate key
