@@ -4,9 +4,11 @@ interleaved.
     mkdir /tmp/before && git archive COMMIT | tar -x -C /tmp/before
     python -m benchmarks.bench_burst_ab --before /tmp/before --after . [--rounds 4] [--loop-seconds 15]
     python -m benchmarks.bench_burst_ab --before /tmp/before --after . --mode overload [--deadline-s 20]
+    python -m benchmarks.bench_burst_ab --before /tmp/before --after . --before-setting round_samples=200 ...
 
 Two servers start on 127.0.0.1, one from each code checkout (its own ``transdenoiser serve``, imported from that
-directory), over one model directory (default settings, sigma 0.25, deadline 30 s). Then, ``--rounds`` times, the
+directory), each over a model directory of its own (default settings, sigma 0.25, deadline 30 s; the first
+server's with ``--before-setting`` values too). Then, ``--rounds`` times, the
 burst benchmark's three phases (10 s of probes alone, ``--burst-bodies`` bodies of 2 MB at once, 2 clients looping
 such bodies for ``--loop-seconds``) run against each server in turn, the order alternating, so that both see the
 same machine; each run records the load average at its start. Figures per server: every run's probes (count, p50,
@@ -53,6 +55,16 @@ def start(code: Path, model_dir: Path, log: Path) -> ServerProcess:
             os.environ["PYTHONPATH"] = previous_path
 
 
+def setting(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` for ``--before-setting``: the value an integer, true or false, or else a string."""
+    key, equals, value = text.partition("=")
+    if not equals or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    if value.lstrip("-").isdigit():
+        return key, int(value)
+    return key, {"true": True, "false": False}.get(value, value)
+
+
 def code_checkout(text: str) -> Path:
     """A directory holding the server's code (``serving/service.py``), for ``--before`` and ``--after``."""
     path = Path(text)
@@ -84,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the burst of large bodies (default) or bench_overload's overload")
     parser.add_argument("--deadline-s", type=positive_float, default=None,
                         help="the servers' max_latency_ms, in s (default: 30 for burst, 20 for overload)")
+    parser.add_argument("--before-setting", type=setting, action="append", default=[], metavar="KEY=VALUE",
+                        help="a serving setting for the first server's model directory only (repeatable), e.g. "
+                             "the older version's defaults where it refuses a newer value such as \"auto\"")
     parser.add_argument("--out", default="runs/bench/burst_ab.json", help="JSON results file")
     args = parser.parse_args(argv)
     deadline_s = args.deadline_s or (30.0 if args.mode == "burst" else 20.0)
@@ -91,13 +106,14 @@ def main(argv: list[str] | None = None) -> int:
     record = run_record(argv, "benchmarks.bench_burst_ab")
     runs: dict[str, list[dict]] = {"before": [], "after": []}
     with tempfile.TemporaryDirectory(prefix="bench_burst_ab_") as tmp:
-        model_dir = write_model_dir(Path(tmp) / "model", args.classifier_dir, args.denoiser_dir, sigma=0.25,
-                                    max_latency_ms=int(deadline_s * 1000))
+        model_dirs = {name: write_model_dir(Path(tmp) / f"model_{name}", args.classifier_dir, args.denoiser_dir,
+                                            sigma=0.25, max_latency_ms=int(deadline_s * 1000), **settings)
+                      for name, settings in (("before", dict(args.before_setting)), ("after", {}))}
         images = mnist_test_images() if args.mode == "overload" else None
         servers = {}
         try:
             for name in runs:
-                servers[name] = start(getattr(args, name), model_dir, Path(tmp) / f"{name}.log")
+                servers[name] = start(getattr(args, name), model_dirs[name], Path(tmp) / f"{name}.log")
             for server in servers.values():
                 server.wait_ready(time.monotonic() + 600)
             for index in range(args.rounds):
