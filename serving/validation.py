@@ -37,6 +37,7 @@ from typing import Any
 
 import anyio
 import numpy as np
+import orjson
 import torch
 from PIL import Image, UnidentifiedImageError
 
@@ -256,10 +257,9 @@ def fast_payload(body: bytes, emptied: bytes) -> dict[str, Any] | None:
       them as numbers;
     - no run of 19 digits: integers that orjson and json read alike (orjson reads those beyond 64 bits as floats).
 
-    Floats: both decoders round correctly (checked on 300,000 random literals). NaN, Infinity and invalid JSON
+    Numbers: both decoders give the same values, bit for bit (tested on 20,000 random literals of several forms,
+    ``tests/test_serving_json_paths.py``). NaN, Infinity and invalid JSON
     fail in orjson and so take the standard path, which refuses them as before."""
-    import orjson
-
     try:
         payload = orjson.loads(body)
     except orjson.JSONDecodeError:
