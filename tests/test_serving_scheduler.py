@@ -407,6 +407,7 @@ def test_the_largest_admitted_request_keeps_receiving_passes():
     scheduler = FairScheduler(counter, round_samples=100, pass_samples=1000, share_passes=False, max_queued=16)
     large_seeds = {job_seed(1, phase, k) for phase in (SELECTION, ESTIMATION) for k in range(100)}
     done = {}
+    small_from = []  # passes begun before the first small request arrived: the large one's alone, not counted
 
     async def small_stream(offset):
         for k in range(15):
@@ -416,11 +417,13 @@ def test_the_largest_admitted_request_keeps_receiving_passes():
     async def run():
         large = asyncio.create_task(scheduler.run(work(1, 4000, seed=1), 60, 10**6))
         await asyncio.sleep(0.01)
+        small_from.append(len(counter.passes))
         await asyncio.gather(*(small_stream(k) for k in range(3)))
         await large
 
     asyncio.run(run())
-    while_small = counter.passes[:min(done.values())]
+    while_small = counter.passes[small_from[0]:min(done.values())]
+    assert len(while_small) >= 40  # 45 small requests, each one finishing round
     large_passes = sum(any(job.seed in large_seeds for job in jobs) for jobs in while_small)
     assert large_passes >= len(while_small) / 6, (large_passes, len(while_small))  # about 1/4 with 3 small streams
 
