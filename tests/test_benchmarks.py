@@ -275,3 +275,14 @@ def test_the_small_request_client_sends_from_go_until_finish_in_a_process_of_its
     assert [r["status"] for r in results] == [200] * len(results)
     gaps = [later["sent_s"] - earlier["sent_s"] for earlier, later in zip(results, results[1:], strict=False)]
     assert results[0]["sent_s"] < 0.1 and min(gaps) >= 0.2
+
+
+def test_bench_parse_quick_times_both_decoders_on_each_body(tmp_path):
+    from benchmarks import bench_parse
+
+    out = tmp_path / "parse.json"
+    assert bench_parse.main(["--quick", "--out", str(out)]) == 0
+    bodies = json.loads(out.read_text())["bodies"]
+    assert len(bodies) == 3
+    for row in bodies.values():
+        assert row["bytes"] > 0 and all(value > 0 for key, value in row.items() if key.endswith("_ms"))
