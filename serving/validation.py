@@ -18,13 +18,12 @@ certify (``max_certifiable_radius``) is refused. The answer states the values us
 ``parse_predict_request`` runs it in a worker thread, off the event loop.
 
 Two decoders, one result: a JSON body is decoded by orjson (9x faster than the standard library on a 16-image
-body, ``benchmarks/bench_parse.py``, so a burst of large bodies holds the interpreter lock for less time)
-whenever a few checks on the bytes show its result is exactly what the standard library's strict decoding gives
-(``fast_payload``): every
-string a key, no key twice, no object inside another, no ``true``/``false``/``null`` but as a field's value, no
-integer of 19 digits or more. Anything else (a duplicate key, a boolean among the pixels, NaN, a huge integer,
-invalid JSON) is decoded by the standard library as before, with the same refusals and messages. The tests
-compare both paths on generated bodies.
+body, ``benchmarks/bench_parse.py``, so a burst of large bodies holds the interpreter lock for less time) whenever a
+few checks on the bytes show its result is exactly what the standard library's strict decoding gives
+(``fast_payload``): every string a key, no key twice, no object inside another, no ``true``/``false``/``null`` but
+as a field's value, no integer of 19 digits or more. Anything else (a duplicate key, a boolean among the pixels,
+NaN, a huge integer, invalid JSON) is decoded by the standard library as before, with the same refusals and
+messages. The tests compare both paths on handwritten and generated bodies.
 """
 from __future__ import annotations
 
