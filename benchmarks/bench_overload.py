@@ -161,62 +161,68 @@ def burst_body(body_bytes: int) -> bytes:
     return ('{"images": [' + image + "]" + " " * (body_bytes - len(image) - 20) + "}").encode()
 
 
-class SmallClient:
-    """Small requests one after another (0.2 s apart) from :mod:`benchmarks.small_client`, a process of its own,
-    from :meth:`go` to :meth:`finish`."""
+class HelperProcess:
+    """A load-side helper run as a process of its own (``python -m benchmarks.MODULE URL ARGS...``), so that the
+    load threads of this process cannot delay what it times: it prints ``ready`` once connected, works until its
+    standard input closes (:meth:`finish`), then prints its figures as one JSON line."""
 
-    def __init__(self, url: str, body: bytes):
+    module = ""
+    what = ""
+
+    def __init__(self, url: str):
         self.url = url
-        self.body = body
         self.process: subprocess.Popen | None = None
-        self._body_file: tempfile.NamedTemporaryFile | None = None
+
+    def _args(self) -> list[str]:
+        return []
 
     def start(self) -> None:
-        self._body_file = tempfile.NamedTemporaryFile(prefix="small_body_", suffix=".json")
-        self._body_file.write(self.body)
-        self._body_file.flush()
-        self.process = subprocess.Popen([sys.executable, "-m", "benchmarks.small_client", self.url,
-                                         self._body_file.name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        text=True, cwd=Path(__file__).resolve().parent.parent)
+        self.process = subprocess.Popen([sys.executable, "-m", f"benchmarks.{self.module}", self.url, *self._args()],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                        cwd=Path(__file__).resolve().parent.parent)
         if self.process.stdout.readline().strip() != "ready":
             self.process.kill()
-            raise RuntimeError(f"the small-request client of {self.url} did not start")
+            raise RuntimeError(f"the {self.what} of {self.url} did not start")
+
+    def finish(self):
+        """Close its standard input, wait for it, and return its figures (its last line of output, as JSON)."""
+        output, _ = self.process.communicate(timeout=120)
+        if self.process.returncode != 0:
+            raise RuntimeError(f"the {self.what} of {self.url} exited with status {self.process.returncode}")
+        return json.loads(output.strip().splitlines()[-1])
+
+
+class SmallClient(HelperProcess):
+    """Small requests one after another (0.2 s apart) from :mod:`benchmarks.small_client`, from :meth:`go` to
+    :meth:`finish`: every small request's send time (s after go), status and latency (s)."""
+
+    module, what = "small_client", "small-request client"
+
+    def __init__(self, url: str, body: bytes):
+        super().__init__(url)
+        self._body_file = tempfile.NamedTemporaryFile(prefix="small_body_", suffix=".json")
+        self._body_file.write(body)
+        self._body_file.flush()
+
+    def _args(self) -> list[str]:
+        return [self._body_file.name]
 
     def go(self) -> None:
         self.process.stdin.write("go\n")
         self.process.stdin.flush()
 
     def finish(self) -> list[dict]:
-        """Every small request's send time (s after go), status and latency (s)."""
-        output, _ = self.process.communicate(timeout=120)
-        self._body_file.close()
-        if self.process.returncode != 0:
-            raise RuntimeError(f"the small-request client of {self.url} exited with status {self.process.returncode}")
-        return json.loads(output.strip().splitlines()[-1])
+        try:
+            return super().finish()
+        finally:
+            self._body_file.close()
 
 
-class Prober:
-    """/readyz and /livez probed back to back by :mod:`benchmarks.prober`, a process of its own (so that the
-    load threads of this process cannot delay a probe), from :meth:`start` to :meth:`finish`."""
+class Prober(HelperProcess):
+    """/readyz and /livez probed back to back by :mod:`benchmarks.prober` from :meth:`start` to :meth:`finish`:
+    every probe's start (s from the first) and latency (s)."""
 
-    def __init__(self, url: str):
-        self.url = url
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", "benchmarks.prober", self.url],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                        cwd=Path(__file__).resolve().parent.parent)
-        if self.process.stdout.readline().strip() != "ready":
-            self.process.kill()
-            raise RuntimeError(f"the prober of {self.url} did not start")
-
-    def finish(self) -> dict[str, list[float]]:
-        """Every probe's start (s from the first) and latency (s)."""
-        output, _ = self.process.communicate(timeout=120)
-        if self.process.returncode != 0:
-            raise RuntimeError(f"the prober of {self.url} exited with status {self.process.returncode}")
-        return json.loads(output.strip().splitlines()[-1])
+    module, what = "prober", "prober"
 
 
 def _probe_in_thread(url: str, stop: threading.Event, latencies: list[float]) -> threading.Thread:

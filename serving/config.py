@@ -111,6 +111,7 @@ class ServingConfig:
 
 _INT_KEYS = ("n0", "n", "max_n", "batch_size", "chunk_samples", "max_images", "max_payload_bytes", "max_latency_ms",
              "max_request_samples", "max_queued_requests")
+_AUTO_INT_KEYS = ("forward_batch", "max_parsing_requests", "round_samples")  # an integer >= 1, or "auto" per device
 MIN_NOISE_KEY_CHARS = 32
 _BOOL_KEYS = ("allow_client_seed", "show_versions", "compile", "sound_noise")
 PRECISIONS = ("fp32", "bf16", "fp16")  # certify.numerics.PRECISION_CHOICES
@@ -139,18 +140,10 @@ def validate_config(raw: dict[str, Any], source: str) -> ServingConfig:
             raise bad(key, "true or false")
     if "batching" in raw and not (isinstance(raw["batching"], bool) or raw["batching"] == "auto"):
         raise bad("batching", 'true, false or "auto"')
-    if "forward_batch" in raw and raw["forward_batch"] != "auto" and (
-            isinstance(raw["forward_batch"], bool) or not isinstance(raw["forward_batch"], int)
-            or raw["forward_batch"] < 1):
-        raise bad("forward_batch", 'an integer >= 1 or "auto"')
-    if "max_parsing_requests" in raw and raw["max_parsing_requests"] != "auto" and (
-            isinstance(raw["max_parsing_requests"], bool) or not isinstance(raw["max_parsing_requests"], int)
-            or raw["max_parsing_requests"] < 1):
-        raise bad("max_parsing_requests", 'an integer >= 1 or "auto"')
-    if "round_samples" in raw and raw["round_samples"] != "auto" and (
-            isinstance(raw["round_samples"], bool) or not isinstance(raw["round_samples"], int)
-            or raw["round_samples"] < 1):
-        raise bad("round_samples", 'an integer >= 1 or "auto"')
+    for key in _AUTO_INT_KEYS:
+        if key in raw and raw[key] != "auto" and (isinstance(raw[key], bool) or not isinstance(raw[key], int)
+                                                  or raw[key] < 1):
+            raise bad(key, 'an integer >= 1 or "auto"')
     if "forward_nice" in raw and raw["forward_nice"] != "auto" and (
             isinstance(raw["forward_nice"], bool) or not isinstance(raw["forward_nice"], int)
             or not 0 <= raw["forward_nice"] <= 19):
