@@ -42,8 +42,11 @@ def digits(mnist10k):
 
 @pytest.fixture(scope="module")
 def model_dir(classifier_dir, tmp_path_factory):
+    # 8 body slots: a test below sends 6 bodies at the same instant, more than "auto" gives on 2 cores (4), where the
+    # extra ones would get the designed 503 (tests/test_serving_front_door.py covers that refusal)
     return write_model_dir(tmp_path_factory.mktemp("serve") / "model", classifier_dir, sigma=0.25, batching=True,
-                           n0=20, n=100, max_n=500, max_images=4, max_payload_bytes=200_000, allow_client_seed=True)
+                           n0=20, n=100, max_n=500, max_images=4, max_payload_bytes=200_000, allow_client_seed=True,
+                           max_parsing_requests=8)
 
 
 @pytest.fixture(scope="module")
