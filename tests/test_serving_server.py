@@ -39,7 +39,8 @@ def servers(classifier_dir, tmp_path_factory):
     # covers shared passes); rounds of 150 samples in jobs of 50: a 1-image n = 100 request is one round
     model_dir = write_model_dir(root / "model", classifier_dir, sigma=0.25, n0=20, n=100, max_n=2000, max_images=4,
                                 max_payload_bytes=200_000, allow_client_seed=True, max_queued_requests=10,
-                                round_samples=150, chunk_samples=50, max_latency_ms=600_000)
+                                round_samples=150, chunk_samples=50, max_latency_ms=600_000,
+                                max_parsing_requests=8)  # tests send up to 6 bodies at once; "auto" is 4 on 2 cores
     started = []
     try:
         started.append(ServerProcess(model_dir, root / "open.log", api_key=None))
@@ -76,7 +77,7 @@ def test_probes_and_model_card(client):
     runtime = card["runtime"]  # CPU: "auto" runs the passes' worker threads at niceness +10 (none with one worker)
     assert runtime["forward_workers"] >= 1 and runtime["forward_nice"] == (10 if runtime["forward_workers"] > 1 else 0)
     assert runtime["round_samples"] == 150  # the setting of this model directory (default "auto": 100 on CPU)
-    assert runtime["max_parsing_requests"] >= 4  # "auto": 2 per core this process may run on, at least 4
+    assert runtime["max_parsing_requests"] == 8  # this model directory's setting ("auto": 2 per core, at least 4)
 
 
 def test_good_requests(client, digits):
