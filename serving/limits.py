@@ -60,6 +60,12 @@ class BodySlots:
             self._limit = load_config(model_dir_from_env()).parsing_slots()
         return self._limit
 
+    def configure(self, limit: int) -> None:
+        """Set the limit (the service, from its model directory's settings); slots already taken stay taken."""
+        if limit < 1:
+            raise ValueError(f"the body-slot limit must be >= 1, got {limit}")
+        self._limit = limit
+
     def _limit_for(self, small: bool) -> int:
         return self.limit if small or self.limit < 2 else self.limit - 1
 

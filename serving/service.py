@@ -168,9 +168,11 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
 class TransDenoiser:
     def __init__(self) -> None:
         keep_freed_memory()  # this process serves for a long time: reuse freed CPU memory (runtime.py)
+        READINESS.ready = False  # until this service has warmed up (a process may build a second one: the tests)
         self.device = resolve_device(os.environ.get(DEVICE_ENV, "auto"))
         self.bundle = load_model_dir(model_dir_from_env(), device=self.device)
         self.config = config = self.bundle.config
+        BODY_SLOTS.configure(config.parsing_slots())  # this model directory's, not a previous service's in this process
         pipeline = self.bundle.pipeline
         self.input_shape: tuple[int, int, int] = tuple(pipeline.input_shape)  # type: ignore[assignment]
         self.class_names = pipeline.class_names
@@ -204,7 +206,7 @@ class TransDenoiser:
         self.card["runtime"]["forward_workers"] = self.smooth.workers  # threads running passes side by side
         self.card["runtime"]["forward_nice"] = self.smooth.worker_nice if self.smooth.workers > 1 else 0
         self.card["runtime"]["round_samples"] = round_samples  # a request's round on this device
-        self.card["runtime"]["max_parsing_requests"] = config.parsing_slots()  # body slots on this machine
+        self.card["runtime"]["max_parsing_requests"] = BODY_SLOTS.limit  # body slots on this machine
         counter([NoiseJob(torch.zeros(self.input_shape), config.batch_size, 0)])  # full-size forward pass
         # request kinds: name -> builds the scheduler work of a validated request. A new kind adds a Work class
         # (serving.compute.scheduler.Work) and an entry here, plus its response.

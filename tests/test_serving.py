@@ -435,6 +435,20 @@ def test_max_parsing_requests_auto_is_two_per_core_at_least_four(monkeypatch):
             validate_config({"sigma": 0.25, "max_parsing_requests": bad}, "test")
 
 
+def test_each_service_takes_its_own_model_directorys_body_slots(classifier_dir, tmp_path):
+    """The body slots are one object per process (the front door and the body-limit middleware share it); a service
+    built after another in the same process (as the tests do) must apply its own model directory's limit, not the
+    first one's, and its card must state the limit applied."""
+    import serving.service as service_module
+
+    service_module.BODY_SLOTS.configure(2)  # as a previous service in this process left it
+    model = write_model_dir(tmp_path / "model", classifier_dir, sigma=0.25, n0=20, n=100, max_parsing_requests=5)
+    with in_process_service(model) as client:
+        assert service_module.BODY_SLOTS.limit == 5
+        assert client.post("/metadata").json()["runtime"]["max_parsing_requests"] == 5
+        assert client.get("/readyz").status_code == 200
+
+
 def test_forward_nice_auto_lowers_the_passes_on_cpu_only():
     from serving.config import CPU_FORWARD_NICE, validate_config
 
