@@ -28,9 +28,10 @@ DEVICE_ENV = "TRANSDENOISER_DEVICE"
 CONFIG_NAMES = ("serving.toml", "serving.json")
 CPU_FORWARD_BATCH = 64  # measured fastest for the 28x28 models on CPU (docs/RESULTS.md, section 4)
 CPU_FORWARD_NICE = 10  # the event loop first (docs/results/serving.md, "A burst of large bodies")
-# "auto" body slots: parsing a body is CPU work in a thread; more at once than the cores can run only delays the event
-# loop (and the small requests it reads) behind them
-PARSING_SLOTS_PER_CORE, MIN_PARSING_SLOTS = 2, 4
+# "auto" slots for large bodies: parsing a body is CPU work in a thread; more at once than the cores can run only
+# delays the event loop (and the small requests it reads) behind them: one per core and one more being read, at least 3
+# (3 on 2 cores: docs/results/serving.md, overload)
+EXTRA_PARSING_SLOTS, MIN_PARSING_SLOTS = 1, 3
 ROUND_SAMPLES, CPU_ROUND_SAMPLES = 200, 100  # a small request next to a burst (docs/results/serving.md, overload)
 
 
@@ -60,8 +61,9 @@ class ServingConfig:
     max_latency_ms: int = 120_000  # deadline: a request not answered this long after it arrived stops, 504
     max_request_samples: int = 200_000  # compute budget per request: images x (n0 + n) noisy samples
     max_queued_requests: int = 64  # requests in flight at once; one more is refused with 503 and Retry-After
-    # request bodies read and parsed at once; one more is refused with 503 at once. "auto": 2 per CPU core this
-    # process may run on, at least 4 (docs/results/serving.md, overload)
+    # request bodies over 64 KiB (or without Content-Length) read and parsed at once; one more is refused with 503 at
+    # once. "auto": one per CPU core this process may run on, plus one, at least 3. Smaller bodies have an allowance
+    # of their own, max_queued_requests (serving.limits)
     max_parsing_requests: int | str = "auto"
     # secret of the keyed noise (>= 32 characters); unset: random at start-up. Never shown (repr=False).
     noise_key: str | None = field(default=None, repr=False)
@@ -99,10 +101,10 @@ class ServingConfig:
         return CPU_ROUND_SAMPLES if device_type == "cpu" else ROUND_SAMPLES
 
     def parsing_slots(self) -> int:
-        """Request bodies read and parsed at once (``max_parsing_requests``, "auto" resolved on this machine)."""
+        """Large request bodies read and parsed at once (``max_parsing_requests``, "auto" resolved on this machine)."""
         if self.max_parsing_requests != "auto":
             return int(self.max_parsing_requests)
-        return max(MIN_PARSING_SLOTS, PARSING_SLOTS_PER_CORE * available_cores())
+        return max(MIN_PARSING_SLOTS, available_cores() + EXTRA_PARSING_SLOTS)
 
     def batching_on(self, device_type: str) -> bool:
         """Whether requests share forward passes on a device of this type ("cpu", "cuda")."""

@@ -9,8 +9,8 @@ request on a 2-core Intel Xeon. Two kinds of request need none of it, and are an
   fraction of what it did and waits behind less of everyone else's work. ``/livez`` and ``/healthz`` answer 200;
   ``/readyz`` answers 200 once the service has warmed up (:class:`Readiness`), 503 before. The bodies and headers
   are BentoML's (``"\\n"``, ``text/plain``).
-- **A request with a body while every body slot it may take is taken** (``max_parsing_requests``, the last slot
-  kept for small bodies, ``serving.limits``): 503
+- **A request with a body while every body slot of its kind is taken** (``max_parsing_requests`` for large
+  bodies, ``max_queued_requests`` for small ones, ``serving.limits``): 503
   with ``Retry-After: 1`` before anything is read, as the body-limit middleware answers it, but without the cost of
   the layers in between; a burst of large bodies is refused at a fraction of the loop's time. For that the front
   door takes the body slot itself, as the request arrives (BentoML's timeout middleware runs the rest of a request
@@ -66,7 +66,7 @@ class FrontDoor:
             if method not in BODILESS_METHODS and self._authorized(scope):
                 if self.slots.full(small := declared_small(scope)):
                     return await refuse_for_full_slots(send, self.slots, self.on_full, self.server_header, small)
-                release = scope[SLOT_KEY] = self.slots.take()  # the body-limit middleware finds it held
+                release = scope[SLOT_KEY] = self.slots.take(small)  # the body-limit middleware finds it held
                 try:
                     return await self.app(scope, receive, send)
                 finally:

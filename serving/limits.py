@@ -5,15 +5,18 @@ BentoML 1.4.39 reads any body whole (no size limit). This middleware refuses a d
 counting bytes, so a chunked upload is cut off at the limit instead of being buffered whole;
 the app then receives the (bounded) body as if from the client.
 
-It also bounds the request bodies being read and parsed at once (``max_parsing_requests``, :class:`BodySlots`): a
-request with a body takes a *body slot* before a byte of it is read, and one more than the limit is refused at once
-with 503 and ``Retry-After: 1``, before reading or parsing anything. The slot is given back by the parser once the
-body is parsed (``release_body_slot``, called by the service), or when the request ends, whichever comes first; so
-slow computations never hold one. With two slots or more, the last free one is kept for small bodies (declared
-by their ``Content-Length`` at most ``SMALL_BODY_BYTES``): a burst of large bodies cannot refuse a small request
-for full slots. Requests without a body (GET, HEAD: the probes) take no slot. In the server the
-front door (``serving.front_door``) takes the slot, or refuses, ahead of BentoML's middlewares; this middleware then
-finds the slot held, and gives it back when the request ends here, as for a slot it took itself.
+It also bounds the request bodies being read and parsed at once (:class:`BodySlots`): a request with a body takes a
+*body slot* before a byte of it is read, and one more than the limit is refused at once with 503 and
+``Retry-After: 1``, before reading or parsing anything. The slot is given back by the parser once the body is parsed
+(``release_body_slot``, called by the service), or when the request ends, whichever comes first; so slow
+computations never hold one. Large and small bodies have separate allowances: a body over ``SMALL_BODY_BYTES``, or
+one without a ``Content-Length`` (chunked), takes one of ``max_parsing_requests`` slots; a body declared at most
+``SMALL_BODY_BYTES`` takes one of ``max_queued_requests`` small slots (the requests in flight at once; at most 4 MiB
+of small bodies at the default 64), so a burst of large bodies never refuses a small request, and many clients
+sending one image each are not refused for the large bodies' limit. Requests without a body (GET, HEAD: the probes)
+take no slot. In the server the front door (``serving.front_door``) takes the slot, or refuses, ahead of BentoML's
+middlewares; this middleware then finds the slot held, and gives it back when the request ends here, as for a slot
+it took itself.
 """
 from __future__ import annotations
 
@@ -24,8 +27,8 @@ from serving.auth import send_json
 SLOT_KEY = "transdenoiser.release_body_slot"
 BODILESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 RETRY_AFTER_FULL_S = 1  # the Retry-After of a refusal for full body slots, in s
-# a body declared (Content-Length) at most this large may take the last body slot, which larger or undeclared
-# (chunked) bodies leave free: a one-image request of 28x28 or 32x32x3 pixels as JSON, or of a few PNGs
+# a body declared (Content-Length) at most this large takes a small body slot, larger or undeclared (chunked) ones a
+# large one: a one-image request of 28x28 or 32x32x3 pixels as JSON, or of a few PNGs, is small
 SMALL_BODY_BYTES = 64 * 1024
 
 
@@ -45,61 +48,88 @@ def release_body_slot(scope) -> None:
 
 
 class BodySlots:
-    """The request bodies being read or parsed at once: at most ``limit`` (``max_parsing_requests``); ``limit``
-    None reads it from the served model directory's settings when first needed."""
+    """The request bodies being read or parsed at once: at most ``limit`` large ones (``max_parsing_requests``) and
+    ``small_limit`` small ones (``max_queued_requests``; see the module docstring). ``None`` reads the limit from the
+    served model directory's settings when first needed."""
 
-    def __init__(self, limit: int | None = None):
+    def __init__(self, limit: int | None = None, small_limit: int | None = None):
         self._limit = limit
-        self.taken = 0
+        self._small_limit = small_limit
+        self.taken_large = 0
+        self.taken_small = 0
+
+    def configure(self, limit: int, small_limit: int) -> None:
+        """Set both limits (the service, from its model directory's settings); slots already taken stay taken."""
+        if limit < 1 or small_limit < 1:
+            raise ValueError(f"body-slot limits must be >= 1, got {limit} and {small_limit}")
+        self._limit, self._small_limit = limit, small_limit
+
+    def _load(self) -> None:
+        from serving.config import load_config, model_dir_from_env
+
+        config = load_config(model_dir_from_env())
+        if self._limit is None:
+            self._limit = config.parsing_slots()
+        if self._small_limit is None:
+            self._small_limit = config.max_queued_requests
 
     @property
     def limit(self) -> int:
+        """Large bodies read or parsed at once, at most."""
         if self._limit is None:
-            from serving.config import load_config, model_dir_from_env
-
-            self._limit = load_config(model_dir_from_env()).parsing_slots()
+            self._load()
         return self._limit
 
-    def configure(self, limit: int) -> None:
-        """Set the limit (the service, from its model directory's settings); slots already taken stay taken."""
-        if limit < 1:
-            raise ValueError(f"the body-slot limit must be >= 1, got {limit}")
-        self._limit = limit
+    @property
+    def small_limit(self) -> int:
+        """Small bodies read or parsed at once, at most."""
+        if self._small_limit is None:
+            self._load()
+        return self._small_limit
 
-    def _limit_for(self, small: bool) -> int:
-        return self.limit if small or self.limit < 2 else self.limit - 1
+    @property
+    def taken(self) -> int:
+        """Slots taken, of both kinds."""
+        return self.taken_large + self.taken_small
 
     def full(self, small: bool = False) -> bool:
-        """Whether a body cannot take a slot now; ``small``: declared at most ``SMALL_BODY_BYTES`` (it may take the
-        last slot, which other bodies leave free when there are two or more)."""
-        return self.taken >= self._limit_for(small)
+        """Whether a body cannot take a slot now; ``small``: declared at most ``SMALL_BODY_BYTES``."""
+        return self.taken_small >= self.small_limit if small else self.taken_large >= self.limit
 
-    def take(self) -> Callable[[], None]:
-        """Take a slot (the caller has checked ``full()``); returns its release, which is idempotent."""
-        self.taken += 1
+    def take(self, small: bool = False) -> Callable[[], None]:
+        """Take a slot of the body's kind (the caller has checked ``full(small)``); returns its release, which is
+        idempotent."""
+        if small:
+            self.taken_small += 1
+        else:
+            self.taken_large += 1
         released = False
 
         def release() -> None:
             nonlocal released
             if not released:
                 released = True
-                self.taken -= 1
+                if small:
+                    self.taken_small -= 1
+                else:
+                    self.taken_large -= 1
 
         return release
 
     def refusal(self, small: bool = False) -> dict:
-        """The 503 body of a request refused because every slot it may take is taken."""
-        if self._limit_for(small) == self.limit:
-            return {"error": f"the server is reading {self.taken} request bodies already, the most it reads at once "
-                             f"(max_parsing_requests); retry in {RETRY_AFTER_FULL_S} s"}
-        return {"error": f"the server is reading {self.taken} request bodies already, the most it reads at once of "
-                         f"bodies over {SMALL_BODY_BYTES} bytes (max_parsing_requests less the slot kept for small "
-                         f"bodies); retry in {RETRY_AFTER_FULL_S} s"}
+        """The 503 body of a request refused because every slot of its kind is taken."""
+        if small:
+            return {"error": f"the server is reading {self.taken_small} request bodies of at most {SMALL_BODY_BYTES} "
+                             f"bytes already, the most it reads at once (max_queued_requests); retry in "
+                             f"{RETRY_AFTER_FULL_S} s"}
+        return {"error": f"the server is reading {self.taken_large} request bodies over {SMALL_BODY_BYTES} bytes (or "
+                         f"without Content-Length) already, the most it reads at once (max_parsing_requests); retry "
+                         f"in {RETRY_AFTER_FULL_S} s"}
 
 
 async def refuse_for_full_slots(send, slots: BodySlots, on_full: Callable[[], None] | None,
                                 headers: list[tuple[bytes, bytes]] = (), small: bool = False) -> None:
-    """Answer 503 with ``Retry-After`` (and ``headers``) to a body sent while every slot it may take is taken
+    """Answer 503 with ``Retry-After`` (and ``headers``) to a body sent while every slot of its kind is taken
     (``small``: as ``BodySlots.full``); ``on_full`` (a metric) is called first."""
     if on_full is not None:
         on_full()
@@ -109,14 +139,15 @@ async def refuse_for_full_slots(send, slots: BodySlots, on_full: Callable[[], No
 
 class PayloadLimitMiddleware:
     def __init__(self, app, max_bytes: int | None = None, max_parsing: int | None = None,
-                 slots: BodySlots | None = None, on_full: Callable[[], None] | None = None):
+                 max_parsing_small: int | None = None, slots: BodySlots | None = None,
+                 on_full: Callable[[], None] | None = None):
         self.app = app
         if max_bytes is None:
             from serving.config import load_config, model_dir_from_env
 
             max_bytes = load_config(model_dir_from_env()).max_payload_bytes
         self.max_bytes = max_bytes
-        self.slots = slots if slots is not None else BodySlots(max_parsing)
+        self.slots = slots if slots is not None else BodySlots(max_parsing, max_parsing_small)
         self.on_full = on_full  # called for each request refused because every slot is taken (a metric)
 
     @property
@@ -126,6 +157,7 @@ class PayloadLimitMiddleware:
 
     @property
     def max_parsing(self) -> int:
+        """Large bodies read or parsed at once, at most (``max_parsing_requests``)."""
         return self.slots.limit
 
     def _too_large(self, size: str) -> dict:
@@ -140,7 +172,7 @@ class PayloadLimitMiddleware:
         elif self.slots.full(small := declared_small(scope)):
             return await refuse_for_full_slots(send, self.slots, self.on_full, small=small)
         else:
-            release = scope[SLOT_KEY] = self.slots.take()
+            release = scope[SLOT_KEY] = self.slots.take(small)
         # given back here when the request ends, e.g. an upload abandoned mid-body: the layers outside (BentoML's
         # timeout middleware) may wait much longer for an answer that never comes
         try:

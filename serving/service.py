@@ -61,7 +61,8 @@ logger = logging.getLogger(__name__)
 ROUTES = frozenset({"/", "/predict", "/metadata", "/healthz", "/livez", "/readyz", "/metrics", "/docs.json",
                     "/schema.json", "/static_content"})
 REQUEST_TIMEOUT_S = 600  # BentoML traffic timeout; the scheduler's deadline (max_latency_ms) stops requests earlier
-# this process's body slots (max_parsing_requests), shared by the front door and the body-limit middleware
+# this process's body slots (max_parsing_requests, max_queued_requests), shared by the front door and the
+# body-limit middleware
 BODY_SLOTS = BodySlots()
 READINESS = Readiness()  # set once the service has warmed up; /readyz is answered from it (serving.front_door)
 
@@ -172,7 +173,8 @@ class TransDenoiser:
         self.device = resolve_device(os.environ.get(DEVICE_ENV, "auto"))
         self.bundle = load_model_dir(model_dir_from_env(), device=self.device)
         self.config = config = self.bundle.config
-        BODY_SLOTS.configure(config.parsing_slots())  # this model directory's, not a previous service's in this process
+        # this model directory's limits, not a previous service's in this process
+        BODY_SLOTS.configure(config.parsing_slots(), config.max_queued_requests)
         pipeline = self.bundle.pipeline
         self.input_shape: tuple[int, int, int] = tuple(pipeline.input_shape)  # type: ignore[assignment]
         self.class_names = pipeline.class_names

@@ -42,11 +42,8 @@ def digits(mnist10k):
 
 @pytest.fixture(scope="module")
 def model_dir(classifier_dir, tmp_path_factory):
-    # 8 body slots: a test below sends 6 bodies at the same instant, more than "auto" gives on 2 cores (4), where the
-    # extra ones would get the designed 503 (tests/test_serving_front_door.py covers that refusal)
     return write_model_dir(tmp_path_factory.mktemp("serve") / "model", classifier_dir, sigma=0.25, batching=True,
-                           n0=20, n=100, max_n=500, max_images=4, max_payload_bytes=200_000, allow_client_seed=True,
-                           max_parsing_requests=8)
+                           n0=20, n=100, max_n=500, max_images=4, max_payload_bytes=200_000, allow_client_seed=True)
 
 
 @pytest.fixture(scope="module")
@@ -255,7 +252,7 @@ def test_api_key_from_env_refuses_short_keys(monkeypatch):
 
 
 def test_payload_limit_middleware():
-    client = _client(PayloadLimitMiddleware(_ok_app, max_bytes=1000, max_parsing=8))
+    client = _client(PayloadLimitMiddleware(_ok_app, max_bytes=1000, max_parsing=8, max_parsing_small=8))
     assert client.post("/predict", content=b"x" * 1000).text == "1000"
     too_big = client.post("/predict", content=b"x" * 1001)
     assert too_big.status_code == 413 and "max_payload_bytes" in too_big.json()["error"]
@@ -421,32 +418,18 @@ def test_round_samples_auto_is_shorter_on_cpu():
             validate_config({"sigma": 0.25, "round_samples": bad}, "test")
 
 
-def test_max_parsing_requests_auto_is_two_per_core_at_least_four(monkeypatch):
+def test_max_parsing_requests_auto_is_one_per_core_plus_one_at_least_three(monkeypatch):
     from serving import config as config_module
     from serving.config import validate_config
 
     auto = validate_config({"sigma": 0.25}, "test")
-    for cores, slots in ((1, 4), (2, 4), (3, 6), (16, 32)):
+    for cores, slots in ((1, 3), (2, 3), (3, 4), (16, 17)):
         monkeypatch.setattr(config_module, "available_cores", lambda cores=cores: cores)
         assert auto.parsing_slots() == slots
     assert validate_config({"sigma": 0.25, "max_parsing_requests": 9}, "test").parsing_slots() == 9
     for bad in (0, False, 2.5, "many"):
         with pytest.raises(UserError, match='max_parsing_requests must be an integer >= 1 or "auto"'):
             validate_config({"sigma": 0.25, "max_parsing_requests": bad}, "test")
-
-
-def test_each_service_takes_its_own_model_directorys_body_slots(classifier_dir, tmp_path):
-    """The body slots are one object per process (the front door and the body-limit middleware share it); a service
-    built after another in the same process (as the tests do) must apply its own model directory's limit, not the
-    first one's, and its card must state the limit applied."""
-    import serving.service as service_module
-
-    service_module.BODY_SLOTS.configure(2)  # as a previous service in this process left it
-    model = write_model_dir(tmp_path / "model", classifier_dir, sigma=0.25, n0=20, n=100, max_parsing_requests=5)
-    with in_process_service(model) as client:
-        assert service_module.BODY_SLOTS.limit == 5
-        assert client.post("/metadata").json()["runtime"]["max_parsing_requests"] == 5
-        assert client.get("/readyz").status_code == 200
 
 
 def test_forward_nice_auto_lowers_the_passes_on_cpu_only():

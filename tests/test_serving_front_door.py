@@ -45,7 +45,7 @@ def _door(app, slots=None, ready=True, api_key=None, show_versions=False):
     readiness = Readiness()
     readiness.ready = ready
     refusals: list[int] = []
-    door = FrontDoor(app, slots or BodySlots(2), readiness, api_key, show_versions=show_versions,
+    door = FrontDoor(app, slots or BodySlots(2, 2), readiness, api_key, show_versions=show_versions,
                      on_full=lambda: refusals.append(1))
     return door, refusals
 
@@ -81,7 +81,7 @@ def test_versions_shown_means_no_server_header():
 def test_a_body_while_every_slot_is_taken_is_refused_at_the_door_as_the_body_limit_refuses_it():
     """The same status, Retry-After and JSON body as PayloadLimitMiddleware's refusal, counted, the app never
     reached and the body never read; a free slot, or a request without a body, goes through."""
-    slots = BodySlots(1)
+    slots = BodySlots(1, 1)
     app = _App()
     door, refusals = _door(app, slots)
     assert _call(door, "POST", "/predict")[0] == 200 and app.seen == [("POST", "/predict")]
@@ -103,7 +103,7 @@ def test_a_body_while_every_slot_is_taken_is_refused_at_the_door_as_the_body_lim
 def test_with_an_api_key_only_an_authenticated_body_is_refused_at_the_door():
     """Slots full: the right key gets the 503 here; a missing or wrong key goes on to the authentication
     middleware (its 401), as before the front door."""
-    slots = BodySlots(0)
+    slots = BodySlots(0, 0)
     app = _App()
     door, refusals = _door(app, slots, api_key=KEY)
     assert _call(door, "POST", "/predict", [(b"x-api-key", KEY)])[0] == 503 and refusals == [1]
@@ -120,7 +120,7 @@ def test_other_scopes_pass_through():
     async def app(scope, receive, send):
         seen.append(scope["type"])
 
-    door, _ = _door(app, BodySlots(0))
+    door, _ = _door(app, BodySlots(0, 0))
     asyncio.run(door({"type": "lifespan"}, None, None))
     assert seen == ["lifespan"]
 
@@ -130,7 +130,7 @@ def test_the_door_takes_the_slot_as_the_request_arrives_and_the_body_limit_finds
     may run the request as a task of their own, later), so the requests beyond the limit are refused at the door;
     the body-limit middleware behind takes no second slot; the service's early release and the end of the request
     both give the slot back, once."""
-    slots = BodySlots(2)
+    slots = BodySlots(2, 2)
     during: list[tuple[int, bool]] = []
     proceed = asyncio.Event()
 
@@ -177,34 +177,41 @@ def test_the_door_takes_the_slot_as_the_request_arrives_and_the_body_limit_finds
     assert sorted(during) == [(0, True), (1, True), (1, True), (2, True)]
 
 
-def test_the_last_slot_is_kept_for_small_bodies():
-    """Bodies over SMALL_BODY_BYTES (by Content-Length) or undeclared (chunked) leave the last free slot to small
-    ones, at the door and in the body-limit middleware alike, so a burst of large bodies cannot refuse a small
-    request for full slots; a small body may take any slot; with one slot there is none to keep."""
-    slots = BodySlots(3)
+def test_small_and_large_bodies_have_separate_allowances():
+    """Bodies over SMALL_BODY_BYTES (by Content-Length) or undeclared (chunked) take the large slots
+    (max_parsing_requests), smaller ones the small slots (max_queued_requests), at the door and in the body-limit
+    middleware alike: a burst of large bodies cannot refuse a small request, nor many small ones a large one; each
+    refusal names the limit that applied."""
+    slots = BodySlots(2, 3)
     app = _App()
     door, refusals = _door(app, slots)
     large = [(b"content-length", str(SMALL_BODY_BYTES + 1).encode())]
     small = [(b"content-length", str(SMALL_BODY_BYTES).encode())]
-    held = [slots.take(), slots.take()]
+    inner = PayloadLimitMiddleware(_App(), max_bytes=10**6, slots=slots)
+    held_large = [slots.take(), slots.take()]
+    assert slots.full() and not slots.full(small=True)
     for headers in (large, []):  # declared large, or declared nothing
         status, _, body = _call(door, "POST", "/predict", headers)
-        assert status == 503 and f"bodies over {SMALL_BODY_BYTES} bytes" in json.loads(body)["error"]
+        error = json.loads(body)["error"]
+        assert status == 503 and f"bodies over {SMALL_BODY_BYTES} bytes" in error and "max_parsing_requests" in error
+        assert _call(inner, "POST", "/predict", headers)[0] == 503
     assert len(refusals) == 2 and app.seen == []
-    inner = PayloadLimitMiddleware(_App(), max_bytes=10**6, slots=slots)
-    assert _call(inner, "POST", "/predict", large)[0] == 503
-    assert _call(door, "POST", "/predict", small)[0] == 200 and app.seen == [("POST", "/predict")]
-    held.append(slots.take())  # every slot taken: a small body is refused too, with the plain message
+    for _ in range(3):  # every small slot free: three small bodies at once
+        assert _call(door, "POST", "/predict", small)[0] == 200
+    held_small = [slots.take(small=True) for _ in range(3)]
+    assert (slots.taken_large, slots.taken_small, slots.taken) == (2, 3, 5)
     status, _, body = _call(door, "POST", "/predict", small)
-    assert status == 503 and "bodies over" not in json.loads(body)["error"] and "max_parsing_requests" in body.decode()
-    for release in held:
+    error = json.loads(body)["error"]
+    assert status == 503 and "max_queued_requests" in error and f"at most {SMALL_BODY_BYTES} bytes" in error
+    held_large.pop()()  # a large slot free: a large body goes through although the small slots are full
+    assert _call(door, "POST", "/predict", large)[0] == 200 and len(app.seen) == 4
+    for release in held_large + held_small:
         release()
-    one = BodySlots(1)
-    assert not one.full(small=False) and _call(_door(_App(), one)[0], "POST", "/predict", large)[0] == 200
+    assert slots.taken == 0
 
 
 def test_an_unauthenticated_body_takes_no_slot():
-    slots = BodySlots(1)
+    slots = BodySlots(1, 1)
     taken: list[int] = []
 
     async def app(scope, receive, send):
@@ -222,7 +229,7 @@ def test_an_abandoned_upload_gives_its_slot_back_although_the_layers_around_it_w
     """A client gone mid-body: the body-limit middleware ends the request at once and gives the door's slot back,
     although BentoML's timeout middleware, between the door and it, waits for an answer that never comes (600 s in
     the server); the slot is not held until then."""
-    slots = BodySlots(1)
+    slots = BodySlots(1, 1)
     never = asyncio.Event()
 
     async def service(scope, receive, send):

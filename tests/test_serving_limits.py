@@ -117,9 +117,11 @@ def test_an_unexpected_parse_error_is_a_counted_500(client, monkeypatch):
     assert counter._value.get() == before + 1
 
 
-def test_bodies_beyond_the_parsing_limit_are_refused_before_reading():
-    """Two bodies being read or parsed: a third gets 503 with Retry-After at once, without its body being read;
-    once a body is parsed its slot is free, although its request is still computing."""
+@pytest.mark.parametrize("kind", ["small", "large"])
+def test_bodies_beyond_the_parsing_limit_are_refused_before_reading(kind):
+    """Two bodies of a kind being read or parsed: a third of that kind gets 503 with Retry-After at once, without
+    its body being read, naming the limit of its kind; once a body is parsed its slot is free, although its request
+    is still computing. Small: a declared Content-Length of at most 64 KiB; large: none (chunked) or more."""
     parsed = asyncio.Event()
     finish = asyncio.Event()
 
@@ -131,7 +133,10 @@ def test_bodies_beyond_the_parsing_limit_are_refused_before_reading():
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
 
-    middleware = PayloadLimitMiddleware(app, max_bytes=1000, max_parsing=2)
+    limits = {"max_parsing": 2, "max_parsing_small": 5} if kind == "large" else \
+        {"max_parsing": 5, "max_parsing_small": 2}
+    middleware = PayloadLimitMiddleware(app, max_bytes=1000, **limits)
+    headers = [(b"content-length", b"2")] if kind == "small" else []
 
     async def call(body_reads: list | None = None):
         sent = []
@@ -144,8 +149,7 @@ def test_bodies_beyond_the_parsing_limit_are_refused_before_reading():
         async def send(message):
             sent.append(message)
 
-        await middleware({"type": "http", "method": "POST", "path": "/predict",
-                          "headers": [(b"content-length", b"2")]}, receive, send)  # small: may take every slot
+        await middleware({"type": "http", "method": "POST", "path": "/predict", "headers": headers}, receive, send)
         return sent
 
     async def run():
@@ -154,7 +158,8 @@ def test_bodies_beyond_the_parsing_limit_are_refused_before_reading():
         reads: list = []
         refused = await call(reads)
         assert refused[0]["status"] == 503 and (b"retry-after", b"1") in refused[0]["headers"] and not reads
-        assert b"max_parsing_requests" in refused[1]["body"]
+        limit = b"max_queued_requests" if kind == "small" else b"max_parsing_requests"
+        assert limit in refused[1]["body"]
         parsed.set()
         await asyncio.sleep(0.01)
         assert middleware.parsing == 0  # both parsed, both still computing
@@ -165,5 +170,5 @@ def test_bodies_beyond_the_parsing_limit_are_refused_before_reading():
         assert [r[0]["status"] for r in results] == [200, 200, 200] and middleware.parsing == 0
 
     asyncio.run(run())
-    get = PayloadLimitMiddleware(app, max_bytes=1000, max_parsing=0)  # probes take no slot
+    get = PayloadLimitMiddleware(app, max_bytes=1000, max_parsing=0, max_parsing_small=0)  # probes take no slot
     assert get.max_parsing == 0
