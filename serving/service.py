@@ -208,7 +208,7 @@ class TransDenoiser:
         self.card["runtime"]["forward_workers"] = self.smooth.workers  # threads running passes side by side
         self.card["runtime"]["forward_nice"] = self.smooth.worker_nice if self.smooth.workers > 1 else 0
         self.card["runtime"]["round_samples"] = round_samples  # a request's round on this device
-        self.card["runtime"]["max_parsing_requests"] = BODY_SLOTS.limit  # body slots on this machine
+        self.card["runtime"]["max_parsing_requests"] = BODY_SLOTS.limit  # large-body slots on this machine
         counter([NoiseJob(torch.zeros(self.input_shape), config.batch_size, 0)])  # full-size forward pass
         # request kinds: name -> builds the scheduler work of a validated request. A new kind adds a Work class
         # (serving.compute.scheduler.Work) and an entry here, plus its response.
