@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.bench_overload import measure, measure_burst
+from benchmarks.bench_overload import BURST_BODY_BYTES, burst_body_bytes, measure, measure_burst
 from benchmarks.serving_common import (
     check_classifier_dir,
     mnist_test_images,
@@ -91,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--after", type=code_checkout, required=True, help="code checkout of the second server")
     parser.add_argument("--rounds", type=positive_int, default=4, help="runs against each server")
     parser.add_argument("--burst-bodies", type=positive_int, default=100, help="bodies of the burst sent at once")
+    parser.add_argument("--body-bytes", type=burst_body_bytes, default=BURST_BODY_BYTES,
+                        help="size of each burst body (one image padded with spaces)")
     parser.add_argument("--loop-seconds", type=positive_float, default=15.0, help="how long 2 clients loop bodies")
     parser.add_argument("--mode", choices=("burst", "overload"), default="burst",
                         help="the burst of large bodies (default) or bench_overload's overload")
@@ -129,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                               f"{small['max_s']:.3f} s", flush=True)
                         continue
                     worker = worker_process(servers[name])
-                    burst = measure_burst(servers[name].url, args.burst_bodies, 2 * 1024 * 1024 - 4096,
+                    burst = measure_burst(servers[name].url, args.burst_bodies, args.body_bytes,
                                           lambda w=worker: w.memory_info().rss, 2, args.loop_seconds)
                     runs[name].append({"load_at_start": load, **burst})
                     print(f"round {index} {name:6s} load {load:4.1f}: " + "; ".join(

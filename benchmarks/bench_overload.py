@@ -13,7 +13,8 @@ as it can finish within the deadline, all sent at once (no retries), while one c
 Figures: goodput (noisy samples of requests answered 200 / noisy samples computed, from /metrics), the large
 requests' statuses and Retry-After values, the time to each refusal, and each small request's latency against
 3x its idle median (or an immediate refusal). Then a burst: after 10 s of probes alone (the baseline),
-``--burst-bodies`` JSON bodies just under the payload limit (2 MB) sent at once, then ``--loop-clients`` clients
+``--burst-bodies`` JSON bodies just under the payload limit (2 MB; ``--body-bytes`` for smaller ones, e.g. 60000
+for small bodies, which have body slots of their own) sent at once, then ``--loop-clients`` clients
 sending such bodies back to back for ``--loop-seconds``, while /readyz and /livez are probed back to back
 throughout from a process of their own (benchmarks/prober.py): the probes' latency (and the start and latency of
 each one over 100 ms), the bodies' statuses and the worker's
@@ -52,6 +53,17 @@ N0, SMALL_N, LARGE_IMAGES = 100, 100, 16
 # 37.5 % (75 % of the deadline at the half of the compute an admitted request is sure of, serving.compute.admission)
 LARGE_FRACTION = 0.3
 JSON_HEADERS = {"content-type": "application/json"}  # bodies sent already encoded
+BURST_BODY_BYTES = 2 * 1024 * 1024 - 4096  # just under the default max_payload_bytes (2 MiB)
+MIN_BURST_BODY_BYTES = 16 * 1024  # the one image of a burst body as JSON is about 11 kB
+
+
+def burst_body_bytes(text: str) -> int:
+    """argparse type of ``--body-bytes``: an integer from MIN_BURST_BODY_BYTES to BURST_BODY_BYTES."""
+    value = positive_int(text)
+    if not MIN_BURST_BODY_BYTES <= value <= BURST_BODY_BYTES:
+        raise argparse.ArgumentTypeError(f"must be from {MIN_BURST_BODY_BYTES} to {BURST_BODY_BYTES} bytes, "
+                                         f"got {value}")
+    return value
 
 
 def large_n(rate: float, deadline_s: float, fraction: float = LARGE_FRACTION) -> int:
@@ -356,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=("all", "overload", "burst"), default="all",
                         help="overload, burst of large bodies, or both (default)")
     parser.add_argument("--burst-bodies", type=positive_int, default=100, help="bodies of the burst sent at once")
+    parser.add_argument("--body-bytes", type=burst_body_bytes, default=BURST_BODY_BYTES,
+                        help="size of each burst body (one image padded with spaces)")
     parser.add_argument("--loop-clients", type=int, default=2, help="clients looping large bodies after the burst")
     parser.add_argument("--loop-seconds", type=positive_float, default=30.0, help="how long they loop")
     parser.add_argument("--in-process-probes", action="store_true",
@@ -373,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
                               args.large_fraction)
         if args.mode in ("all", "burst"):
             worker = worker_process(server)
-            figures["burst"] = measure_burst(server.url, args.burst_bodies, 2 * 1024 * 1024 - 4096,
+            figures["burst"] = measure_burst(server.url, args.burst_bodies, args.body_bytes,
                                              lambda: worker.memory_info().rss, args.loop_clients, args.loop_seconds,
                                              args.in_process_probes)
     result = {**record, **figures}

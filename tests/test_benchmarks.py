@@ -176,6 +176,8 @@ def test_bench_gc_pause_quick_times_collections_with_timers_kept_and_cancelled(t
     ("bench_burst_ab", ["--before", ".", "--after", ".", "--classifier-dir", "{tmp}"], "not a classifier checkpoint"),
     ("bench_burst_ab", ["--after", "."], "--before"),
     ("bench_burst_ab", ["--before", ".", "--after", ".", "--before-setting", "round_samples"], "is not KEY=VALUE"),
+    ("bench_burst_ab", ["--before", ".", "--after", ".", "--body-bytes", "1000"], "must be from 16384 to"),
+    ("bench_overload", ["--body-bytes", "3000000"], "must be from 16384 to"),
     ("bench_probe_cost", ["--after", "."], "--before is required"),
     ("bench_probe_cost", ["--before", "{missing}"], "is not a checkout of transdenoiser"),
     ("bench_probe_cost", ["--before", ".", "--rounds", "0"], "--rounds"),
