@@ -18,7 +18,8 @@ Gauges use the ``livesum`` multiprocess mode: the sum over the live worker proce
 - ``transdenoiser_refused_requests_total{reason}``: requests refused at admission, before any compute
   (``queue``: max_queued_requests in flight; ``busy``: would not finish within its deadline next to the
   admitted work; ``never``: would not finish within its deadline even alone, at half the rate; ``parsing``: a
-  body sent while ``max_parsing_requests`` bodies were being read or parsed, refused before reading it, mostly by
+  body sent while every body slot of its kind was taken (``max_parsing_requests`` for bodies over 64 KiB,
+  ``max_queued_requests`` for smaller ones), refused before reading it, mostly by
   the front door ahead of BentoML's middlewares, so that these refusals are not in BentoML's request counter)
 - ``transdenoiser_compute_rate``: the measured noisy samples per second that admission uses
 
