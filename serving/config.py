@@ -100,6 +100,11 @@ class ServingConfig:
             return int(self.round_samples)
         return CPU_ROUND_SAMPLES if device_type == "cpu" else ROUND_SAMPLES
 
+    def body_slot_limits(self) -> tuple[int, int]:
+        """The body slots (``serving.limits.BodySlots``): large bodies read and parsed at once
+        (``parsing_slots``), and small ones: as many as requests may be in flight (``max_queued_requests``)."""
+        return self.parsing_slots(), self.max_queued_requests
+
     def parsing_slots(self) -> int:
         """Large request bodies read and parsed at once (``max_parsing_requests``, "auto" resolved on this machine)."""
         if self.max_parsing_requests != "auto":

@@ -21,6 +21,7 @@ it took itself.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from serving.auth import send_json
 
@@ -47,72 +48,81 @@ def release_body_slot(scope) -> None:
         release()
 
 
+@dataclass
+class _Allowance:
+    """One kind of body slot: at most ``limit`` taken at once (None: not read from the settings yet)."""
+
+    limit: int | None
+    taken: int = 0
+
+
 class BodySlots:
     """The request bodies being read or parsed at once: at most ``limit`` large ones (``max_parsing_requests``) and
-    ``small_limit`` small ones (``max_queued_requests``; see the module docstring). ``None`` reads the limit from the
-    served model directory's settings when first needed."""
+    ``small_limit`` small ones (``max_queued_requests``; see the module docstring). ``None`` reads the limits from
+    the served model directory's settings when first needed."""
 
     def __init__(self, limit: int | None = None, small_limit: int | None = None):
-        self._limit = limit
-        self._small_limit = small_limit
-        self.taken_large = 0
-        self.taken_small = 0
+        self._large = _Allowance(limit)
+        self._small = _Allowance(small_limit)
 
     def configure(self, limit: int, small_limit: int) -> None:
         """Set both limits (the service, from its model directory's settings); slots already taken stay taken."""
         if limit < 1 or small_limit < 1:
             raise ValueError(f"body-slot limits must be >= 1, got {limit} and {small_limit}")
-        self._limit, self._small_limit = limit, small_limit
+        self._large.limit, self._small.limit = limit, small_limit
 
-    def _load(self) -> None:
-        from serving.config import load_config, model_dir_from_env
+    def _allowance(self, small: bool) -> _Allowance:
+        """The allowance of a small or large body, its limit read from the settings if not set yet."""
+        allowance = self._small if small else self._large
+        if allowance.limit is None:
+            from serving.config import load_config, model_dir_from_env
 
-        config = load_config(model_dir_from_env())
-        if self._limit is None:
-            self._limit = config.parsing_slots()
-        if self._small_limit is None:
-            self._small_limit = config.max_queued_requests
+            limits = load_config(model_dir_from_env()).body_slot_limits()
+            for kind, configured in zip((self._large, self._small), limits, strict=True):
+                if kind.limit is None:
+                    kind.limit = configured
+        return allowance
 
     @property
     def limit(self) -> int:
         """Large bodies read or parsed at once, at most."""
-        if self._limit is None:
-            self._load()
-        return self._limit
+        return self._allowance(False).limit
 
     @property
     def small_limit(self) -> int:
         """Small bodies read or parsed at once, at most."""
-        if self._small_limit is None:
-            self._load()
-        return self._small_limit
+        return self._allowance(True).limit
+
+    @property
+    def taken_large(self) -> int:
+        return self._large.taken
+
+    @property
+    def taken_small(self) -> int:
+        return self._small.taken
 
     @property
     def taken(self) -> int:
         """Slots taken, of both kinds."""
-        return self.taken_large + self.taken_small
+        return self._large.taken + self._small.taken
 
     def full(self, small: bool = False) -> bool:
         """Whether a body cannot take a slot now; ``small``: declared at most ``SMALL_BODY_BYTES``."""
-        return self.taken_small >= self.small_limit if small else self.taken_large >= self.limit
+        allowance = self._allowance(small)
+        return allowance.taken >= allowance.limit
 
     def take(self, small: bool = False) -> Callable[[], None]:
         """Take a slot of the body's kind (the caller has checked ``full(small)``); returns its release, which is
         idempotent."""
-        if small:
-            self.taken_small += 1
-        else:
-            self.taken_large += 1
+        allowance = self._small if small else self._large
+        allowance.taken += 1
         released = False
 
         def release() -> None:
             nonlocal released
             if not released:
                 released = True
-                if small:
-                    self.taken_small -= 1
-                else:
-                    self.taken_large -= 1
+                allowance.taken -= 1
 
         return release
 

@@ -174,7 +174,7 @@ class TransDenoiser:
         self.bundle = load_model_dir(model_dir_from_env(), device=self.device)
         self.config = config = self.bundle.config
         # this model directory's limits, not a previous service's in this process
-        BODY_SLOTS.configure(config.parsing_slots(), config.max_queued_requests)
+        BODY_SLOTS.configure(*config.body_slot_limits())
         pipeline = self.bundle.pipeline
         self.input_shape: tuple[int, int, int] = tuple(pipeline.input_shape)  # type: ignore[assignment]
         self.class_names = pipeline.class_names
