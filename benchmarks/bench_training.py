@@ -1,12 +1,14 @@
 """Training throughput: every DP-SGD implementation against non-private SGD on the same model and batch.
 
     python -m benchmarks.bench_training [--device cpu|cuda] [--quick] [--clipping auto|ghost|vmap] [--compile]
-                                        [--steps 4] [--warmup 3] [--repeats 5] [--smin] [--out FILE]
+                                        [--cuda-graphs auto|off] [--steps 4] [--warmup 3] [--repeats 5]
+                                        [--smin] [--out FILE]
 
 Rows: non-private SGD (plain autograd, the floor), sepdp (``SepDPArm.gradient`` + SGD, its clipping planned
 for the device as in training), the transdenoiser arm with S_min not computed (its merged step), Opacus 1.6
 hooks (GradSampleModule + DPOptimizer) and Opacus ghost clipping (its fast-gradient-clipping module, optimiser
-and loss). Every row draws its input noise as the arms do (``training.privacy.dp.standard_normal``: from
+and loss); on CUDA also sepdp with its CUDA graphs off and non-private SGD replayed as a CUDA graph
+(``CUDA_ROWS``). Every row draws its input noise as the arms do (``training.privacy.dp.standard_normal``: from
 the CPU generator, on CUDA by a device generator it seeds). Grid: autoencoder 1x28x28 at batch 64, 256, 1024;
 DnCNN-17x64 3x32x32 at 64, 256 (``--quick``: a tiny grid, for the test suite). Every row is built once and
 warmed up; then --repeats blocks of timed steps
@@ -45,6 +47,9 @@ def _time_steps(step, steps: int, cuda_device=None) -> float:
 
 
 ROWS = ("nonprivate_sgd", "sepdp", "transdenoiser_smin_not_computed", "opacus_hooks", "opacus_ghost")
+# on CUDA also: sepdp with its CUDA graphs off (the eager step, side by side), and non-private SGD whose forward
+# and backward passes are one CUDA graph too (the like-for-like floor of a graphed DP step)
+CUDA_ROWS = ("sepdp_no_cuda_graphs", "nonprivate_sgd_cuda_graph")
 GRID = (("autoencoder", {"in_channels": 1}, (1, 28, 28), (64, 256, 1024)),
         ("dncnn", {"in_channels": 3}, (3, 32, 32), (64, 256)))
 QUICK_GRID = (("autoencoder", {"in_channels": 1}, (1, 28, 28), (8,)),
@@ -94,6 +99,38 @@ def nonprivate_step(denoiser: str, kwargs: dict, x: torch.Tensor):
         z = x + 0.25 * standard_normal(x.shape, generator, x.device)
         loss = (model(z) - x).pow(2).flatten(1).sum(1).sum()
         return dict(zip(names, torch.autograd.grad(loss, params), strict=True))
+
+    return _sgd_step(model, gradient)
+
+
+def nonprivate_graphed_step(denoiser: str, kwargs: dict, x: torch.Tensor):
+    """Non-private SGD with its forward and backward passes replayed as one CUDA graph; the input noise drawn
+    before it and the SGD step after it, as in our arms' graphed step (CUDA only)."""
+    torch.manual_seed(0)
+    model = build_model(denoiser, **kwargs).to(x.device)
+    params = [p for p in model.parameters()]
+    names = [k for k, _ in model.named_parameters()]
+    generator = torch.Generator().manual_seed(0)
+    z = torch.zeros_like(x)
+
+    def forward_backward():
+        loss = (model(z) - x).pow(2).flatten(1).sum(1).sum()
+        return torch.autograd.grad(loss, params)
+
+    side = torch.cuda.Stream(x.device)
+    side.wait_stream(torch.cuda.current_stream(x.device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            forward_backward()
+    torch.cuda.current_stream(x.device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = forward_backward()
+
+    def gradient():
+        z.copy_(x + 0.25 * standard_normal(x.shape, generator, x.device))
+        graph.replay()
+        return {name: g.clone() for name, g in zip(names, static, strict=True)}
 
     return _sgd_step(model, gradient)
 
@@ -240,6 +277,10 @@ def activation_study(classifier_dir: Path, activations: list[str], device) -> di
 def build_row(name: str, denoiser: str, kwargs: dict, x: torch.Tensor, settings: dict):
     if name == "nonprivate_sgd":
         return nonprivate_step(denoiser, kwargs, x)
+    if name == "nonprivate_sgd_cuda_graph":
+        return nonprivate_graphed_step(denoiser, kwargs, x)
+    if name == "sepdp_no_cuda_graphs":
+        return ours_step(SepDPArm, denoiser, kwargs, x, max_smin_dim=1, **{**settings, "cuda_graphs": "off"})[0]
     if name == "opacus_hooks":
         return opacus_step(denoiser, kwargs, x)
     if name == "opacus_ghost":
@@ -292,17 +333,18 @@ def throughput_grid(args, device) -> dict:
     if args.only:  # e.g. ["autoencoder:64,256", "dncnn:64"]
         wanted = {name: {int(b) for b in sizes.split(",")} for name, sizes in (item.split(":") for item in args.only)}
         grid = tuple((d, k, s, tuple(b for b in batches if b in wanted[d])) for d, k, s, batches in grid if d in wanted)
-    settings = {"clipping": args.clipping, "compile": args.compile}
+    settings = {"clipping": args.clipping, "compile": args.compile, "cuda_graphs": args.cuda_graphs}
+    names = ROWS + (CUDA_ROWS if device.type == "cuda" else ())
     steps, warmup, repeats = (1, 1, 2) if args.quick else (args.steps, args.warmup, args.repeats)
     out = {}
     for denoiser, kwargs, shape, batches in grid:
         for batch in batches:
             x = synthetic_images(batch, shape, device)
-            rows = {name: build_row(name, denoiser, kwargs, x, settings) for name in ROWS}
+            rows = {name: build_row(name, denoiser, kwargs, x, settings) for name in names}
             timed = compare(rows, batch, max(1, steps * 64 // batch) if not args.quick else steps, warmup,
                             repeats, device)
             floor = timed["nonprivate_sgd"]["examples_per_second"]
-            for name in ROWS:
+            for name in names:
                 per_repeat = [a / b for a, b in zip(timed[name]["examples_per_second"], floor, strict=True)]
                 timed[name]["fraction_of_nonprivate"] = statistics.median(per_repeat)
                 if device.type == "cpu" and not args.quick and args.peak_memory:
@@ -322,11 +364,12 @@ def throughput_grid(args, device) -> dict:
 
 
 def format_table(grid: dict) -> str:
-    lines = ["| model, batch | " + " | ".join(ROWS) + " | sepdp / Opacus hooks | transdenoiser cost / sepdp |",
-             "|---" * (len(ROWS) + 3) + "|"]
+    names = list(next(iter(grid.values()))["rows"]) if grid else list(ROWS)
+    lines = ["| model, batch | " + " | ".join(names) + " | sepdp / Opacus hooks | transdenoiser cost / sepdp |",
+             "|---" * (len(names) + 3) + "|"]
     for key, entry in grid.items():
         cells = []
-        for name in ROWS:
+        for name in names:
             row = entry["rows"][name]
             memory = row.get("peak_memory_bytes", row.get("peak_rss_bytes"))
             mem = f", {memory / 2**20:.0f} MiB" if memory else ""
@@ -347,6 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clipping", choices=("auto", "ghost", "vmap"), default="auto",
                         help="our arms' clipping engine (default: auto, as training)")
     parser.add_argument("--compile", action="store_true", help="our arms with --compile")
+    parser.add_argument("--cuda-graphs", choices=("auto", "off"), default="auto",
+                        help="our arms' CUDA graphs (default: auto, as training; on CUDA the row "
+                             "sepdp_no_cuda_graphs is always eager)")
     parser.add_argument("--only", nargs="+", default=None, metavar="MODEL:B,B",
                         help="a part of the grid, e.g. autoencoder:64,256 dncnn:64 (default: all of it)")
     parser.add_argument("--peak-memory", action=argparse.BooleanOptionalAction, default=True,

@@ -202,7 +202,7 @@ def run_benchmarks(check: Check, args) -> None:
     from benchmarks import bench_training
 
     check.step("bench_training (GPU rows)", lambda: _json_figures(
-        bench_training.main(["--device", device, "--steps", "10", "--warmup", "5", "--repeats", "3",
+        bench_training.main(["--device", device, "--steps", "40", "--warmup", "5", "--repeats", "5",
                              "--smin-widths", "1,2", "--out", str(out / "bench_training.json")]),
         out / "bench_training.json", ("median_examples_per_second",)))
     from benchmarks import bench_serving

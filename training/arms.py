@@ -118,7 +118,7 @@ class DPArm(Arm):
                     self.model, tuple(example_shape), round(self.expected_batch), next(self.model.parameters()).device,
                     clipping=self.config.clipping, grad_chunk_size=self.config.grad_chunk_size,
                     physical_batch_size=self.config.physical_batch_size, rows_per_example=self.config.noise_draws,
-                    compile_model=self.config.compile)
+                    compile_model=self.config.compile, cuda_graphs=self.config.cuda_graphs)
             self._engine = ClippedGradients(self.model, self.config.clip_norm, self.execution,
                                             compile_model=self.config.compile)
         return self._engine
@@ -170,12 +170,13 @@ class DPArm(Arm):
     def finish(self, summed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v / self.expected_batch for k, v in summed.items()}
 
-    def whole_batch_step(self, x, generator, multiplier: float) -> tuple[dict[str, torch.Tensor], float]:
+    def whole_batch_step(self, x, generator, multiplier: float
+                         ) -> tuple[dict[str, torch.Tensor], float | torch.Tensor]:
         """sepdp's step on a non-empty batch: the clipped sum of the whole batch (over ranks: one all-reduce with
         the loss sum), ``multiplier`` x C noise drawn once on it, divided by B; and the mean loss."""
         clipped = self.clipped_sums(x, generator)
         summed, losses = clipped.whole(), clipped.losses
-        mean_loss = float(losses.mean())
+        mean_loss = losses.mean().detach()  # a device tensor: read at the epoch's end (StepRecord.settle)
         if self.group.distributed:  # the one all-reduce of the step: every rank's clipped sum (and loss sum)
             total = self.group.sum_over_ranks({**{f"grad.{k}": v for k, v in summed.items()},
                                                "loss_sum": losses.sum()})

@@ -220,7 +220,8 @@ def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint
             if average is not None:
                 average.update(model)
             records.append(record)
-        losses = [r.mean_loss for r in records[-schedule["steps_per_epoch"]:] if not math.isnan(r.mean_loss)]
+        losses = [r.settle().mean_loss for r in records[-schedule["steps_per_epoch"]:]]
+        losses = [loss for loss in losses if not math.isnan(loss)]
         row = {"epoch": epoch + 1,
                **evaluate(released_model, classifier_model, x_test, y_test, config.sigma, config.eval_noise_seed),
                "train_loss": float(np.mean(losses)) if losses else math.nan,

@@ -163,6 +163,10 @@ def register(subparsers, common) -> None:
     g.add_argument("--compile", action="store_const", const=True, default=None,
                    help="torch.compile vmap's per-example gradient function (the first steps pay for compiling; "
                         "ghost clipping stays eager) (default: off)")
+    g.add_argument("--cuda-graphs", choices=("auto", "off"), default=None,
+                   help="ghost clipping on CUDA: replay each batch piece's clipped sums as a CUDA graph, the piece "
+                        "padded with zero-weight rows to a fixed size (auto: where the model has no batch-statistics "
+                        "layer; off: eager) (default: auto)")
     p.add_argument("--json", action="store_true", help="print the final metadata (metrics, privacy report) as JSON")
     p.set_defaults(handler=cmd_train)
 

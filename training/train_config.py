@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from training.denoisers import ACTIVATIONS, DENOISERS
-from training.privacy.clipping import CLIPPING_MODES
+from training.privacy.clipping import CLIPPING_MODES, CUDA_GRAPH_MODES
 from training.privacy.smin import DEFAULT_CHUNK_SIZE, DEFAULT_MAX_DIM
 from transdenoiser.errors import UserError
 from transdenoiser.toml import dataclass_from_dict
@@ -57,6 +57,9 @@ class TrainConfig:
     grad_chunk_size: int = -1
     physical_batch_size: int = -1
     compile: bool = False
+    # CUDA graphs of the ghost engine's clipped sums (training/privacy/graphed.py): "auto" on CUDA where the model
+    # allows it (no batch-statistics layer), "off" never; results are the eager ones to float rounding
+    cuda_graphs: str = "auto"
     seed: int = 0  # initial weights; also the DP noise and Poisson sampling, but only with reproducible_noise
     # False (default): DP noise and Poisson sampling draw from a generator seeded from the OS CSPRNG, a seed that
     # is never written anywhere. True: they draw from ``seed`` (research only: anyone with the seed can subtract
@@ -124,6 +127,8 @@ class TrainConfig:
             (self.clipping in CLIPPING_MODES,
              f"clipping must be one of {', '.join(CLIPPING_MODES)}, got {self.clipping!r}"),
             (isinstance(self.compile, bool), f"compile must be true or false, got {self.compile!r}"),
+            (self.cuda_graphs in CUDA_GRAPH_MODES,
+             f"cuda_graphs must be one of {', '.join(CUDA_GRAPH_MODES)}, got {self.cuda_graphs!r}"),
             (isinstance(self.denoiser_kwargs, dict), "denoiser_kwargs must be a table"),
             (isinstance(self.reproducible_noise, bool),
              f"reproducible_noise must be true or false, got {self.reproducible_noise!r}"),
@@ -180,4 +185,11 @@ class StepRecord:
     input_multiplier: float = math.nan
     sigma_bar: float = math.nan
     explicit_multiplier: float = 0.0
+    # a float; during an epoch it may be the device's 0-dim tensor (reading it would wait for the device in every
+    # step): the training loop calls settle() at the epoch's end, before anything reads or saves it
     mean_loss: float = math.nan
+
+    def settle(self) -> StepRecord:
+        """Make ``mean_loss`` a float (a device tensor is read once, here)."""
+        self.mean_loss = float(self.mean_loss)
+        return self

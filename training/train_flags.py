@@ -29,7 +29,8 @@ FLAG_FIELDS = {"arm": "arm", "sigma": "sigma", "clip_norm": "clip_norm", "xi_up"
 FLAG_FIELDS["ema"] = "ema_decay"  # the tuned recipe (training/recipe.py)
 FLAG_FIELDS["min_steps"] = "min_steps"  # the recipe's batch plan (training/methods/denoiser_config.py)
 FLAG_FIELDS.update({"clipping": "clipping", "grad_chunk_size": "grad_chunk_size",  # training/privacy/clipping.py
-                    "physical_batch_size": "physical_batch_size", "compile": "compile"})
+                    "physical_batch_size": "physical_batch_size", "compile": "compile",
+                    "cuda_graphs": "cuda_graphs"})
 # flags that set one entry of the denoiser_kwargs field
 DENOISER_KWARG_FLAGS = {"denoiser_width": "width", "dncnn_depth": "depth", "norm": "norm"}
 

@@ -28,8 +28,10 @@ from torch import nn
 
 from training.privacy.dp import Params, PerExampleClipper, PerExampleGradients, per_example_norms
 from training.privacy.ghost_clipping import GhostClipping, GhostUnsupported
+from training.privacy.graphed import GraphedPieces, default_granule, graphs_possible
 
 CLIPPING_MODES = ("auto", "ghost", "vmap")
+CUDA_GRAPH_MODES = ("auto", "off")  # auto: the ghost engine's clipped sums as CUDA graphs where possible
 AUTO = -1  # grad_chunk_size / physical_batch_size: sized for the device
 # On a 2-core CPU, vmap chunks of at most 32 examples are about 1.3x faster than one call over a batch of 64
 # for the paper's autoencoder (docs/TRAINING.md).
@@ -70,17 +72,29 @@ class ExecutionPlan:
     physical_batch_size: int  # 0: the whole batch in one piece
     reasons: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)  # auto: seconds per step of each engine
+    cuda_graphs: bool = False  # ghost on CUDA: each piece padded to a multiple of graph_granule and replayed
+    graph_granule: int = 0  # examples; 0 without CUDA graphs
 
     def as_dict(self) -> dict:
         return {"clipping": self.clipping, "grad_chunk_size": self.grad_chunk_size,
-                "physical_batch_size": self.physical_batch_size, "reasons": list(self.reasons),
+                "physical_batch_size": self.physical_batch_size, "cuda_graphs": self.cuda_graphs,
+                "graph_granule": self.graph_granule, "reasons": list(self.reasons),
                 "timings_seconds": dict(self.timings)}
+
+    @classmethod
+    def from_dict(cls, saved: dict, note: str) -> ExecutionPlan:
+        """A recorded plan (:meth:`as_dict`), ``note`` appended to its reasons; a record written before CUDA
+        graphs existed runs without them."""
+        return cls(saved["clipping"], saved["grad_chunk_size"], saved["physical_batch_size"],
+                   [*saved.get("reasons", []), note], cuda_graphs=bool(saved.get("cuda_graphs", False)),
+                   graph_granule=int(saved.get("graph_granule", 0)))
 
     def describe(self) -> str:
         chunk = "whole batch" if not self.grad_chunk_size else f"chunks of {self.grad_chunk_size}"
         piece = "one piece" if not self.physical_batch_size else f"pieces of {self.physical_batch_size}"
         vmap_part = f", vmap {chunk}" if self.clipping == "vmap" else ""
-        return f"clipping: {self.clipping}{vmap_part}, {piece} ({'; '.join(self.reasons)})"
+        graphs = f", CUDA graphs (granule {self.graph_granule})" if self.cuda_graphs else ""
+        return f"clipping: {self.clipping}{vmap_part}{graphs}, {piece} ({'; '.join(self.reasons)})"
 
 
 def parameter_bytes(model: nn.Module) -> int:
@@ -169,11 +183,38 @@ class ClippedGradients:
                 self.ghost = GhostClipping(model)
             except GhostUnsupported as exc:
                 self._fall_back(exc)
+        self.graphs: GraphedPieces | None = None  # built on the first piece (its example shape sizes the memory)
 
     def _fall_back(self, exc: Exception) -> None:
         self.ghost = None
         self.plan.clipping = "vmap"
+        self.plan.cuda_graphs = False
         self.plan.reasons.append(f"ghost clipping cannot follow this model ({exc}): vmap")
+
+    def _graph_piece(self, z: torch.Tensor, x: torch.Tensor, mask: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor, Params]:
+        """What one graph replays: the ghost pass, the clip factors (0 on padded rows) and the clipped sums."""
+        batch = self.ghost(z, x, len(z) // len(mask))
+        factors = self.clipper.factors(batch.norms) * mask
+        return batch.losses, factors, batch.weighted_sum(factors)
+
+    def _graphed(self, z: torch.Tensor, x: torch.Tensor, rows: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, Params] | None:
+        """(losses, factors, clipped sum) of one piece by a CUDA graph replay; None: run it eagerly (no graph of
+        its size fits, or a capture failed, after which the rest of the run is eager and the plan says why)."""
+        try:
+            if self.graphs is None:
+                device = z.device
+                budget = int(MEMORY_FRACTION * (free_memory(device) or 0))
+                self.graphs = GraphedPieces(self._graph_piece, self.plan.graph_granule,
+                                            ghost_example_bytes(self.model, tuple(z.shape[1:]), device), budget)
+            return self.graphs(z, x, rows)
+        except Exception as exc:  # noqa: BLE001 - any capture failure: eager from here on, recorded
+            first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            self.graphs = None
+            self.plan.cuda_graphs = False
+            self.plan.reasons.append(f"CUDA graph capture failed ({type(exc).__name__}: {first_line}): eager")
+            return None
 
     def _engine(self, z: torch.Tensor, x: torch.Tensor, rows: int
                 ) -> tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor], Params]]:
@@ -203,6 +244,14 @@ class ClippedGradients:
             stop = min(n, start + piece)
             zp = z[start * rows_per_example:stop * rows_per_example]
             xp = x[start * rows_per_example:stop * rows_per_example]
+            graphed = (self._graphed(zp, xp, rows_per_example)
+                       if split is None and self.plan.cuda_graphs and self.ghost is not None else None)
+            if graphed is not None:
+                piece_losses, piece_factors, part = graphed
+                sums["whole"] = part if "whole" not in sums else {k: sums["whole"][k] + v for k, v in part.items()}
+                losses.append(piece_losses)
+                factors.append(piece_factors)
+                continue
             norms, piece_losses, weighted_sum = self._engine(zp, xp, rows_per_example)
             piece_factors = self.clipper.factors(norms)
             if split is None:
@@ -256,11 +305,15 @@ def measure_engines(model: nn.Module, example_shape: tuple[int, ...], batch_size
 
 def plan_execution(model: nn.Module, example_shape: tuple[int, ...], batch_size: int, device: torch.device, *,
                    clipping: str = "auto", grad_chunk_size: int = AUTO, physical_batch_size: int = AUTO,
-                   rows_per_example: int = 1, compile_model: bool = False) -> ExecutionPlan:
+                   rows_per_example: int = 1, compile_model: bool = False,
+                   cuda_graphs: str = "auto") -> ExecutionPlan:
     """The engine, vmap chunk and physical piece size for ``model`` on ``device`` at an expected batch of
-    ``batch_size`` examples; ``auto`` clipping measures both engines (:func:`measure_engines`)."""
+    ``batch_size`` examples; ``auto`` clipping measures both engines (:func:`measure_engines`); ``cuda_graphs``
+    auto: the ghost engine replays CUDA graphs where :func:`training.privacy.graphed.graphs_possible` allows."""
     if clipping not in CLIPPING_MODES:
         raise ValueError(f"clipping must be one of {', '.join(CLIPPING_MODES)}, got {clipping!r}")
+    if cuda_graphs not in CUDA_GRAPH_MODES:
+        raise ValueError(f"cuda_graphs must be one of {', '.join(CUDA_GRAPH_MODES)}, got {cuda_graphs!r}")
     device = torch.device(device)
     rows = max(1, batch_size) * rows_per_example
     chunk, chunk_reason = device_chunk_size(model, device, rows, grad_chunk_size)
@@ -270,6 +323,16 @@ def plan_execution(model: nn.Module, example_shape: tuple[int, ...], batch_size:
         piece, piece_reason = device_physical_batch(model, name, example_shape, device, physical_batch_size)
         reasons = [chunk_reason] if name == "vmap" else []
         plans[name] = ExecutionPlan(name, chunk, piece, reasons + [piece_reason])
+    if "ghost" in plans and cuda_graphs == "auto":
+        possible, why = graphs_possible(model, device)
+        if possible:
+            plans["ghost"].cuda_graphs = True
+            plans["ghost"].graph_granule = default_granule(max(1, batch_size))
+            plans["ghost"].reasons.append(f"{why} ({plans['ghost'].graph_granule} examples)")
+        elif device.type == "cuda":
+            plans["ghost"].reasons.append(why)
+    elif "ghost" in plans and device.type == "cuda":
+        plans["ghost"].reasons.append("CUDA graphs: off as configured")
     if clipping != "auto":
         plans[clipping].reasons.insert(0, f"clipping {clipping} as configured")
         return plans[clipping]
@@ -293,8 +356,7 @@ def plan_for_arm(arm, config, image_shape, device, record: dict | None) -> Execu
         return None
     saved = (record or {}).get("execution")
     if saved:
-        arm.execution = ExecutionPlan(saved["clipping"], saved["grad_chunk_size"], saved["physical_batch_size"],
-                                      [*saved.get("reasons", []), "kept from the resumed run"])
+        arm.execution = ExecutionPlan.from_dict(saved, "kept from the resumed run")
         return arm.execution
     share = -(-config.batch_size // arm.group.world_size)
     clipping = config.clipping
@@ -303,7 +365,8 @@ def plan_for_arm(arm, config, image_shape, device, record: dict | None) -> Execu
     arm.execution = plan_execution(arm.model, tuple(image_shape), share, torch.device(device),
                                    clipping=clipping, grad_chunk_size=config.grad_chunk_size,
                                    physical_batch_size=config.physical_batch_size,
-                                   rows_per_example=config.noise_draws, compile_model=config.compile)
+                                   rows_per_example=config.noise_draws, compile_model=config.compile,
+                                   cuda_graphs=config.cuda_graphs)
     if clipping != config.clipping:
         arm.execution.reasons[0] = "auto with reproducible noise: ghost, not timed, so that runs repeat bit for bit"
     if arm.group.distributed:  # the same engine on every rank
@@ -329,6 +392,6 @@ def parse_size(text: str, what: str) -> int:
     return value
 
 
-__all__ = ["CLIPPING_MODES", "AUTO", "CPU_CHUNK_SIZE", "ClippedSums", "ExecutionPlan", "ClippedGradients",
-           "device_chunk_size", "device_physical_batch", "plan_execution", "measure_engines", "parse_size",
-           "parameter_bytes", "plan_for_arm"]
+__all__ = ["CLIPPING_MODES", "CUDA_GRAPH_MODES", "AUTO", "CPU_CHUNK_SIZE", "ClippedSums", "ExecutionPlan",
+           "ClippedGradients", "device_chunk_size", "device_physical_batch", "plan_execution", "measure_engines",
+           "parse_size", "parameter_bytes", "plan_for_arm"]
