@@ -27,6 +27,7 @@ NOISE = ("tests/test_invariants_training.py",
 AUDIT_CONFIDENCE = ("tests/test_privacy_audit.py", "-k", "confidence or correct_sepdp")
 AUDIT_VERDICT = ("tests/test_privacy_audit.py", "-k", "verdict or halved or correct_sepdp")
 GHOST = ("tests/test_ghost_clipping.py", "-k", "per_example_loop or chunkings")
+GRAPHED = ("tests/test_graphed_clipping.py", "-k", "padded or leak or budget")
 CLIPPING = ("tests/test_invariants_training.py", "tests/test_private_train.py::test_clipping_bounds_per_example_norms")
 
 
@@ -279,6 +280,13 @@ MUTANTS: tuple[Mutant, ...] = (
            "return torch.randn(shape, dtype=torch.float32).to(device, dtype)",
            ("tests/test_private_train.py", "-k", "run_generator"),
            "the training noise comes from the run's secret generator (its saved state resumes a run)"),
+    Mutant("graph_padding_rows_weighted", "training/privacy/clipping.py", "ClippedGradients._graph_piece",
+           "factors = self.clipper.factors(batch.norms) * mask", "factors = self.clipper.factors(batch.norms)",
+           GRAPHED, "a padded row of a CUDA-graph piece adds nothing to the clipped sums (clip weight 0)"),
+    Mutant("graph_outputs_not_cut", "training/privacy/graphed.py", "_Capture.__call__",
+           "return losses[:examples].clone(), factors[:examples].clone()",
+           "return losses.clone(), factors.clone()", GRAPHED,
+           "the padded rows' losses and factors are dropped"),
     Mutant("ghost_products_keep_tf32", "training/privacy/ghost_clipping.py", "_float32_products",
            "torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = False, False",
            "torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = previous",

@@ -85,7 +85,7 @@ class _Capture:
         rows = len(z)
         self.z[:rows].copy_(z)
         self.x[:rows].copy_(x)
-        if rows < len(self.z):
+        if rows < len(self.z):  # the sums need no zeroing (clip weight 0); a padded row holds no earlier example
             self.z[rows:].zero_()
             self.x[rows:].zero_()
         self.mask[:examples].fill_(1.0)
@@ -108,9 +108,10 @@ class GraphedPieces:
         if granule < 1:
             raise ValueError(f"granule must be >= 1, got {granule}")
         self.piece, self.granule, self.record = piece, granule, record
+        # bytes per example of a capture: an estimate for the first (the caller's), then the last one's measured
         self.bytes_per_example, self.budget = bytes_per_example, free_bytes
         self.captures: dict[tuple, _Capture] = {}
-        self.held = 0  # bytes estimated held by the captures' memory pools
+        self.held = 0  # bytes held by the captures' memory pools (measured on CUDA)
 
     def capturable(self, padded: int) -> bool:
         """Whether another capture of ``padded`` examples fits: at most MAX_GRAPHS, within the memory budget."""
@@ -129,10 +130,17 @@ class GraphedPieces:
             if not self.capturable(padded):
                 return None
             rows = padded * rows_per_example
+            before = torch.cuda.memory_reserved(z.device) if self.record else 0
             capture = _Capture(self.piece, torch.Size((rows, *z.shape[1:])), torch.Size((rows, *x.shape[1:])),
                                padded, z.dtype, z.device, self.record)
             self.captures[key] = capture
-            self.held += padded * self.bytes_per_example
+            if self.record:  # the memory this capture took, measured (its warm-up's cached blocks included): the
+                # next captures are budgeted by it rather than by the estimate the first one was
+                taken = max(0, torch.cuda.memory_reserved(z.device) - before)
+                self.bytes_per_example = max(1, -(-taken // padded))
+                self.held += taken
+            else:
+                self.held += padded * self.bytes_per_example
         return capture(z, x, examples)
 
 
