@@ -128,6 +128,22 @@ def test_plan_turns_graphs_on_only_on_cuda_and_without_batch_statistics():
     assert restored.cuda_graphs is False and restored.reasons == ["x", "kept"]
 
 
+def test_a_padded_piece_never_exceeds_the_piece_size(monkeypatch):
+    """On CUDA (planned here with graphs allowed on CPU) a memory-sized piece is rounded down to whole granules,
+    and a configured piece size gets a granule that divides it."""
+    import training.privacy.clipping as clipping
+
+    monkeypatch.setattr(clipping, "graphs_possible", lambda model, device: (True, "CUDA graphs: test"))
+    monkeypatch.setattr(clipping, "device_physical_batch",
+                        lambda model, name, shape, device, configured: (100 if configured == -1 else configured, "x"))
+    auto = plan_execution(_model(), (1, 8, 8), 256, torch.device("cpu"), clipping="ghost")
+    assert (auto.graph_granule, auto.physical_batch_size) == (32, 96)
+    configured = plan_execution(_model(), (1, 8, 8), 256, torch.device("cpu"), clipping="ghost",
+                                physical_batch_size=100)
+    assert (configured.graph_granule, configured.physical_batch_size) == (25, 100)
+    assert padded_size(100, configured.graph_granule) == 100
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_graph_replay_equals_the_eager_sums():
     device = torch.device("cuda")

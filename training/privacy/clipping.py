@@ -202,6 +202,8 @@ class ClippedGradients:
                  ) -> tuple[torch.Tensor, torch.Tensor, Params] | None:
         """(losses, factors, clipped sum) of one piece by a CUDA graph replay; None: run it eagerly (no graph of
         its size fits, or a capture failed, after which the rest of the run is eager and the plan says why)."""
+        if self.graphs is None and not z.is_cuda:  # e.g. a run planned on CUDA, resumed elsewhere
+            return None
         try:
             if self.graphs is None:
                 device = z.device
@@ -326,9 +328,18 @@ def plan_execution(model: nn.Module, example_shape: tuple[int, ...], batch_size:
     if "ghost" in plans and cuda_graphs == "auto":
         possible, why = graphs_possible(model, device)
         if possible:
-            plans["ghost"].cuda_graphs = True
-            plans["ghost"].graph_granule = default_granule(max(1, batch_size))
-            plans["ghost"].reasons.append(f"{why} ({plans['ghost'].graph_granule} examples)")
+            ghost = plans["ghost"]
+            ghost.cuda_graphs, ghost.graph_granule = True, default_granule(max(1, batch_size))
+            if ghost.physical_batch_size:  # a padded piece never exceeds the piece size
+                if physical_batch_size == AUTO:  # sized from memory: down to a whole number of granules
+                    ghost.physical_batch_size = max(ghost.graph_granule,
+                                                    ghost.physical_batch_size // ghost.graph_granule
+                                                    * ghost.graph_granule)
+                else:  # as configured: a granule that divides it
+                    ghost.graph_granule = max(d for d in range(1, min(ghost.graph_granule,
+                                                                      ghost.physical_batch_size) + 1)
+                                              if ghost.physical_batch_size % d == 0)
+            ghost.reasons.append(f"{why} ({ghost.graph_granule} examples)")
         elif device.type == "cuda":
             plans["ghost"].reasons.append(why)
     elif "ghost" in plans and device.type == "cuda":
