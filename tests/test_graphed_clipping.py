@@ -1,8 +1,8 @@
 """CUDA-graph clipped sums: every piece padded with zero-weight rows to a multiple of the granule gives the
 unpadded sums, factors and losses (tested on CPU with the same buffers run eagerly: ``record=False``); the
 plan turns graphs on only on CUDA and never for a model with batch statistics; a failed capture leaves the run
-eager and says why. The graph replay itself is compared with the eager sums by ``scripts/gpu_check.py`` on a GPU
-and by the CUDA-only test below."""
+eager and says why. The graph replay itself is compared with the eager sums by the CUDA-only test at the end
+(skipped without a GPU; docs/results/gpu.md says where it ran)."""
 from __future__ import annotations
 
 import pytest
