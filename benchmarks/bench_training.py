@@ -33,6 +33,7 @@ from benchmarks import prepare_process
 from training.arms import SepDPArm, TransDenoiserArm
 from training.models import build_model, count_parameters
 from training.privacy.dp import standard_normal
+from training.privacy.graphed import record_graph
 from training.train_config import TrainConfig
 from transdenoiser.runtime import hardware_description
 
@@ -117,15 +118,7 @@ def nonprivate_graphed_step(denoiser: str, kwargs: dict, x: torch.Tensor):
         loss = (model(z) - x).pow(2).flatten(1).sum(1).sum()
         return torch.autograd.grad(loss, params)
 
-    side = torch.cuda.Stream(x.device)
-    side.wait_stream(torch.cuda.current_stream(x.device))
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            forward_backward()
-    torch.cuda.current_stream(x.device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = forward_backward()
+    graph, static = record_graph(forward_backward, x.device)
 
     def gradient():
         z.copy_(x + 0.25 * standard_normal(x.shape, generator, x.device))

@@ -211,7 +211,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("clip_at_2c", "training/privacy/dp.py", "PerExampleClipper.factors",
            "(self.clip_norm / (norms + 1e-12))", "(2 * self.clip_norm / (norms + 1e-12))", CLIPPING,
            "per-example gradients clipped to C"),
-    Mutant("sepdp_clipping_skipped", "training/privacy/clipping.py", "ClippedGradients.__call__",
+    Mutant("sepdp_clipping_skipped", "training/privacy/clipping.py", "ClippedGradients._piece",
            "piece_factors = self.clipper.factors(norms)", "piece_factors = torch.ones_like(norms)", TRAIN_NOISE,
            "sepdp sums clipped gradients"),
     Mutant("ghost_norm_wrong_activation", "training/privacy/ghost_clipping.py", "GhostClipping._prepare",

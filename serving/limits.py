@@ -114,7 +114,7 @@ class BodySlots:
     def take(self, small: bool = False) -> Callable[[], None]:
         """Take a slot of the body's kind (the caller has checked ``full(small)``); returns its release, which is
         idempotent."""
-        allowance = self._small if small else self._large
+        allowance = self._allowance(small)
         allowance.taken += 1
         released = False
 

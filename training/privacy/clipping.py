@@ -234,6 +234,26 @@ class ClippedGradients:
             losses = losses.reshape(n, rows).mean(1)
         return per_example_norms(grads).detach(), losses, lambda w: self.clipper.weighted_sum(grads, w)
 
+    def _piece(self, z: torch.Tensor, x: torch.Tensor, rows: int, split: Split | None
+               ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Params], torch.Tensor | None]:
+        """(losses, clip factors, {group: clipped sum}, the split's mask or None) of one piece: replayed from a
+        CUDA graph where the plan has them (no split), else eagerly."""
+        if split is None and self.plan.cuda_graphs and self.ghost is not None:
+            graphed = self._graphed(z, x, rows)
+            if graphed is not None:
+                piece_losses, piece_factors, whole = graphed
+                return piece_losses, piece_factors, {"whole": whole}, None
+        norms, piece_losses, weighted_sum = self._engine(z, x, rows)
+        piece_factors = self.clipper.factors(norms)
+        mask = None
+        if split is None:
+            parts = {"whole": piece_factors}
+        else:
+            mask = split(z, x).to(piece_factors.device)
+            weight = mask.to(piece_factors.dtype)
+            parts = {"nonneg": piece_factors * weight, "negative": piece_factors * (1 - weight)}
+        return piece_losses, piece_factors, {name: weighted_sum(w) for name, w in parts.items()}, mask
+
     def __call__(self, z: torch.Tensor, x: torch.Tensor, rows_per_example: int = 1,
                  split: Split | None = None) -> ClippedSums:
         """Clip each example's gradient (the mean over its ``rows_per_example`` rows) to C and sum; with
@@ -246,28 +266,13 @@ class ClippedGradients:
             stop = min(n, start + piece)
             zp = z[start * rows_per_example:stop * rows_per_example]
             xp = x[start * rows_per_example:stop * rows_per_example]
-            graphed = (self._graphed(zp, xp, rows_per_example)
-                       if split is None and self.plan.cuda_graphs and self.ghost is not None else None)
-            if graphed is not None:
-                piece_losses, piece_factors, part = graphed
-                sums["whole"] = part if "whole" not in sums else {k: sums["whole"][k] + v for k, v in part.items()}
-                losses.append(piece_losses)
-                factors.append(piece_factors)
-                continue
-            norms, piece_losses, weighted_sum = self._engine(zp, xp, rows_per_example)
-            piece_factors = self.clipper.factors(norms)
-            if split is None:
-                parts = {"whole": piece_factors}
-            else:
-                mask = split(zp, xp).to(piece_factors.device)
-                masks.append(mask)
-                weight = mask.to(piece_factors.dtype)
-                parts = {"nonneg": piece_factors * weight, "negative": piece_factors * (1 - weight)}
-            for name, weights in parts.items():
-                part = weighted_sum(weights)
+            piece_losses, piece_factors, part_sums, mask = self._piece(zp, xp, rows_per_example, split)
+            for name, part in part_sums.items():
                 sums[name] = part if name not in sums else {k: sums[name][k] + v for k, v in part.items()}
             losses.append(piece_losses)
             factors.append(piece_factors)
+            if mask is not None:
+                masks.append(mask)
         return ClippedSums(torch.cat(losses), torch.cat(factors), sums, torch.cat(masks) if masks else None)
 
 

@@ -21,6 +21,7 @@ leaves the engine eager for the rest of the run, and the reason is recorded in t
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -60,6 +61,21 @@ def padded_size(examples: int, granule: int) -> int:
     return -(-examples // granule) * granule
 
 
+def record_graph(fn: Callable[[], Any], device: torch.device) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """``fn()`` run WARMUP_CALLS times on a side stream, then recorded as a CUDA graph: (the graph, the static
+    outputs its replays overwrite). ``fn`` must read its inputs from tensors that outlive the graph."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(WARMUP_CALLS):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = fn()
+    return graph, outputs
+
+
 class _Capture:
     """One padded size: static input buffers, the recorded graph, and its static outputs."""
 
@@ -71,15 +87,7 @@ class _Capture:
         self.graph, self.piece = None, piece
         if not record:  # the same buffers and padding, the piece run eagerly on each call (CPU tests)
             return
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP_CALLS):
-                piece(self.z, self.x, self.mask)
-        torch.cuda.current_stream(device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.outputs = piece(self.z, self.x, self.mask)
+        self.graph, self.outputs = record_graph(lambda: piece(self.z, self.x, self.mask), device)
 
     def __call__(self, z: torch.Tensor, x: torch.Tensor, examples: int) -> tuple[torch.Tensor, torch.Tensor, Params]:
         rows = len(z)
@@ -144,4 +152,4 @@ class GraphedPieces:
         return capture(z, x, examples)
 
 
-__all__ = ["GraphedPieces", "graphs_possible", "default_granule", "padded_size", "MAX_GRAPHS"]
+__all__ = ["GraphedPieces", "record_graph", "graphs_possible", "default_granule", "padded_size", "MAX_GRAPHS"]
