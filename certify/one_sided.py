@@ -31,7 +31,10 @@ Two mixtures:
 Arithmetic is in logarithms (scipy's logsumexp, step for step: :func:`logsumexp_last`); comparisons with the
 threshold 1/alpha are made on ln M_t, and the bisections return the conservative end (the bounds to 2^-36 of
 S / t). Estimate mode's stopping rule asks only whether a bound lies beyond a given p: that is one evaluation of
-the mixture at p (``lower_rejects`` / ``upper_rejects``), no bisection.
+the mixture at p (``lower_rejects`` / ``upper_rejects``), no bisection. The bisections evaluate the bound mixture
+through :class:`GridMixture` (the grid's p-free sums once per count, then one index and two logarithms per step),
+which gives :func:`log_mixture`'s answer at every step, bit for bit: where the two could round to different sides of
+the threshold, :func:`log_mixture` itself answers.
 """
 from __future__ import annotations
 
@@ -46,6 +49,7 @@ BOUND_GRID_STEPS = range(2, 41)  # 1 - q = 2^(-k/2): 0.5 .. 1e-6
 BOUND_WEIGHT_ONE = 0.2  # the bound mixture's weight on q = 1 (all votes for cA)
 BISECTION_STEPS = 60  # the decide alternatives (computed once per threshold)
 BOUND_BISECTION_STEPS = 36  # the bounds: to 2^-36 of S / t (a radius to about 1e-7), the conservative end
+ROUNDING_MARGIN_ULPS = 1024.0  # GridMixture answers alone only this far from the threshold (see its docstring)
 
 
 def bernoulli_kl(q: float, p: float) -> float:
@@ -152,26 +156,101 @@ class OneSidedMixtureTests:
         """The largest p with M_t(p') >= 1/alpha for every p' < p (0 when there is none)."""
         s = np.asarray(successes, dtype=float)
         t = np.broadcast_to(np.asarray(trials, dtype=float), s.shape)
-        qs, weights = self._grid
-        low, high = np.zeros_like(s), np.where(t > 0, s / np.maximum(t, 1), 0.0)
-        for _ in range(BOUND_BISECTION_STEPS):
-            mid = (low + high) / 2
-            rejected = log_mixture(s, t, mid, qs, weights) >= self.log_threshold
-            low, high = np.where(rejected, mid, low), np.where(rejected, high, mid)
-        return low  # rejected (or 0): conservative
+        return bisect_bound(s, t, self._grid, self.log_threshold, above=True)
 
     def upper(self, successes, trials) -> np.ndarray:
         """The smallest p with M'_t(p') >= 1/alpha for every p' > p (1 when there is none), M' the mixture of
         the grid's alternatives below p (a test of pA >= p; nondecreasing in p above S / t)."""
         s = np.asarray(successes, dtype=float)
         t = np.broadcast_to(np.asarray(trials, dtype=float), s.shape)
-        qs, weights = self._grid
-        low, high = np.where(t > 0, s / np.maximum(t, 1), 1.0), np.ones_like(s)
-        for _ in range(BOUND_BISECTION_STEPS):
-            mid = (low + high) / 2
-            rejected = log_mixture(s, t, mid, qs, weights, above=False) >= self.log_threshold
+        return bisect_bound(s, t, self._grid, self.log_threshold, above=False)
+
+
+class GridMixture:
+    """ln M_t(p) of the bound grid (:func:`bound_grid`) at fixed counts S, t, for many p: the same value as
+    :func:`log_mixture`, computed another way. Each term is w_j (q_j / p)^S ((1 - q_j) / (1 - p))^F; the factor
+    p^-S (1 - p)^-F is common to all of them, so
+
+        ln M_t(p) = ln sum_{j : q_j > p} w_j q_j^S (1 - q_j)^F  -  S ln p  -  F ln(1 - p),
+
+    and since the grid's q_j != 1 are increasing, the alternatives above p are q = 1 and a suffix of them (below
+    p: a prefix). The p-free sums for every suffix (prefix) are computed once per count, so each p costs one
+    index and two logarithms instead of a pass over the grid.
+
+    The two computations round differently. :meth:`rejects` answers from this one only where its value lies
+    farther from the threshold than ``ROUNDING_MARGIN_ULPS`` units in the last place of the largest magnitude
+    either computation handles (a bound on both rounding errors, with room to spare), and from :func:`log_mixture`
+    elsewhere, as where a sum fell below 2^-1000 (subnormal terms round outside that bound): so every answer is the
+    one :func:`log_mixture` gives, bit for bit (tested against it)."""
+
+    def __init__(self, successes: np.ndarray, trials: np.ndarray, grid: tuple[np.ndarray, np.ndarray],
+                 above: bool = True, margin_ulps: float | None = None):
+        qs, weights = grid
+        if qs[0] != 1.0 or np.any(np.diff(qs[1:]) <= 0):
+            raise ValueError("the bound grid must be q = 1 followed by increasing alternatives (bound_grid())")
+        self.s, self.t, self.grid, self.above = successes, trials, grid, above
+        self.f = trials - successes
+        self.rest = qs[1:]  # increasing; qs[0] = 1
+        self.margin_ulps = ROUNDING_MARGIN_ULPS if margin_ulps is None else margin_ulps
+        s, f = self.s[..., None], self.f[..., None]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            log_q, log_not_q = np.log(qs), np.log1p(-qs)
+            free = (np.log(weights) + np.where(s > 0, s * log_q, 0.0) + np.where(f > 0, f * log_not_q, 0.0))
+            # Sums of exp(free - largest) over each suffix (prefix). A sum below 2^-1000 may hold subnormal terms,
+            # whose rounding the margin does not cover: it becomes -inf, which rejects() leaves to log_mixture.
+            largest = free.max(axis=-1, keepdims=True)
+            largest = np.where(np.isfinite(largest), largest, 0.0)
+            shifted = np.exp(free - largest)
+            one, rest = shifted[..., :1], shifted[..., 1:]
+            if above:  # q = 1 and rest[m:], m = 0 .. len(rest)
+                sums = one + np.concatenate([np.cumsum(rest[..., ::-1], axis=-1)[..., ::-1], np.zeros_like(one)],
+                                            axis=-1)
+            else:  # rest[:m], m = 0 .. len(rest)
+                sums = np.concatenate([np.zeros_like(one), np.cumsum(rest, axis=-1)], axis=-1)
+            self.table = np.log(np.where(sums >= 2.0 ** -1000, sums, 0.0)) + largest
+        finite = np.isfinite(log_not_q)
+        self.scale = (self.s * np.abs(log_q).max() + self.f * np.abs(log_not_q[finite]).max()
+                      + np.abs(np.log(weights)).max() + 1.0)
+
+    def rejects(self, p: np.ndarray, log_threshold: float) -> np.ndarray:
+        """ln M_t(p) >= log_threshold, elementwise, exactly as ``log_mixture(...) >= log_threshold`` answers."""
+        p = np.asarray(p, dtype=float)
+        index = np.searchsorted(self.rest, p, side="right" if self.above else "left")
+        kept = np.take_along_axis(self.table, index[..., None], axis=-1)[..., 0]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            log_p, log_not_p = np.log(p), np.log1p(-p)
+            common = np.where(self.s > 0, self.s * log_p, 0.0) + np.where(self.f > 0, self.f * log_not_p, 0.0)
+            value = kept - common
+            margin = self.margin_ulps * np.finfo(float).eps * (
+                self.scale + np.where(self.s > 0, self.s * np.abs(log_p), 0.0)
+                + np.where(self.f > 0, self.f * np.abs(log_not_p), 0.0))
+            sure = np.isfinite(value) & (np.abs(value - log_threshold) > margin) & (p < 1)
+        rejected = value >= log_threshold
+        if not sure.all():
+            unsure = ~sure
+            qs, weights = self.grid
+            rejected[unsure] = log_mixture(self.s[unsure], self.t[unsure], p[unsure], qs, weights,
+                                           above=self.above) >= log_threshold
+        return rejected
+
+
+def bisect_bound(s: np.ndarray, t: np.ndarray, grid: tuple[np.ndarray, np.ndarray], log_threshold: float,
+                 above: bool = True, margin_ulps: float | None = None) -> np.ndarray:
+    """The lower bound (``above``: the largest p with the mixture of the q_j above p' rejecting every p' < p, 0
+    when there is none) or the upper bound (the smallest p with the mixture of the q_j below p' rejecting every
+    p' > p, 1 when there is none), by BOUND_BISECTION_STEPS bisection steps from S / t, returning the conservative
+    end. Each step's test is :meth:`GridMixture.rejects`: the answers of :func:`log_mixture` at every step."""
+    mixture = GridMixture(s, t, grid, above, margin_ulps)
+    estimate = np.where(t > 0, s / np.maximum(t, 1), 0.0 if above else 1.0)
+    low, high = (np.zeros_like(s), estimate) if above else (estimate, np.ones_like(s))
+    for _ in range(BOUND_BISECTION_STEPS):
+        mid = (low + high) / 2
+        rejected = mixture.rejects(mid, log_threshold)
+        if above:
+            low, high = np.where(rejected, mid, low), np.where(rejected, high, mid)
+        else:
             low, high = np.where(rejected, low, mid), np.where(rejected, mid, high)
-        return high  # rejected (or 1): conservative
+    return low if above else high  # rejected (or 0 / 1): conservative
 
 
 _DECIDE_CACHE: dict[float, tuple[np.ndarray, np.ndarray]] = {}

@@ -91,6 +91,12 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("logsumexp_ties_counted_once", "certify/one_sided.py", "logsumexp_last",
            "rest = np.where(rest == 0, rest, rest / count)", "rest = rest", ("tests/test_sequential.py",),
            "the mixtures' sums are scipy's logsumexp, equal largest terms included"),
+    Mutant("grid_mixture_common_factor_dropped", "certify/one_sided.py", "GridMixture.rejects",
+           "value = kept - common", "value = kept", ("tests/test_grid_mixture.py",),
+           "estimate mode's fast bound evaluation is the mixture, bit for bit"),
+    Mutant("grid_mixture_prefix_for_lower", "certify/one_sided.py", "GridMixture.__init__",
+           "np.cumsum(rest[..., ::-1], axis=-1)[..., ::-1]", "np.cumsum(rest, axis=-1)",
+           ("tests/test_grid_mixture.py",), "the lower bound sums the alternatives above p"),
     Mutant("block_reads_last_look", "certify/streams.py", "run_blocks",
            "stopped.argmax(axis=1), segments.size - 1)", "segments.size - 1 - stopped[:, ::-1].argmax(axis=1), "
            "segments.size - 1)", ("tests/test_sequential.py",),
