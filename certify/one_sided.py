@@ -211,6 +211,7 @@ class GridMixture:
         finite = np.isfinite(log_not_q)
         self.scale = (self.s * np.abs(log_q).max() + self.f * np.abs(log_not_q[finite]).max()
                       + np.abs(np.log(weights)).max() + 1.0)
+        self.some_successes, self.some_failures = self.s > 0, self.f > 0
 
     def rejects(self, p: np.ndarray, log_threshold: float) -> np.ndarray:
         """ln M_t(p) >= log_threshold, elementwise, exactly as ``log_mixture(...) >= log_threshold`` answers."""
@@ -218,12 +219,10 @@ class GridMixture:
         index = np.searchsorted(self.rest, p, side="right" if self.above else "left")
         kept = np.take_along_axis(self.table, index[..., None], axis=-1)[..., 0]
         with np.errstate(divide="ignore", invalid="ignore"):
-            log_p, log_not_p = np.log(p), np.log1p(-p)
-            common = np.where(self.s > 0, self.s * log_p, 0.0) + np.where(self.f > 0, self.f * log_not_p, 0.0)
+            common = (np.where(self.some_successes, self.s * np.log(p), 0.0)
+                      + np.where(self.some_failures, self.f * np.log1p(-p), 0.0))  # <= 0: both terms are
             value = kept - common
-            margin = self.margin_ulps * np.finfo(float).eps * (
-                self.scale + np.where(self.s > 0, self.s * np.abs(log_p), 0.0)
-                + np.where(self.f > 0, self.f * np.abs(log_not_p), 0.0))
+            margin = self.margin_ulps * np.finfo(float).eps * (self.scale - common)  # ... so -common is their size
             sure = np.isfinite(value) & (np.abs(value - log_threshold) > margin) & (p < 1)
         rejected = value >= log_threshold
         if not sure.all():
