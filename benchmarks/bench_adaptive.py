@@ -12,6 +12,9 @@ its class from the same n0 noise draws:
   n = 100,000 runs on every k-th image only (``--images-100k``), and its figures say on how many;
 - ``decide_r{R}``: ``Smooth.decide_many`` at each radius R of ``--radii``, budget ``--n-max``;
 - ``estimate``: ``Smooth.certify_adaptive_many`` with budget ``--estimate-n-max`` and ``--tolerance``.
+With ``--lookahead-ab`` each decide side and the estimate side run a second time with every launch drawn ahead
+(``..._ahead_every``: the lookahead before launches were drawn ahead only when most of their images were expected
+to use them; CUDA only, as lookahead is), so the two policies are timed side by side.
 The sides are interleaved chunk by chunk (``--chunk`` images), so a change in machine load hits them
 alike. For every side: mean and median noisy samples per image (n0 included), certified accuracy at each
 radius, seconds per image; and the ratios the targets name. The JSON is rewritten after every chunk.
@@ -23,6 +26,8 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -72,6 +77,20 @@ def spread_over_split(split_size: int, count: int) -> tuple[list[int], list[int]
     return spread, order + [i for i in spread if i not in set(order)]
 
 
+@contextmanager
+def launches_ahead(every: bool) -> Iterator[None]:
+    """With ``every``, the adaptive driver draws every launch ahead (as before it drew ahead only launches most of
+    whose images were expected to use them): the A/B side of ``--lookahead-ab``."""
+    from certify import streams
+
+    kept = streams.AHEAD_EXPECTED_USE
+    streams.AHEAD_EXPECTED_USE = 0.0 if every else kept
+    try:
+        yield
+    finally:
+        streams.AHEAD_EXPECTED_USE = kept
+
+
 def _record(idx: int, label: int, prediction: int, radius: float, samples: int, seconds: float,
             computed: int | None = None) -> dict:
     return {"idx": idx, "label": label, "predict": prediction, "radius": radius, "correct": prediction == label,
@@ -98,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=workers_arg, default="auto")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--lookahead-ab", action="store_true",
+                        help="also run the adaptive sides with every launch drawn ahead (the sides ..._ahead_every)")
     parser.add_argument("--quick", action="store_true", help="4 images, small budgets (a smoke run)")
     parser.add_argument("--json", type=Path, default=Path("runs/bench/adaptive.json"))
     args = parser.parse_args(argv)
@@ -120,8 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     smooth = Smooth(pipeline.classifier, pipeline.num_classes, args.sigma, pipeline.denoiser, args.batch, device,
                     workers=args.workers)
     rows: dict[str, list[dict]] = {f"fixed_n{n}": [] for n in args.fixed}
-    rows.update({f"decide_r{r:g}": [] for r in args.radii})
-    rows["estimate"] = []
+    variants = ["", "_ahead_every"] if args.lookahead_ab else [""]
+    rows.update({f"decide_r{r:g}{v}": [] for r in args.radii for v in variants})
+    rows.update({f"estimate{v}": [] for v in variants})
     every_radius = sorted(set(args.radii) | {0.0})
 
     def generators(unit):
@@ -138,12 +160,17 @@ def main(argv: list[str] | None = None) -> int:
             seconds = (time.perf_counter() - start) / len(part)
             rows[f"fixed_n{n}"] += [_record(i, int(labels[i]), c.prediction, c.radius, args.n0 + n, seconds)
                                     for i, c in zip(part, certs, strict=True)]
+        for variant in variants:
+            with launches_ahead(every=variant == "_ahead_every"):
+                run_adaptive(unit, unit_labels, batch, variant)
+
+    def run_adaptive(unit: list[int], unit_labels: list[int], batch: torch.Tensor, variant: str) -> None:
         for radius in args.radii:
             start = time.perf_counter()
             certs = smooth.decide_many(batch, radius, args.n0, args.n_max, args.alpha, generators(unit), args.method)
             elapsed = time.perf_counter() - start
             total = sum(c.samples for c in certs)
-            rows[f"decide_r{radius:g}"] += [
+            rows[f"decide_r{radius:g}{variant}"] += [
                 _record(i, y, c.prediction, c.radius, c.samples, elapsed * c.samples / total, c.n0 + c.computed)
                 for i, y, c in zip(unit, unit_labels, certs, strict=True)]
         part = [i for i in unit if i in estimate_indices]
@@ -153,9 +180,9 @@ def main(argv: list[str] | None = None) -> int:
                                                  generators(part), args.tolerance, args.method)
             elapsed = time.perf_counter() - start
             total = sum(c.samples for c in certs)
-            rows["estimate"] += [_record(i, int(labels[i]), c.prediction, c.radius, c.samples,
-                                         elapsed * c.samples / total, c.n0 + c.computed)
-                                 for i, c in zip(part, certs, strict=True)]
+            rows[f"estimate{variant}"] += [_record(i, int(labels[i]), c.prediction, c.radius, c.samples,
+                                                   elapsed * c.samples / total, c.n0 + c.computed)
+                                           for i, c in zip(part, certs, strict=True)]
 
     def summary() -> dict:
         sides = {name: _side(side_rows, every_radius) for name, side_rows in rows.items()}
@@ -185,6 +212,15 @@ def main(argv: list[str] | None = None) -> int:
                 result["accuracy_gaps_points"][key] = {"images": len(same), "decide": 100 * decide_acc,
                                                        "fixed": 100 * fixed_acc,
                                                        "decide_minus_fixed": 100 * (decide_acc - fixed_acc)}
+        for name in [k for k in rows if k + "_ahead_every" in rows and rows[k + "_ahead_every"]]:
+            every_side, mine = sides[name + "_ahead_every"], sides[name]
+            result.setdefault("lookahead_ab", {})[name] = {
+                "samples_per_second_vs_every_launch_ahead": (mine["samples_per_second"]
+                                                             / every_side["samples_per_second"]),
+                "evaluated_per_image": mine["computed_per_image"],
+                "evaluated_per_image_every_launch_ahead": every_side["computed_per_image"],
+                "answers_identical": [(r["idx"], r["predict"], r["radius"]) for r in rows[name]]
+                == [(r["idx"], r["predict"], r["radius"]) for r in rows[name + "_ahead_every"]]}
         return result
 
     args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -208,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
               f"median {side['median_samples_per_image'] or 0:9.0f}, {side['seconds_per_image'] or 0:.3f} s/image, "
               "certified accuracy " + " ".join(f"r{r}:{a:.3f}" for r, a in side["certified_accuracy"].items()))
     print(json.dumps({"accuracy_gaps_points": result["accuracy_gaps_points"],
-                      "samples_per_second_vs_fixed": result.get("samples_per_second_vs_fixed", {})}, indent=1))
+                      "samples_per_second_vs_fixed": result.get("samples_per_second_vs_fixed", {}),
+                      **({"lookahead_ab": result["lookahead_ab"]} if "lookahead_ab" in result else {})}, indent=1))
     return 0
 
 

@@ -10,8 +10,10 @@ small launch per block. ``fill`` makes a launch take consecutive blocks of each 
 at least ``fill`` samples (on CUDA: the forward batch). This benchmark runs the real pipeline on any device with a
 device's block plan (``--plan-device``, the plan decides the noise) and counts, for each fill: launches, launches
 holding at most 2 images, samples used and evaluated (the rest of each stopped image's last launches), the host's
-time in the stopping rule, and checks that every answer is the same. Launch counts do not depend on the device
-the passes run on; the wall time here is this device's, not a GPU's.
+time in the stopping rule, and checks that every answer is the same. ``--lookahead-ab`` adds, for each fill, a run
+with every launch drawn ahead (by default a launch is drawn ahead only when at least three quarters of its images
+are expected to use it). Launch and sample counts do not depend on the device the passes run on; the wall time
+here is this device's, not a GPU's.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import prepare_process, write_result
-from benchmarks.bench_adaptive import add_pipeline_arguments, spread_over_split
+from benchmarks.bench_adaptive import add_pipeline_arguments, launches_ahead, spread_over_split
 from certify.cli import DEFAULT_BATCH
 from transdenoiser.runtime import hardware_description
 
@@ -45,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--quick", action="store_true", help="8 images, a small budget (a smoke run)")
+    parser.add_argument("--lookahead-ab", action="store_true",
+                        help="also run each fill with every launch drawn ahead (sides '<fill>_ahead_every')")
     parser.add_argument("--json", type=Path, default=Path("runs/bench/launches.json"))
     args = parser.parse_args(argv)
     if args.quick:
@@ -86,24 +90,27 @@ def main(argv: list[str] | None = None) -> int:
     object.__setattr__(rule, "step_looks", timed)  # the rule is a frozen dataclass
 
     sides, answers = {}, {}
-    for fill in args.fills:
+    for fill, variant in [(fill, variant) for fill in args.fills
+                          for variant in (["", "_ahead_every"] if args.lookahead_ab else [""])]:
         launches.append([])
         evaluated.append(0)
         rule_seconds[0] = 0.0
         started = time.perf_counter()
-        certs = adaptive_many(smooth, batch, args.n0, rule, [smooth.image_generator(args.seed, i) for i in indices],
-                              lookahead=args.lookahead == "on", fill=fill, plan=plan)
+        with launches_ahead(every=bool(variant)):
+            certs = adaptive_many(smooth, batch, args.n0, rule,
+                                  [smooth.image_generator(args.seed, i) for i in indices],
+                                  lookahead=args.lookahead == "on", fill=fill, plan=plan)
         seconds = time.perf_counter() - started
-        answers[fill] = [(c.prediction, c.radius, c.p_lower, c.count, c.n, c.outcome) for c in certs]
+        answers[f"{fill}{variant}"] = [(c.prediction, c.radius, c.p_lower, c.count, c.n, c.outcome) for c in certs]
         used = sum(c.n for c in certs)
-        sides[str(fill)] = {"fill": fill, "launches": len(launches[-1]),
+        sides[f"{fill}{variant}"] = {"fill": fill, "every_launch_ahead": bool(variant), "launches": len(launches[-1]),
                             "launches_of_at_most_2_images": sum(k <= 2 for k in launches[-1]),
                             "estimation_samples_used": used, "estimation_samples_evaluated": evaluated[-1],
                             "evaluated_per_launch_mean": evaluated[-1] / max(1, len(launches[-1])),
                             "seconds_on_this_device": round(seconds, 2),
                             "rule_seconds_on_this_host": round(rule_seconds[0], 3)}
     smooth.close()
-    same = all(answers[fill] == answers[args.fills[0]] for fill in args.fills)
+    same = all(answer == answers[str(args.fills[0])] for answer in answers.values())
     record = {"command": "python -m benchmarks.bench_launches " + " ".join(sys.argv[1:] if argv is None else argv),
               "hardware": hardware_description(device), "allocator": allocator, "plan": plan.describe(),
               "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
@@ -111,10 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     write_result(args.json, record)
     print(f"{len(indices)} images, {args.mode}" + (f" R = {args.radius:g}" if args.mode == "decide" else "")
           + f", {plan.describe()}, lookahead {args.lookahead}; answers identical across fills: {same}")
-    print(f"{'fill':>6} {'launches':>9} {'<= 2 images':>12} {'samples used':>13} {'evaluated':>10} {'s here':>7} "
+    if args.lookahead_ab:
+        print("*: every launch drawn ahead (the others: only launches most of whose images are expected to use them)")
+    print(f"{'fill':>7} {'launches':>8} {'<= 2 images':>12} {'samples used':>13} {'evaluated':>10} {'s here':>7} "
           f"{'rule s':>7}")
     for side in sides.values():
-        print(f"{side['fill']:>6} {side['launches']:>9} {side['launches_of_at_most_2_images']:>12} "
+        mark = "*" if side["every_launch_ahead"] else " "
+        print(f"{side['fill']:>6}{mark} {side['launches']:>8} {side['launches_of_at_most_2_images']:>12} "
               f"{side['estimation_samples_used']:>13,} {side['estimation_samples_evaluated']:>10,} "
               f"{side['seconds_on_this_device']:>7} {side['rule_seconds_on_this_host']:>7}")
     return 0 if same else 1

@@ -106,11 +106,12 @@ def adaptive_many(smooth, images: torch.Tensor, n0: int, rule,
     block by block, the active images' blocks packed into shared forward passes (module docstring). ``smooth``
     is a :class:`certify.core.Smooth`. Two ways to keep a GPU busy, both on CUDA only by default (on CPU a sample
     evaluated past a stop costs its full compute), neither changing an answer (:func:`certify.streams.run_blocks`):
-    ``lookahead`` queues each image's next launch before its current votes are read; ``fill`` (default: the
-    batch size) makes a launch take several consecutive blocks of each running image until it fills a pass, so
-    the last few images left do not run one small pass per block. Samples evaluated past a stop are counted in
-    ``computed``. ``plan``: how each image's samples are cut into blocks (default: the device's
-    :meth:`certify.streams.BlockPlan.for_device`; a run setting: another plan draws other noise)."""
+    ``lookahead`` queues each image's next launch before its current votes are read, unless a quarter or more of
+    the images in it are expected to stop first (at their vote rate so far, or their selection samples' before
+    it); ``fill`` (default: the batch size) makes a launch take several consecutive blocks of each running image
+    until it fills a pass, so the last few images left do not run one small pass per block. Samples evaluated past
+    a stop are counted in ``computed``. ``plan``: how each image's samples are cut into blocks (default: the
+    device's :meth:`certify.streams.BlockPlan.for_device`; a run setting: another plan draws other noise)."""
     if n0 < 1:
         raise UserError(f"n0 must be >= 1, got {n0}")
     selection = smooth.sample_counts_many(images, [n0], generators)[:, 0]
@@ -131,7 +132,8 @@ def adaptive_many(smooth, images: torch.Tensor, n0: int, rule,
         fill = smooth.batch_size if on_gpu else 0
     if plan is None:
         plan = BlockPlan.for_device(smooth.device.type)
-    results = run_blocks(rule, draw, images.shape[0], plan, lookahead, fill)
+    expected = selection[np.arange(len(top)), top] / n0  # the selected class's share: who is about to stop
+    results = run_blocks(rule, draw, images.shape[0], plan, lookahead, fill, expected)
     return [adaptive_certificate(rule, mode, int(top[j]), int(results.outcome[j]), int(results.successes[j]),
                                  int(results.samples[j]), float(results.p_lower[j]), n0, smooth.sigma,
                                  int(results.computed[j]))

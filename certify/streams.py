@@ -30,6 +30,7 @@ from certify.sequential import CONTINUE, ConfidenceSequence, Rule, geometric_loo
 
 DRAW_BLOCK_RATIO = 1.125  # each block of noise ends at the last look at most this many times the previous end ...
 MIN_BLOCK_SAMPLES = {"cpu": 8}  # ... or at most this many samples after it, per device type (others: the default)
+AHEAD_EXPECTED_USE = 0.75  # draw a launch ahead when at least this share of its streams are expected to use it
 DEFAULT_MIN_BLOCK_SAMPLES = 64  # a GPU pass costs about as much for 8 or 64 samples per image
 
 
@@ -121,7 +122,7 @@ def run_streams(rule: Rule, draw: Draw, count: int) -> StreamResults:
 
 
 def run_blocks(rule: Rule, draw: BlockDraw, count: int, plan: BlockPlan = BlockPlan(),
-               lookahead: bool = False, fill: int = 0) -> StreamResults:
+               lookahead: bool = False, fill: int = 0, expected: np.ndarray | None = None) -> StreamResults:
     """Run ``rule`` over ``count`` streams block by block (module docstring). For each launch,
     ``draw(active, blocks)`` draws, for each active stream, the consecutive ``blocks`` [(block_samples, segments),
     ...] in order: each block's ``block_samples`` fresh samples in full (so the stream does not depend on n_max), of
@@ -133,13 +134,23 @@ def run_blocks(rule: Rule, draw: BlockDraw, count: int, plan: BlockPlan = BlockP
     ``fill`` samples in all (1 block when ``fill`` is 0, or while many streams run): when few streams are left,
     one launch fills a device's pass instead of one small pass per block, and the rule is evaluated at all the
     launch's looks at once. ``lookahead``: each running stream's next launch is asked for before the votes of its
-    current one are read, so a device computes it while the host evaluates the rule.
+    current one are read, so a device computes it while the host evaluates the rule. With ``expected`` (each
+    stream's expected share of votes for cA, e.g. its selection samples' share) a launch is drawn ahead only when at
+    least AHEAD_EXPECTED_USE of its streams are expected to use it: were a stream's votes to come at its rate so far
+    (at ``expected`` before its first), would the rule still continue at the last look of the launch being read?
+    Otherwise the next launch waits for the votes: when most streams are about to stop, drawing ahead would compute
+    a launch mostly for nothing (decide's first launch at a small radius, estimate's launches where most images
+    reach their tolerance together).
 
-    Neither changes an answer: every stream's blocks are drawn in the same order with the same sizes, and the rule
-    reads nothing past the stopping look. A stream that stops evaluates the rest of its launch (and with
-    ``lookahead`` the next launch) without using it; ``computed`` counts those samples."""
+    None of these changes an answer: every stream's blocks are drawn in the same order with the same sizes, and the
+    rule reads nothing past the stopping look. A stream that stops evaluates the rest of its launch (and if drawn
+    ahead, the next launch) without using it; ``computed`` counts those samples."""
     if fill < 0:
         raise ValueError(f"fill must be >= 0, got {fill}")
+    if expected is not None:
+        expected = np.asarray(expected, dtype=float)
+        if expected.shape != (count,) or not np.all((expected >= 0) & (expected <= 1)):
+            raise ValueError(f"expected must hold one share in [0, 1] for each of the {count} streams")
     cs = rule.cs
     successes = np.zeros(count, dtype=np.int64)
     samples = np.zeros(count, dtype=np.int64)
@@ -163,6 +174,14 @@ def run_blocks(rule: Rule, draw: BlockDraw, count: int, plan: BlockPlan = BlockP
         result = draw(streams, [(last - first, segments) for first, last, _, segments in group])
         return result, streams, b, e
 
+    def expected_to_run(streams: np.ndarray, looks: np.ndarray, segments: np.ndarray) -> np.ndarray:
+        """Which ``streams`` the rule would not stop by the launch's last look, their votes at their rate so far."""
+        drawn = samples[streams]
+        rate = np.where(drawn > 0, successes[streams] / np.maximum(drawn, 1), expected[streams])
+        votes = np.floor(successes[streams] + np.clip(rate, 0.0, 1.0) * segments.sum())
+        result, _ = rule.step_looks(looks[-1:], votes[:, None], p_lower[streams])
+        return result[:, 0] == CONTINUE
+
     pending = launch(0, np.arange(count)) if blocks and count else None
     while pending is not None:
         result, launched, b, e = pending
@@ -171,7 +190,9 @@ def run_blocks(rule: Rule, draw: BlockDraw, count: int, plan: BlockPlan = BlockP
         ahead = None
         if lookahead and e < len(blocks):  # every stream still running before this launch's votes are read
             running = launched[outcome[launched] == CONTINUE]
-            ahead = launch(e, running) if running.size else None
+            if running.size and (expected is None
+                                 or expected_to_run(running, looks, segments).mean() >= AHEAD_EXPECTED_USE):
+                ahead = launch(e, running)
         votes = np.asarray(result() if callable(result) else result, dtype=np.int64)
         if votes.shape != (launched.size, segments.size) or np.any(votes < 0) or np.any(votes > segments):
             raise ValueError(f"draw returned votes of shape {votes.shape} for {launched.size} streams and "
@@ -189,9 +210,9 @@ def run_blocks(rule: Rule, draw: BlockDraw, count: int, plan: BlockPlan = BlockP
             p_lower[active] = lowers[rows, first]
             outcome[active] = results[rows, first]
             stop_look[active[stopped.any(axis=1)]] = looks[first[stopped.any(axis=1)]]
-        if lookahead:
+        if ahead is not None:
             pending = ahead
-        else:
+        else:  # not drawn ahead (no lookahead, or most streams were about to stop): the next launch after the votes
             running = active[outcome[active] == CONTINUE]
             pending = launch(e, running) if e < len(blocks) and running.size else None
     return StreamResults(outcome, successes, samples, p_lower, stop_look, computed)

@@ -193,14 +193,14 @@ def run_benchmarks(check: Check, args) -> None:
                                         "--device", device]))
     from benchmarks import bench_adaptive
 
-    # decide's noisy samples per second against fixed n's, on the same images (the target: >= 70 %)
     # decide's samples per second against fixed n's on the same images (the target: >= 70 %). With trained models
-    # (make demo's, by default where present) the 500-image run of docs/results/gpu.md; without, a 200-image smoke
-    # run on the check's own seconds-trained models (near-constant votes: every image stops at the same look)
+    # (make demo's, by default where present) the 500-image run of docs/results/gpu.md, with the lookahead A/B
+    # (every launch drawn ahead, side by side); without, a 200-image smoke run on the check's own seconds-trained
+    # models (near-constant votes: every image stops at the same look)
     if args.adaptive_models is not None:
         models, sizes = args.adaptive_models, ["--images", "500", "--images-100k", "100", "--fixed", "10000", "100000",
                                                "--radii", "0.25", "0.5", "0.75", "--n-max", "100000",
-                                               "--estimate-n-max", "10000", "--chunk", "250"]
+                                               "--estimate-n-max", "10000", "--chunk", "250", "--lookahead-ab"]
     else:
         models, sizes = out, ["--images", "200", "--fixed", "10000", "--radii", "0.25", "0.5", "--n-max", "10000",
                               "--estimate-n-max", "10000", "--estimate-images", "50", "--chunk", "50"]
@@ -208,7 +208,7 @@ def run_benchmarks(check: Check, args) -> None:
         bench_adaptive.main(["--classifier", str(models / "classifier"), "--denoiser", str(models / "denoiser"),
                              *sizes, "--batch", "8192", "--device", device,
                              "--json", str(out / "bench_adaptive.json")]),
-        out / "bench_adaptive.json", ("samples_per_second_vs_fixed", "ratios")))
+        out / "bench_adaptive.json", ("samples_per_second_vs_fixed", "ratios", "lookahead_ab")))
     from benchmarks import bench_training
 
     check.step("bench_training (GPU rows)", lambda: _json_figures(

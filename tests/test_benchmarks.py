@@ -61,10 +61,13 @@ def test_bench_adaptive_quick_compares_every_side_on_the_same_images(tmp_path, c
 
     out = tmp_path / "adaptive.json"
     assert bench_adaptive.main(["--quick", "--classifier", str(classifier_dir), "--denoiser", "none",
-                                "--json", str(out)]) == 0
+                                "--lookahead-ab", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     sides = result["sides"]
-    assert set(sides) == {"fixed_n200", "fixed_n400", "decide_r0.25", "decide_r0.5", "decide_r0.75", "estimate"}
+    adaptive = {"decide_r0.25", "decide_r0.5", "decide_r0.75", "estimate"}
+    assert set(sides) == {"fixed_n200", "fixed_n400", *adaptive, *(name + "_ahead_every" for name in adaptive)}
+    assert set(result["lookahead_ab"]) == adaptive
+    assert all(ab["answers_identical"] for ab in result["lookahead_ab"].values())
     assert result["complete"] and sides["fixed_n200"]["images"] == 4 and sides["fixed_n400"]["images"] == 2
     assert sides["fixed_n200"]["mean_samples_per_image"] == 300  # n0 + n, every image
     for name in ("decide_r0.5", "estimate"):
@@ -80,9 +83,13 @@ def test_bench_launches_quick_counts_fewer_launches_with_the_same_answers(tmp_pa
 
     out = tmp_path / "launches.json"
     assert bench_launches.main(["--quick", "--classifier", str(classifier_dir), "--denoiser", "none",
-                                "--json", str(out)]) == 0
+                                "--lookahead-ab", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     plain, filled = result["sides"]["0"], result["sides"]["4096"]
+    for fill in ("0", "4096"):  # drawn ahead only when expected to be used: never more evaluated than every launch
+        every = result["sides"][f"{fill}_ahead_every"]
+        assert every["every_launch_ahead"] and not result["sides"][fill]["every_launch_ahead"]
+        assert result["sides"][fill]["estimation_samples_evaluated"] <= every["estimation_samples_evaluated"]
     assert result["answers_identical"] and result["plan"]["block_min_samples"] == 64  # the CUDA plan
     assert plain["estimation_samples_used"] == filled["estimation_samples_used"]
     assert filled["launches"] <= plain["launches"] and plain["launches"] >= 1

@@ -395,6 +395,52 @@ def test_drawing_a_block_ahead_changes_no_answer(method):
 
 
 @pytest.mark.parametrize("method", METHODS)
+def test_drawing_ahead_only_when_most_streams_go_on_changes_no_answer(method):
+    """With ``expected`` a launch is drawn ahead only when at least AHEAD_EXPECTED_USE of its streams are expected to
+    run past the launch being read: every answer is the plain driver's; no stream evaluates more than with every
+    launch drawn ahead, and the streams about to stop (pA = 1 at a small radius: the first look that can decide
+    does) are not drawn a launch they would not use."""
+    votes = np.random.default_rng(6).binomial(1, np.repeat([0.6, 0.97, 1.0, 1.0, 1.0], 3)[:, None],
+                                              size=(15, 20_000))
+    expected = np.repeat([0.6, 0.97, 1.0, 1.0, 1.0], 3)
+
+    def block_draw():
+        position = np.zeros(len(votes), dtype=int)
+        events = []
+
+        def draw(active, blocks):
+            (size, segments), = blocks
+            edges = np.concatenate([[0], np.cumsum(segments)])
+            out = np.array([np.add.reduceat(votes[i, position[i]:position[i] + edges[-1]], edges[:-1])
+                            for i in active])
+            position[active] += size
+            events.append("draw")
+            return lambda: events.append("read") or out
+        draw.events = events
+        return draw
+
+    for rule in (DecideRule(confidence_sequence(method, 20_000, 0.001), 0.05, SIGMA),
+                 EstimateRule(confidence_sequence(method, 20_000, 0.001), SIGMA, 0.05)):
+        plain = run_blocks(rule, block_draw(), len(votes))
+        every = run_blocks(rule, block_draw(), len(votes), lookahead=True)
+        chosen_draw = block_draw()
+        chosen = run_blocks(rule, chosen_draw, len(votes), lookahead=True, expected=expected)
+        for name in ("outcome", "successes", "samples", "p_lower", "stop_look"):
+            np.testing.assert_array_equal(getattr(chosen, name), getattr(plain, name), err_msg=name)
+        assert np.all(plain.computed <= chosen.computed) and np.all(chosen.computed <= every.computed)
+        if isinstance(rule, DecideRule):  # 9 of 15 streams stop in the first launch: it is not drawn ahead of
+            assert chosen_draw.events[:3] == ["draw", "read", "draw"]
+            assert chosen.computed.sum() < every.computed.sum()
+            stopped_first = chosen.samples <= draw_block_ends(rule.cs, BlockPlan())[0]
+            assert stopped_first.sum() >= 9
+            np.testing.assert_array_equal(chosen.computed[stopped_first], plain.computed[stopped_first])
+    with pytest.raises(ValueError, match="expected"):
+        run_blocks(rule, block_draw(), len(votes), lookahead=True, expected=expected[:3])
+    with pytest.raises(ValueError, match="expected"):
+        run_blocks(rule, block_draw(), len(votes), lookahead=True, expected=expected + 1)
+
+
+@pytest.mark.parametrize("method", METHODS)
 def test_launches_of_several_blocks_change_no_answer(method):
     """With ``fill`` a launch takes consecutive blocks of each running stream until it evaluates ``fill`` samples in
     all: every outcome, count, bound and stopping look is the plain driver's; each stream is drawn the same blocks in
