@@ -9,11 +9,12 @@ the passes, wait for the votes, run the rule on the host): once most images have
 small launch per block. ``fill`` makes a launch take consecutive blocks of each running image until it evaluates
 at least ``fill`` samples (on CUDA: the forward batch). This benchmark runs the real pipeline on any device with a
 device's block plan (``--plan-device``, the plan decides the noise) and counts, for each fill: launches, launches
-holding at most 2 images, samples used and evaluated (the rest of each stopped image's last launches), the host's
-time in the stopping rule, and checks that every answer is the same. ``--lookahead-ab`` adds, for each fill, a run
-with every launch drawn ahead (by default a launch is drawn ahead only when at least three quarters of its images
-are expected to use it). Launch and sample counts do not depend on the device the passes run on; the wall time
-here is this device's, not a GPU's.
+holding at most 2 images, launches asked for while no other was in flight (a device then idles for the host's
+round trip: every launch but the first without lookahead), samples used and evaluated (the rest of each stopped
+image's last launches), the host's time in the stopping rule, and checks that every answer is the same.
+``--lookahead-ab`` adds, for each fill, a run with every launch drawn ahead (by default a launch is drawn ahead
+only when at least three quarters of its images are expected to use it). Launch and sample counts do not depend on
+the device the passes run on; the wall time here is this device's, not a GPU's.
 """
 from __future__ import annotations
 
@@ -73,10 +74,21 @@ def main(argv: list[str] | None = None) -> int:
     evaluated: list[int] = []  # per launch: samples it evaluates
     queue = smooth.queue_counts_blocks
 
+    in_flight = [0]  # launches asked for whose votes are not read yet
+    waits: list[int] = []  # per side: launches asked for with none in flight (a device idles for the round trip)
+
     def counted(images_, blocks, generators):
+        if launches[-1] and not in_flight[0]:
+            waits[-1] += 1
         launches[-1].append(images_.shape[0])
         evaluated[-1] += images_.shape[0] * sum(int(sum(segments)) for _, segments in blocks)
-        return queue(images_, blocks, generators)
+        in_flight[0] += 1
+        counts = queue(images_, blocks, generators)
+
+        def read():
+            in_flight[0] -= 1
+            return counts()
+        return read
     smooth.queue_counts_blocks = counted
     rule_seconds = [0.0]  # the host's time evaluating the stopping rule (a GPU waits for it unless work is queued)
     evaluate = rule.step_looks
@@ -94,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                           for variant in (["", "_ahead_every"] if args.lookahead_ab else [""])]:
         launches.append([])
         evaluated.append(0)
+        waits.append(0)
         rule_seconds[0] = 0.0
         started = time.perf_counter()
         with launches_ahead(every=bool(variant)):
@@ -103,12 +116,12 @@ def main(argv: list[str] | None = None) -> int:
         seconds = time.perf_counter() - started
         answers[f"{fill}{variant}"] = [(c.prediction, c.radius, c.p_lower, c.count, c.n, c.outcome) for c in certs]
         used = sum(c.n for c in certs)
-        sides[f"{fill}{variant}"] = {"fill": fill, "every_launch_ahead": bool(variant), "launches": len(launches[-1]),
-                            "launches_of_at_most_2_images": sum(k <= 2 for k in launches[-1]),
-                            "estimation_samples_used": used, "estimation_samples_evaluated": evaluated[-1],
-                            "evaluated_per_launch_mean": evaluated[-1] / max(1, len(launches[-1])),
-                            "seconds_on_this_device": round(seconds, 2),
-                            "rule_seconds_on_this_host": round(rule_seconds[0], 3)}
+        sides[f"{fill}{variant}"] = {
+            "fill": fill, "every_launch_ahead": bool(variant), "launches": len(launches[-1]),
+            "launches_of_at_most_2_images": sum(k <= 2 for k in launches[-1]), "launches_after_a_wait": waits[-1],
+            "estimation_samples_used": used, "estimation_samples_evaluated": evaluated[-1],
+            "evaluated_per_launch_mean": evaluated[-1] / max(1, len(launches[-1])),
+            "seconds_on_this_device": round(seconds, 2), "rule_seconds_on_this_host": round(rule_seconds[0], 3)}
     smooth.close()
     same = all(answer == answers[str(args.fills[0])] for answer in answers.values())
     record = {"command": "python -m benchmarks.bench_launches " + " ".join(sys.argv[1:] if argv is None else argv),
@@ -120,11 +133,12 @@ def main(argv: list[str] | None = None) -> int:
           + f", {plan.describe()}, lookahead {args.lookahead}; answers identical across fills: {same}")
     if args.lookahead_ab:
         print("*: every launch drawn ahead (the others: only launches most of whose images are expected to use them)")
-    print(f"{'fill':>7} {'launches':>8} {'<= 2 images':>12} {'samples used':>13} {'evaluated':>10} {'s here':>7} "
-          f"{'rule s':>7}")
+    print(f"{'fill':>7} {'launches':>8} {'<= 2 images':>12} {'after a wait':>12} {'samples used':>13} "
+          f"{'evaluated':>10} {'s here':>7} {'rule s':>7}")
     for side in sides.values():
         mark = "*" if side["every_launch_ahead"] else " "
         print(f"{side['fill']:>6}{mark} {side['launches']:>8} {side['launches_of_at_most_2_images']:>12} "
+              f"{side['launches_after_a_wait']:>12} "
               f"{side['estimation_samples_used']:>13,} {side['estimation_samples_evaluated']:>10,} "
               f"{side['seconds_on_this_device']:>7} {side['rule_seconds_on_this_host']:>7}")
     return 0 if same else 1

@@ -177,11 +177,13 @@ class GridMixture:
     p: a prefix). The p-free sums for every suffix (prefix) are computed once per count, so each p costs one
     index and two logarithms instead of a pass over the grid.
 
-    The two computations round differently. :meth:`rejects` answers from this one only where its value lies
-    farther from the threshold than ``ROUNDING_MARGIN_ULPS`` units in the last place of the largest magnitude
-    either computation handles (a bound on both rounding errors, with room to spare), and from :func:`log_mixture`
-    elsewhere, as where a sum fell below 2^-1000 (subnormal terms round outside that bound): so every answer is the
-    one :func:`log_mixture` gives, bit for bit (tested against it)."""
+    The two computations round differently. Both add terms no larger in magnitude than
+    scale = S max|ln q_j| + F max|ln(1 - q_j)| + max|ln w_j| + 1 + |S ln p + F ln(1 - p)|, with a few roundings per
+    term and at most 40 terms, so each is within a few dozen eps * scale of the exact value (eps = 2^-52, float64's
+    machine epsilon). :meth:`rejects` answers from this computation only where its value lies farther than
+    ROUNDING_MARGIN_ULPS * eps * scale from the threshold, and from :func:`log_mixture` elsewhere, and where a
+    partial sum fell below 2^-1000 (its subnormal terms round outside that bound): so every answer is the one
+    :func:`log_mixture` gives, bit for bit (tested against it)."""
 
     def __init__(self, successes: np.ndarray, trials: np.ndarray, grid: tuple[np.ndarray, np.ndarray],
                  above: bool = True, margin_ulps: float | None = None):
