@@ -106,7 +106,7 @@ def adaptive_many(smooth, images: torch.Tensor, n0: int, rule,
     block by block, the active images' blocks packed into shared forward passes (module docstring). ``smooth``
     is a :class:`certify.core.Smooth`. Two ways to keep a GPU busy, both on CUDA only by default (on CPU a sample
     evaluated past a stop costs its full compute), neither changing an answer (:func:`certify.streams.run_blocks`):
-    ``lookahead`` queues each image's next launch before its current votes are read, unless a quarter or more of
+    ``lookahead`` queues each image's next launch before its current votes are read, unless more than a quarter of
     the images in it are expected to stop first (at their vote rate so far, or their selection samples' before
     it); ``fill`` (default: the batch size) makes a launch take several consecutive blocks of each running image
     until it fills a pass, so the last few images left do not run one small pass per block. Samples evaluated past

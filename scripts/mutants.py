@@ -97,6 +97,11 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("grid_mixture_prefix_for_lower", "certify/one_sided.py", "GridMixture.__init__",
            "np.cumsum(rest[..., ::-1], axis=-1)[..., ::-1]", "np.cumsum(rest, axis=-1)",
            ("tests/test_grid_mixture.py",), "the lower bound sums the alternatives above p"),
+    Mutant("ahead_drawn_when_most_stop", "certify/streams.py", "run_blocks",
+           "expected_to_run(running, looks, segments).mean() >= AHEAD_EXPECTED_USE",
+           "expected_to_run(running, looks, segments).mean() < AHEAD_EXPECTED_USE",
+           ("tests/test_sequential.py", "-k", "ahead_only"),
+           "a launch is drawn ahead only when most of its images are expected to use it"),
     Mutant("block_reads_last_look", "certify/streams.py", "run_blocks",
            "stopped.argmax(axis=1), segments.size - 1)", "segments.size - 1 - stopped[:, ::-1].argmax(axis=1), "
            "segments.size - 1)", ("tests/test_sequential.py",),
