@@ -13,8 +13,9 @@ holding at most 2 images, launches asked for while no other was in flight (a dev
 round trip: every launch but the first without lookahead), samples used and evaluated (the rest of each stopped
 image's last launches), the host's time in the stopping rule, and checks that every answer is the same.
 ``--lookahead-ab`` adds, for each fill, a run with every launch drawn ahead (by default a launch is drawn ahead
-only when at least three quarters of its images are expected to use it). Launch and sample counts do not depend on
-the device the passes run on; the wall time here is this device's, not a GPU's.
+only when at least three quarters of its images are expected to use it). Launch and sample counts depend on the
+device only through the votes (its rounding may flip a noisy sample's argmax); the wall time here is this device's,
+not a GPU's.
 """
 from __future__ import annotations
 

@@ -273,20 +273,37 @@ class SequentialTest:
         done. Block by block only: ``samples`` must be at the end of the previous block."""
         if self.done:
             return 0, []
+        end, looks = self._block()
+        counts = self.rule.cs.looks[looks]
+        return end - self._drawn, [int(m) for m in np.diff(np.concatenate([[self._drawn], counts]))]
+
+    def _block(self) -> tuple[int, np.ndarray]:
+        """The next block's end (samples) and the indices of its looks."""
         if self.samples != self._drawn:
             raise ValueError("blocks and single looks cannot be mixed in one test")
         end = int(self._block_ends[np.searchsorted(self._block_ends, self._drawn, side="right")])
-        counts = self.rule.cs.looks[block_looks(self.rule.cs, self._drawn, end)]
-        return end - self._drawn, [int(m) for m in np.diff(np.concatenate([[self._drawn], counts]))]
+        return end, block_looks(self.rule.cs, self._drawn, end)
 
     def observe_block(self, votes: list[int] | np.ndarray) -> int:
-        """Record the votes in each look segment of :meth:`next_block`, look by look up to the first outcome."""
+        """Record the votes in each look segment of :meth:`next_block`, up to the first outcome: the rule evaluated at
+        all the block's looks at once (:meth:`certify.sequential.Rule.step_looks`, as :func:`run_blocks` does), which
+        gives the outcome, counts and bound that :meth:`observe` one look at a time gives (tested)."""
         size, segments = self.next_block()
         if len(votes) != len(segments):
             raise ValueError(f"expected the votes of {len(segments)} looks, got {len(votes)}")
-        for vote, segment in zip(votes, segments, strict=True):
-            if self.observe(int(vote), segment) != CONTINUE:
-                break
-        self.computed = self._drawn + sum(segments)
+        if not segments:  # done: nothing to record
+            return self.outcome
+        votes, segments = np.asarray(votes, dtype=np.int64), np.asarray(segments, dtype=np.int64)
+        if np.any(votes < 0) or np.any(votes > segments):
+            raise ValueError(f"expected at most {segments.tolist()} votes in the block's looks, got {votes.tolist()}")
+        _, looks = self._block()
+        cumulative = self.successes + np.cumsum(votes)
+        results, lowers = self.rule.step_looks(looks, cumulative[None, :], np.array([self.p_lower]))
+        stopped = np.flatnonzero(results[0] != CONTINUE)
+        first = int(stopped[0]) if stopped.size else len(segments) - 1
+        self.successes, self.samples = int(cumulative[first]), int(self.rule.looks[looks[first]])
+        self.outcome, self.p_lower = int(results[0, first]), float(lowers[0, first])
+        self.look = int(looks[first]) + 1
+        self.computed = self._drawn + int(segments.sum())
         self._drawn += size
         return self.outcome

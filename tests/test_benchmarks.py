@@ -97,6 +97,18 @@ def test_bench_launches_quick_counts_fewer_launches_with_the_same_answers(tmp_pa
         plain["estimation_samples_used"]
 
 
+def test_bench_rule_host_quick_gives_the_same_answers_block_by_block(tmp_path):
+    from benchmarks import bench_rule_host
+
+    out = tmp_path / "rule_host.json"
+    assert bench_rule_host.main(["--quick", "--json", str(out)]) == 0
+    modes = json.loads(out.read_text())["modes"]
+    assert set(modes) == {"decide", "estimate"}
+    for mode in modes.values():
+        assert mode["answers_identical"] and mode["ms_per_image_block"] > 0 and mode["ms_per_image_look"] > 0
+        assert 100 < mode["mean_samples"] <= 2000
+
+
 def test_bench_calibration_quick_times_each_input(tmp_path):
     from benchmarks import bench_calibration
 

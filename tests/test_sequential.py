@@ -48,6 +48,25 @@ def binomial_draw(p: float, rng: np.random.Generator):
     return lambda active, samples: rng.binomial(samples, p, size=active.size)
 
 
+def one_block_draw(votes: np.ndarray, deferred: bool = False):
+    """A ``run_blocks`` draw of one block a launch (fill 0) from fixed vote streams, each stream's blocks read in
+    order: a stream drawn out of order would get other votes. ``deferred``: the votes come back as a callable (a
+    queued launch). ``draw.calls``: streams in each launch; ``draw.events``: "draw" and (deferred) "read" in order."""
+    position = np.zeros(len(votes), dtype=int)
+    calls, events = [], []
+
+    def draw(active, blocks):
+        (size, segments), = blocks
+        edges = np.concatenate([[0], np.cumsum(segments)])
+        out = np.array([np.add.reduceat(votes[i, position[i]:position[i] + edges[-1]], edges[:-1]) for i in active])
+        position[active] += size
+        calls.append(len(active))
+        events.append("draw")
+        return (lambda: events.append("read") or out) if deferred else out
+    draw.calls, draw.events = calls, events
+    return draw
+
+
 def excess_pvalue(wrong: int, trials: int, alpha: float) -> float:
     """P[Binomial(trials, alpha) >= wrong]: small when the rule is wrong more often than alpha allows."""
     return binomtest(wrong, trials, alpha, alternative="greater").pvalue
@@ -334,22 +353,10 @@ def test_blocks_stop_at_the_same_look_with_the_same_counts_as_look_by_look(metho
             return out
         return draw
 
-    def block_draw():
-        position = np.zeros(len(votes), dtype=int)
-
-        def draw(active, blocks):
-            (size, segments), = blocks  # fill 0: one block a launch
-            edges = np.concatenate([[0], np.cumsum(segments)])
-            out = np.array([np.add.reduceat(votes[i, position[i]:position[i] + edges[-1]], edges[:-1])
-                            for i in active])
-            position[active] += size
-            return out
-        return draw
-
     for rule in (DecideRule(confidence_sequence(method, 20_000, 0.001), 0.5, SIGMA),
                  EstimateRule(confidence_sequence(method, 20_000, 0.001), SIGMA, 0.05)):
         looked = run_streams(rule, look_draw(), len(votes))
-        blocked = run_blocks(rule, block_draw(), len(votes))
+        blocked = run_blocks(rule, one_block_draw(votes), len(votes))
         for name in ("outcome", "successes", "samples", "p_lower", "stop_look"):
             np.testing.assert_array_equal(getattr(blocked, name), getattr(looked, name), err_msg=name)
         assert np.all(blocked.computed >= blocked.samples)
@@ -364,26 +371,10 @@ def test_drawing_a_block_ahead_changes_no_answer(method):
     votes = np.random.default_rng(5).binomial(1, np.repeat([0.6, 0.97, 0.99, 0.999, 1.0], 3)[:, None],
                                               size=(15, 20_000))
 
-    def block_draw(deferred):
-        position = np.zeros(len(votes), dtype=int)
-        calls = []
-
-        def draw(active, blocks):
-            (size, segments), = blocks
-            edges = np.concatenate([[0], np.cumsum(segments)])
-            out = np.array([np.add.reduceat(votes[i, position[i]:position[i] + edges[-1]], edges[:-1])
-                            for i in active])
-            position[active] += size
-            calls.append(len(active))
-            return (lambda: out) if deferred else out
-        draw.calls = calls
-        return draw
-
     for rule in (DecideRule(confidence_sequence(method, 20_000, 0.001), 0.5, SIGMA),
                  EstimateRule(confidence_sequence(method, 20_000, 0.001), SIGMA, 0.05)):
-        plain = run_blocks(rule, block_draw(False), len(votes))
-        ahead_draw = block_draw(True)
-        ahead = run_blocks(rule, ahead_draw, len(votes), lookahead=True)
+        plain = run_blocks(rule, one_block_draw(votes), len(votes))
+        ahead = run_blocks(rule, one_block_draw(votes, deferred=True), len(votes), lookahead=True)
         for name in ("outcome", "successes", "samples", "p_lower", "stop_look"):
             np.testing.assert_array_equal(getattr(ahead, name), getattr(plain, name), err_msg=name)
         assert np.all(ahead.computed >= plain.computed)
@@ -391,7 +382,8 @@ def test_drawing_a_block_ahead_changes_no_answer(method):
         ends = np.minimum(draw_block_ends(rule.cs), rule.cs.n_max)  # at most the block after the plain stop's
         following = [ends[min(np.searchsorted(ends, c, side="right"), len(ends) - 1)] for c in plain.computed]
         assert np.all((ahead.computed == plain.computed) | (ahead.computed == following))
-        assert run_blocks(rule, block_draw(True), len(votes)).computed.tolist() == plain.computed.tolist()
+        assert run_blocks(rule, one_block_draw(votes, deferred=True), len(votes)).computed.tolist() == \
+            plain.computed.tolist()
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -405,19 +397,7 @@ def test_drawing_ahead_only_when_most_streams_go_on_changes_no_answer(method):
     expected = np.repeat([0.6, 0.97, 1.0, 1.0, 1.0], 3)
 
     def block_draw():
-        position = np.zeros(len(votes), dtype=int)
-        events = []
-
-        def draw(active, blocks):
-            (size, segments), = blocks
-            edges = np.concatenate([[0], np.cumsum(segments)])
-            out = np.array([np.add.reduceat(votes[i, position[i]:position[i] + edges[-1]], edges[:-1])
-                            for i in active])
-            position[active] += size
-            events.append("draw")
-            return lambda: events.append("read") or out
-        draw.events = events
-        return draw
+        return one_block_draw(votes, deferred=True)
 
     for rule in (DecideRule(confidence_sequence(method, 20_000, 0.001), 0.05, SIGMA),
                  EstimateRule(confidence_sequence(method, 20_000, 0.001), SIGMA, 0.05)):
@@ -529,6 +509,35 @@ def test_sequential_test_fed_by_blocks_matches_the_block_driver():
     assert (test.outcome, test.samples, test.successes, test.computed) == (
         blocked.outcome[0], blocked.samples[0], blocked.successes[0], blocked.computed[0])
     assert test.p_lower == blocked.p_lower[0]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_sequential_test_by_blocks_answers_as_look_by_look(method):
+    """``observe_block`` evaluates the rule at a block's looks at once: the same outcome, counts, look and bound, to
+    the bit, as ``observe`` one look at a time on the same votes (decide and estimate, streams that certify, fail
+    and run to the budget); votes that do not fit the block are refused."""
+    for rule in (DecideRule(confidence_sequence(method, 20_000, 0.001), 0.5, SIGMA),
+                 EstimateRule(confidence_sequence(method, 20_000, 0.001), SIGMA, 0.05)):
+        for p_success in (0.6, 0.97, 0.977, 0.99, 1.0):
+            votes = np.random.default_rng(int(p_success * 1000)).binomial(1, p_success, size=25_000)
+            by_block, by_look = SequentialTest(rule), SequentialTest(rule)
+            while not by_block.done:
+                _, segments = by_block.next_block()
+                edges = by_block.samples + np.concatenate([[0], np.cumsum(segments)])
+                by_block.observe_block(np.add.reduceat(votes[edges[0]:edges[-1]], edges[:-1] - edges[0]))
+            while not by_look.done:
+                needed = by_look.samples_needed
+                by_look.observe(int(votes[by_look.samples:by_look.samples + needed].sum()), needed)
+            assert (by_block.outcome, by_block.samples, by_block.successes, by_block.look) == (
+                by_look.outcome, by_look.samples, by_look.successes, by_look.look)
+            assert by_block.p_lower == by_look.p_lower
+            assert by_block.observe_block([]) == by_block.outcome  # done: nothing more to record
+    fresh = SequentialTest(rule)
+    _, segments = fresh.next_block()
+    with pytest.raises(ValueError, match="at most"):
+        fresh.observe_block([segments[0] + 1, *segments[1:]])
+    with pytest.raises(ValueError, match="looks"):
+        fresh.observe_block([0] * (len(segments) + 1))
 
 
 def test_many_sequential_tests_share_block_ends_but_no_state():
