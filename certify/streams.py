@@ -294,8 +294,10 @@ class SequentialTest:
         if not segments:  # done: nothing to record
             return self.outcome
         votes, segments = np.asarray(votes, dtype=np.int64), np.asarray(segments, dtype=np.int64)
-        if np.any(votes < 0) or np.any(votes > segments):
-            raise ValueError(f"expected at most {segments.tolist()} votes in the block's looks, got {votes.tolist()}")
+        bad = np.flatnonzero((votes < 0) | (votes > segments))
+        if bad.size:
+            raise ValueError(f"look {bad[0]} of the block: {votes[bad[0]]} votes among {segments[bad[0]]} samples, "
+                             f"expected 0 to {segments[bad[0]]}")
         _, looks = self._block()
         cumulative = self.successes + np.cumsum(votes)
         results, lowers = self.rule.step_looks(looks, cumulative[None, :], np.array([self.p_lower]))

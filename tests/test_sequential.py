@@ -534,7 +534,7 @@ def test_sequential_test_by_blocks_answers_as_look_by_look(method):
             assert by_block.observe_block([]) == by_block.outcome  # done: nothing more to record
     fresh = SequentialTest(rule)
     _, segments = fresh.next_block()
-    with pytest.raises(ValueError, match="at most"):
+    with pytest.raises(ValueError, match="look 0 of the block"):
         fresh.observe_block([segments[0] + 1, *segments[1:]])
     with pytest.raises(ValueError, match="looks"):
         fresh.observe_block([0] * (len(segments) + 1))
