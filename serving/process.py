@@ -28,22 +28,36 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """``transdenoiser serve --model-dir MODEL_DIR`` on a free loopback port, logging to ``log``."""
+    """``transdenoiser serve --model-dir MODEL_DIR`` on a free loopback port, logging to ``log``.
+
+    A free port is found by binding port 0 and closing it, so another process may take it before the server binds
+    it (any outgoing connection's ephemeral port can). A server that exits because it could not bind its port is
+    started again on another one (``BIND_ATTEMPTS`` in all), the log appended: ``url`` is final once
+    :meth:`wait_ready` returns."""
+
+    BIND_ATTEMPTS = 3
 
     def __init__(self, model_dir: Path, log: Path, api_key: str | None = None, device: str = "cpu"):
+        self.model_dir, self.log, self.api_key, self.device = model_dir, Path(log), api_key, device
+        self.attempts = 0
+        self._start()
+
+    def _start(self) -> None:
+        self.attempts += 1
         self.port = free_port()
         self.url = f"http://{HOST}:{self.port}"
-        self.log = Path(log)
         env = {**os.environ, "BENTOML_HOME": str(self.log.parent / f"bentoml-{self.port}"),
                "BENTOML_DO_NOT_TRACK": "True"}
         env.pop(API_KEY_ENV, None)
-        if api_key:
-            env[API_KEY_ENV] = api_key
-        with self.log.open("wb") as handle:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "transdenoiser.cli", "serve", "--model-dir", str(model_dir), "--host", HOST,
-                 "--port", str(self.port), "--device", device],
-                env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+        if self.api_key:
+            env[API_KEY_ENV] = self.api_key
+        with self.log.open("wb" if self.attempts == 1 else "ab") as handle:
+            self.process = subprocess.Popen(self.command(), env=env, stdout=handle, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "transdenoiser.cli", "serve", "--model-dir", str(self.model_dir), "--host", HOST,
+                "--port", str(self.port), "--device", self.device]
 
     def log_tail(self, chars: int = 3000) -> str:
         return self.log.read_text(errors="replace")[-chars:]
@@ -52,6 +66,10 @@ class ServerProcess:
         """Poll /readyz until it answers 200; ``deadline`` is a ``time.monotonic()`` value."""
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                log = self.log.read_text(errors="replace")
+                if f"Could not bind {HOST}:{self.port}" in log and self.attempts < self.BIND_ATTEMPTS:
+                    self._start()  # the port was taken between finding it free and binding it: another one
+                    continue
                 raise RuntimeError(f"server exited with status {self.process.returncode}:\n{self.log_tail()}")
             try:
                 if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:

@@ -1,0 +1,65 @@
+"""``serving.process.ServerProcess``: a server whose free port was taken before it could bind it starts again on
+another port; any other early exit is reported at once. A stand-in server (a few lines of Python that bind the port
+as BentoML does, then answer /readyz) keeps the test to a second."""
+from __future__ import annotations
+
+import socket
+import sys
+import time
+
+import pytest
+
+import serving.process as process_module
+from serving.process import HOST, ServerProcess
+
+STAND_IN = """
+import http.server, socket, sys
+port = int(sys.argv[1])
+try:
+    server = http.server.HTTPServer(("127.0.0.1", port), http.server.BaseHTTPRequestHandler)
+except OSError:
+    print(f"[ERROR] [cli] Could not bind 127.0.0.1:{port}", flush=True)
+    sys.exit(1)
+class Ready(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def log_message(self, *args):
+        pass
+server.RequestHandlerClass = Ready
+server.serve_forever()
+"""
+
+
+class StandIn(ServerProcess):
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", STAND_IN, str(self.port)]
+
+
+class FailsAtOnce(ServerProcess):
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", "print('no model directory'); raise SystemExit(2)"]
+
+
+def test_a_port_taken_before_the_server_binds_it_is_replaced(tmp_path, monkeypatch):
+    taken = socket.socket()
+    taken.bind((HOST, 0))
+    taken.listen()
+    ports = [taken.getsockname()[1]]  # the first "free" port is in use by the time the server binds it
+    real = process_module.free_port
+    monkeypatch.setattr(process_module, "free_port", lambda: ports.pop() if ports else real())
+    server = StandIn(tmp_path / "model", tmp_path / "server.log")
+    try:
+        server.wait_ready(time.monotonic() + 30)
+        assert server.attempts == 2 and server.port != taken.getsockname()[1]
+        assert server.url == f"http://{HOST}:{server.port}"
+        assert f"Could not bind {HOST}:{taken.getsockname()[1]}" in server.log.read_text()  # the log kept
+    finally:
+        server.stop()
+        taken.close()
+
+
+def test_a_server_that_exits_for_another_reason_is_reported_at_once(tmp_path):
+    server = FailsAtOnce(tmp_path / "model", tmp_path / "server.log")
+    with pytest.raises(RuntimeError, match="exited with status 2:\n.*no model directory"):
+        server.wait_ready(time.monotonic() + 30)
+    assert server.attempts == 1
