@@ -95,6 +95,20 @@ def block_looks(cs: ConfidenceSequence, start: int, end: int) -> np.ndarray:
     return np.flatnonzero((cs.looks > start) & (cs.looks <= end))
 
 
+def first_outcomes(rule: Rule, looks: np.ndarray, successes: np.ndarray, votes: np.ndarray, best_lower: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Evaluate ``rule`` at the consecutive ``looks`` (m indices) of streams holding ``successes`` votes before them
+    and ``votes`` (streams, m) in each look's segment, and read each stream at its first outcome (its last look if
+    none): (the look's position in ``looks``, cumulative votes, outcome, best lower bound, whether it stopped)."""
+    cumulative = np.asarray(successes)[:, None] + np.cumsum(votes, axis=1)
+    results, lowers = rule.step_looks(looks, cumulative, best_lower)
+    stopped = results != CONTINUE
+    any_stop = stopped.any(axis=1)
+    first = np.where(any_stop, stopped.argmax(axis=1), len(looks) - 1)
+    rows = np.arange(len(first))
+    return first, cumulative[rows, first], results[rows, first], lowers[rows, first], any_stop
+
+
 def run_streams(rule: Rule, draw: Draw, count: int) -> StreamResults:
     """Run ``rule`` over ``count`` streams: at each look, ``draw(active, m)`` returns the votes for cA among
     m fresh samples of each active stream (indices ``active``); stopped streams draw nothing more."""
@@ -200,16 +214,10 @@ def run_blocks(rule: Rule, draw: BlockDraw, count: int, plan: BlockPlan = BlockP
         keep = outcome[launched] == CONTINUE  # with lookahead, streams that stopped at the last launch drew this one
         active, votes = launched[keep], votes[keep]
         if active.size:
-            cumulative = successes[active, None] + np.cumsum(votes, axis=1)
-            results, lowers = rule.step_looks(looks, cumulative, p_lower[active])
-            stopped = results != CONTINUE
-            first = np.where(stopped.any(axis=1), stopped.argmax(axis=1), segments.size - 1)
-            rows = np.arange(active.size)
-            successes[active] = cumulative[rows, first]
+            first, successes[active], outcome[active], p_lower[active], stopped = first_outcomes(
+                rule, looks, successes[active], votes, p_lower[active])
             samples[active] = cs.looks[looks][first]
-            p_lower[active] = lowers[rows, first]
-            outcome[active] = results[rows, first]
-            stop_look[active[stopped.any(axis=1)]] = looks[first[stopped.any(axis=1)]]
+            stop_look[active[stopped]] = looks[first[stopped]]
         if ahead is not None:
             pending = ahead
         else:  # not drawn ahead (no lookahead, or most streams were about to stop): the next launch after the votes
@@ -299,13 +307,11 @@ class SequentialTest:
             raise ValueError(f"look {bad[0]} of the block: {votes[bad[0]]} votes among {segments[bad[0]]} samples, "
                              f"expected 0 to {segments[bad[0]]}")
         _, looks = self._block()
-        cumulative = self.successes + np.cumsum(votes)
-        results, lowers = self.rule.step_looks(looks, cumulative[None, :], np.array([self.p_lower]))
-        stopped = np.flatnonzero(results[0] != CONTINUE)
-        first = int(stopped[0]) if stopped.size else len(segments) - 1
-        self.successes, self.samples = int(cumulative[first]), int(self.rule.looks[looks[first]])
-        self.outcome, self.p_lower = int(results[0, first]), float(lowers[0, first])
-        self.look = int(looks[first]) + 1
+        first, successes, outcome, lower, _ = first_outcomes(self.rule, looks, np.array([self.successes]),
+                                                             votes[None, :], np.array([self.p_lower]))
+        self.successes, self.samples = int(successes[0]), int(self.rule.looks[looks[first[0]]])
+        self.outcome, self.p_lower = int(outcome[0]), float(lower[0])
+        self.look = int(looks[first[0]]) + 1
         self.computed = self._drawn + int(segments.sum())
         self._drawn += size
         return self.outcome

@@ -102,9 +102,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "expected_to_run(running, looks, segments).mean() < AHEAD_EXPECTED_USE",
            ("tests/test_sequential.py", "-k", "ahead_only"),
            "a launch is drawn ahead only when most of its images are expected to use it"),
-    Mutant("block_reads_last_look", "certify/streams.py", "run_blocks",
-           "stopped.argmax(axis=1), segments.size - 1)", "segments.size - 1 - stopped[:, ::-1].argmax(axis=1), "
-           "segments.size - 1)", ("tests/test_sequential.py",),
+    Mutant("block_reads_last_look", "certify/streams.py", "first_outcomes",
+           "stopped.argmax(axis=1), len(looks) - 1)", "len(looks) - 1 - stopped[:, ::-1].argmax(axis=1), "
+           "len(looks) - 1)", ("tests/test_sequential.py",),
            "a stream drawn in blocks stops at its first outcome, as look by look"),
     Mutant("alpha_zero_accepted", "certify/decisions.py", "validate_sampling",
            "if not 0 < alpha < 1:", "if not 0 <= alpha < 1:", CERTIFY, "alpha in (0, 1)"),

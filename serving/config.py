@@ -207,6 +207,11 @@ def model_dir_from_env() -> Path:
     return Path(value)
 
 
+def served_config() -> ServingConfig:
+    """The settings of the model directory this process serves (``MODEL_DIR_ENV``)."""
+    return load_config(model_dir_from_env())
+
+
 def to_toml(config: ServingConfig) -> str:
     """The config as TOML (flat scalars only; ``None`` values are left out, as TOML has no null)."""
     lines = ["# TransDenoiser serving settings (see docs/SERVING.md). sigma in [0,1]-pixel units."]

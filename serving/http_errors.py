@@ -71,9 +71,9 @@ class JsonErrorMiddleware:
     def __init__(self, app, show_versions: bool | None = None):
         self.app = app
         if show_versions is None:
-            from serving.config import load_config, model_dir_from_env
+            from serving.config import served_config
 
-            show_versions = load_config(model_dir_from_env()).show_versions
+            show_versions = served_config().show_versions
         self.show_versions = show_versions
 
     async def __call__(self, scope, receive, send) -> None:

@@ -75,9 +75,9 @@ class BodySlots:
         """The allowance of a small or large body, its limit read from the settings if not set yet."""
         allowance = self._small if small else self._large
         if allowance.limit is None:
-            from serving.config import load_config, model_dir_from_env
+            from serving.config import served_config
 
-            limits = load_config(model_dir_from_env()).body_slot_limits()
+            limits = served_config().body_slot_limits()
             for kind, configured in zip((self._large, self._small), limits, strict=True):
                 if kind.limit is None:
                     kind.limit = configured
@@ -153,9 +153,9 @@ class PayloadLimitMiddleware:
                  on_full: Callable[[], None] | None = None):
         self.app = app
         if max_bytes is None:
-            from serving.config import load_config, model_dir_from_env
+            from serving.config import served_config
 
-            max_bytes = load_config(model_dir_from_env()).max_payload_bytes
+            max_bytes = served_config().max_payload_bytes
         self.max_bytes = max_bytes
         self.slots = slots if slots is not None else BodySlots(max_parsing, max_parsing_small)
         self.on_full = on_full  # called for each request refused because every slot is taken (a metric)

@@ -40,7 +40,7 @@ from serving.card import model_card
 from serving.compute.engine import CertifyWork, NoiseJob, SequentialWork, VoteCounter
 from serving.compute.noise import NoiseKey, client_image_seed, model_identity
 from serving.compute.scheduler import FairScheduler, SchedulerRefusal, Work
-from serving.config import DEVICE_ENV, load_config, model_dir_from_env
+from serving.config import DEVICE_ENV, model_dir_from_env, served_config
 from serving.front_door import FrontDoor, Readiness
 from serving.http_errors import JsonErrorMiddleware
 from serving.library_patches import (
@@ -349,7 +349,7 @@ def _count_parsing_refusal() -> None:
 def _front_door(app) -> FrontDoor:
     """BentoML's app behind the front door (serving.front_door): probes and full-slot refusals answered first."""
     return FrontDoor(app, BODY_SLOTS, READINESS, api_key=api_key_from_env(),
-                     show_versions=load_config(model_dir_from_env()).show_versions, on_full=_count_parsing_refusal)
+                     show_versions=served_config().show_versions, on_full=_count_parsing_refusal)
 
 
 # Outermost first: every error answer as our JSON; refuse unauthenticated requests before reading their bodies.

@@ -396,14 +396,11 @@ def test_drawing_ahead_only_when_most_streams_go_on_changes_no_answer(method):
                                               size=(15, 20_000))
     expected = np.repeat([0.6, 0.97, 1.0, 1.0, 1.0], 3)
 
-    def block_draw():
-        return one_block_draw(votes, deferred=True)
-
     for rule in (DecideRule(confidence_sequence(method, 20_000, 0.001), 0.05, SIGMA),
                  EstimateRule(confidence_sequence(method, 20_000, 0.001), SIGMA, 0.05)):
-        plain = run_blocks(rule, block_draw(), len(votes))
-        every = run_blocks(rule, block_draw(), len(votes), lookahead=True)
-        chosen_draw = block_draw()
+        plain = run_blocks(rule, one_block_draw(votes, deferred=True), len(votes))
+        every = run_blocks(rule, one_block_draw(votes, deferred=True), len(votes), lookahead=True)
+        chosen_draw = one_block_draw(votes, deferred=True)
         chosen = run_blocks(rule, chosen_draw, len(votes), lookahead=True, expected=expected)
         for name in ("outcome", "successes", "samples", "p_lower", "stop_look"):
             np.testing.assert_array_equal(getattr(chosen, name), getattr(plain, name), err_msg=name)
@@ -415,9 +412,9 @@ def test_drawing_ahead_only_when_most_streams_go_on_changes_no_answer(method):
             assert stopped_first.sum() >= 9
             np.testing.assert_array_equal(chosen.computed[stopped_first], plain.computed[stopped_first])
     with pytest.raises(ValueError, match="expected"):
-        run_blocks(rule, block_draw(), len(votes), lookahead=True, expected=expected[:3])
+        run_blocks(rule, one_block_draw(votes, deferred=True), len(votes), lookahead=True, expected=expected[:3])
     with pytest.raises(ValueError, match="expected"):
-        run_blocks(rule, block_draw(), len(votes), lookahead=True, expected=expected + 1)
+        run_blocks(rule, one_block_draw(votes, deferred=True), len(votes), lookahead=True, expected=expected + 1)
 
 
 @pytest.mark.parametrize("method", METHODS)
