@@ -1,17 +1,22 @@
-"""The stopping rules' host time per image in the server's path: a block's looks at once against one look at a time.
+"""The stopping rules' host time per image in the server's path: blocks read across images, a block's looks at once,
+one look at a time.
 
     python -m benchmarks.bench_rule_host --quick          # seconds: a smoke run
     python -m benchmarks.bench_rule_host --json runs/bench/rule_host.json
 
 The API's scheduler feeds each adaptive image's test (:class:`certify.streams.SequentialTest`) the counts of one
-block at a time (``observe_block``); a GPU computes a block in far less time than a rule evaluated look by look
-takes on the host. No model: each image's votes are Bernoulli draws at a fixed pA (half the images at
-``--p-high``, half at ``--p-low``), the same for both sides. Sides, interleaved ``--repeats`` times, medians:
+block at a time; a GPU computes a block in far less time than a rule evaluated look by look takes on the host.
+No model: each image's votes are Bernoulli draws at a fixed pA (half the images at
+``--p-high``, half at ``--p-low``), the same for every side. Sides, interleaved ``--repeats`` times, medians:
 
-- ``block``: ``observe_block``, the rule evaluated at all of a block's looks at once (``Rule.step_looks``);
-- ``look``: ``observe`` one look at a time (``Rule.step``), what ``observe_block`` did before, look by look.
+- ``across``: ``SequentialTest.observe_blocks``, every running image's next block read together (one evaluation of
+  the rule per block for all the images at it): the server's path when a pass holds a block of every image of a
+  request (``serving.compute.engine.SequentialWork`` reads together the blocks counted in one pass);
+- ``block``: ``observe_block``, one image at a time, the rule evaluated at all of a block's looks at once
+  (``Rule.step_looks``);
+- ``look``: ``observe`` one look at a time (``Rule.step``).
 
-Both must give every image the same outcome, sample count and bound (checked). Decide at ``--radius`` (budget
+All must give every image the same outcome, sample count and bound (checked). Decide at ``--radius`` (budget
 ``--n-max``) and estimate (budget ``--estimate-n-max``), with ``--plan-device``'s block plan.
 """
 from __future__ import annotations
@@ -26,20 +31,32 @@ import numpy as np
 
 from benchmarks import write_result
 
+SIDES = ("across", "block", "look")
 
-def run_side(rule, plan, votes: np.ndarray, by_block: bool) -> tuple[float, list[tuple]]:
+
+def _block_votes(test, cumulative: np.ndarray) -> np.ndarray:
+    _, segments = test.next_block()
+    ends = test.samples + np.cumsum(segments)
+    return np.diff(cumulative[np.concatenate([[test.samples], ends])])
+
+
+def run_side(rule, plan, votes: np.ndarray, side: str) -> tuple[float, list[tuple]]:
     """Seconds to feed every image's votes through its test, and each image's (outcome, samples, p_lower)."""
     from certify.streams import SequentialTest
 
     tests = SequentialTest.many(rule, plan, len(votes))
+    cumulatives = [np.concatenate([[0], np.cumsum(stream)]) for stream in votes]
     started = time.perf_counter()
-    for test, stream in zip(tests, votes, strict=True):
-        cumulative = np.concatenate([[0], np.cumsum(stream)])
+    if side == "across":
+        running = list(range(len(tests)))
+        while running:
+            SequentialTest.observe_blocks([tests[i] for i in running],
+                                          [_block_votes(tests[i], cumulatives[i]) for i in running])
+            running = [i for i in running if not tests[i].done]
+    for test, cumulative in zip(tests, cumulatives, strict=True):
         while not test.done:
-            if by_block:
-                _, segments = test.next_block()
-                ends = test.samples + np.cumsum(segments)
-                test.observe_block(np.diff(cumulative[np.concatenate([[test.samples], ends])]))
+            if side == "block":
+                test.observe_block(_block_votes(test, cumulative))
             else:
                 needed = test.samples_needed
                 test.observe(int(cumulative[test.samples + needed] - cumulative[test.samples]), needed)
@@ -85,18 +102,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.images} images, {plan.describe()}; host ms per image, median of {args.repeats}")
     for name, rule in modes.items():
         votes = (rng.random((args.images, rule.cs.n_max)) < p[:, None]).astype(np.int64)
-        seconds = {"block": [], "look": []}
+        seconds: dict[str, list[float]] = {side: [] for side in SIDES}
         answers = {}
         for _ in range(args.repeats):
-            for side in ("block", "look"):
-                elapsed, answers[side] = run_side(rule, plan, votes, by_block=side == "block")
+            for side in SIDES:
+                elapsed, answers[side] = run_side(rule, plan, votes, side)
                 seconds[side].append(elapsed)
-        same = answers["block"] == answers["look"]
-        block, look = (statistics.median(seconds[s]) / args.images * 1e3 for s in ("block", "look"))
-        record["modes"][name] = {"ms_per_image_block": block, "ms_per_image_look": look, "speedup": look / block,
-                                 "seconds": seconds, "answers_identical": same,
+        same = answers["across"] == answers["block"] == answers["look"]
+        across, block, look = (statistics.median(seconds[s]) / args.images * 1e3 for s in SIDES)
+        record["modes"][name] = {"ms_per_image_across": across, "ms_per_image_block": block,
+                                 "ms_per_image_look": look, "speedup_across_over_block": block / across,
+                                 "speedup": look / block, "seconds": seconds, "answers_identical": same,
                                  "mean_samples": float(np.mean([a[1] for a in answers["block"]]))}
-        print(f"{name:9s} block {block:8.2f}  look by look {look:8.2f}  ({look / block:.1f}x), "
+        print(f"{name:9s} across images {across:8.2f}  block {block:8.2f} ({block / across:.1f}x)  "
+              f"look by look {look:8.2f} ({look / block:.1f}x), "
               f"{record['modes'][name]['mean_samples']:.0f} samples per image; answers identical: {same}")
     write_result(args.json, record)
     return 0 if all(m["answers_identical"] for m in record["modes"].values()) else 1

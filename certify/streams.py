@@ -21,7 +21,7 @@ budget: a larger n_max only extends the same stream (the basis of validity acros
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -296,22 +296,41 @@ class SequentialTest:
         """Record the votes in each look segment of :meth:`next_block`, up to the first outcome: the rule evaluated at
         all the block's looks at once (:meth:`certify.sequential.Rule.step_looks`, as :func:`run_blocks` does), which
         gives the outcome, counts and bound that :meth:`observe` one look at a time gives (tested)."""
-        size, segments = self.next_block()
-        if len(votes) != len(segments):
-            raise ValueError(f"expected the votes of {len(segments)} looks, got {len(votes)}")
-        if not segments:  # done: nothing to record
-            return self.outcome
-        votes, segments = np.asarray(votes, dtype=np.int64), np.asarray(segments, dtype=np.int64)
-        bad = np.flatnonzero((votes < 0) | (votes > segments))
-        if bad.size:
-            raise ValueError(f"look {bad[0]} of the block: {votes[bad[0]]} votes among {segments[bad[0]]} samples, "
-                             f"expected 0 to {segments[bad[0]]}")
-        _, looks = self._block()
-        first, successes, outcome, lower, _ = first_outcomes(self.rule, looks, np.array([self.successes]),
-                                                             votes[None, :], np.array([self.p_lower]))
-        self.successes, self.samples = int(successes[0]), int(self.rule.looks[looks[first[0]]])
-        self.outcome, self.p_lower = int(outcome[0]), float(lower[0])
-        self.look = int(looks[first[0]]) + 1
-        self.computed = self._drawn + int(segments.sum())
-        self._drawn += size
+        SequentialTest.observe_blocks([self], [votes])
         return self.outcome
+
+    @staticmethod
+    def observe_blocks(tests: Sequence[SequentialTest], votes: Sequence[list[int] | np.ndarray]) -> None:
+        """:meth:`observe_block` for many tests, ``votes[i]`` for ``tests[i]``: the tests at the same block (one rule,
+        one block plan, the same samples drawn; the tests of :meth:`many` fed alike) share one evaluation of the rule
+        at the block's looks, one row each, as :func:`run_blocks` evaluates its streams. Each test ends as
+        :meth:`observe_block` alone leaves it (tested); the rule's cost is paid once per block, not once per image.
+        Every test's votes are checked before any test changes."""
+        if len({id(test) for test in tests}) != len(tests):
+            raise ValueError("a test can record one block at a time: the same test appears twice")
+        groups: dict[tuple[int, int, int], list[tuple[SequentialTest, np.ndarray, int, int]]] = {}
+        for test, block_votes in zip(tests, votes, strict=True):
+            size, segments = test.next_block()
+            if len(block_votes) != len(segments):
+                raise ValueError(f"expected the votes of {len(segments)} looks, got {len(block_votes)}")
+            if not segments:  # done: nothing to record
+                continue
+            block_votes, segments = np.asarray(block_votes, dtype=np.int64), np.asarray(segments, dtype=np.int64)
+            bad = np.flatnonzero((block_votes < 0) | (block_votes > segments))
+            if bad.size:
+                raise ValueError(f"look {bad[0]} of the block: {block_votes[bad[0]]} votes among {segments[bad[0]]} "
+                                 f"samples, expected 0 to {segments[bad[0]]}")
+            key = (id(test.rule), id(test._block_ends), test._drawn)
+            groups.setdefault(key, []).append((test, block_votes, size, int(segments.sum())))
+        for group in groups.values():
+            _, looks = group[0][0]._block()
+            first, successes, outcome, lower, _ = first_outcomes(
+                group[0][0].rule, looks, np.array([test.successes for test, *_ in group], dtype=np.int64),
+                np.stack([block_votes for _, block_votes, *_ in group]),
+                np.array([test.p_lower for test, *_ in group], dtype=float))
+            for row, (test, _, size, evaluated) in enumerate(group):
+                test.successes, test.samples = int(successes[row]), int(test.rule.looks[looks[first[row]]])
+                test.outcome, test.p_lower = int(outcome[row]), float(lower[row])
+                test.look = int(looks[first[row]]) + 1
+                test.computed = test._drawn + evaluated
+                test._drawn += size

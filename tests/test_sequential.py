@@ -537,6 +537,52 @@ def test_sequential_test_by_blocks_answers_as_look_by_look(method):
         fresh.observe_block([0] * (len(segments) + 1))
 
 
+def _block_votes(test: SequentialTest, votes: np.ndarray) -> np.ndarray:
+    _, segments = test.next_block()
+    edges = test.computed + np.concatenate([[0], np.cumsum(segments)])
+    return np.add.reduceat(votes[edges[0]:edges[-1]], edges[:-1] - edges[0])
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_observe_blocks_answers_as_each_test_alone(method, monkeypatch):
+    """``observe_blocks`` (the server's path: the blocks counted in one pass read together) leaves every test as
+    ``observe_block`` alone does, to the bit, whichever tests are fed together and at whatever block each stands;
+    the tests at the same block share one evaluation of the rule."""
+    import certify.streams as streams
+
+    calls = []
+    original = streams.first_outcomes
+    monkeypatch.setattr(streams, "first_outcomes", lambda *args: calls.append(len(args[2])) or original(*args))
+    rng = np.random.default_rng(7)
+    for rule in (DecideRule(confidence_sequence(method, 10_000, 0.001), 0.5, SIGMA),
+                 EstimateRule(confidence_sequence(method, 10_000, 0.001), SIGMA, 0.05)):
+        p_success = np.array([0.5, 0.9, 0.97, 0.977, 0.99, 0.999, 1.0, 0.0, 0.995, 0.98])
+        p_success = p_success[::2] if method == "beta-mixture" else p_success  # its bounds cost 25 ms a block
+        votes = rng.binomial(1, p_success[:, None], size=(len(p_success), 12_000))
+        together = SequentialTest.many(rule, BlockPlan.for_device("cuda"), len(votes))
+        alone = [SequentialTest(rule, BlockPlan.for_device("cuda")) for _ in votes]
+        calls.clear()
+        while not all(test.done for test in together):
+            running = [i for i, test in enumerate(together) if not test.done]
+            fed = [i for i in running if rng.random() < 0.7] or running[:1]  # some wait a round: mixed blocks
+            SequentialTest.observe_blocks([together[i] for i in fed], [_block_votes(together[i], votes[i]) for i in fed])
+        rounds = len(calls)
+        for test, stream in zip(alone, votes, strict=True):
+            while not test.done:
+                test.observe_block(_block_votes(test, stream))
+        for a, b in zip(together, alone, strict=True):
+            assert (a.outcome, a.samples, a.successes, a.look, a.computed, a.p_lower) == (
+                b.outcome, b.samples, b.successes, b.look, b.computed, b.p_lower)
+        assert rounds < len(calls) - rounds and max(calls[:rounds]) > 1  # shared evaluations, not one per test
+    fresh = SequentialTest.many(rule, BlockPlan(), 2)
+    _, segments = fresh[0].next_block()
+    with pytest.raises(ValueError, match="look 0 of the block"):  # the second test's votes are bad: neither moves
+        SequentialTest.observe_blocks(fresh, [[0] * len(segments), [segments[0] + 1, *segments[1:]]])
+    assert fresh[0].samples == fresh[0].computed == 0
+    with pytest.raises(ValueError, match="appears twice"):
+        SequentialTest.observe_blocks([fresh[0], fresh[0]], [[0] * len(segments)] * 2)
+
+
 def test_many_sequential_tests_share_block_ends_but_no_state():
     """SequentialTest.many: each test answers as one built alone, and feeding one leaves the others untouched."""
     rule = DecideRule(confidence_sequence(DEFAULT_METHOD, 10_000, 0.001), 0.5, SIGMA)

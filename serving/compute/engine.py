@@ -232,12 +232,14 @@ class SequentialWork:
         self._generators = [generator_for(seed) for seed in self.image_seeds]
         plan = BlockPlan.for_device(images.device.type if device is None else torch.device(device).type)
         self._tests = SequentialTest.many(rule, plan, len(images))
+        self._observe_blocks = SequentialTest.observe_blocks
         self._selection = np.zeros((len(images), num_classes), dtype=np.int64)
         self._top = np.full(len(images), -1, dtype=np.int64)
         self._votes: list[np.ndarray] = [np.zeros(0, dtype=np.int64) for _ in range(len(images))]  # per look
         self._waiting = np.zeros(len(images), dtype=np.int64)  # jobs of the current phase not yet counted
         self._taken = np.zeros(len(images), dtype=np.int64)  # samples handed out, per image
         self._ready: deque[tuple[tuple[int, int], StreamJob]] = deque()
+        self._counted: list[int] = []  # images whose block is counted and not yet read (``_settle``)
         self.planned_samples = len(images) * (n0 + self.n_max)
         for index in range(len(images)):
             self._emit(index, -1, n0, [n0])  # phase -1: selection
@@ -274,7 +276,7 @@ class SequentialWork:
     def samples_left(self) -> int:
         """Samples not yet handed out, at most: nothing for a stopped image, up to n0 + n_max for the others."""
         budget = self.n0 + self.n_max
-        return int(sum(budget - taken for taken, test in zip(self._taken, self._tests, strict=True)
+        return int(sum(budget - taken for taken, test in zip(self._taken, self._settled(), strict=True)
                        if not test.done))
 
     @property
@@ -285,6 +287,7 @@ class SequentialWork:
     def take(self, max_samples: int) -> list[tuple[tuple[int, int], StreamJob]]:
         """The next ready jobs, at most ``max_samples`` samples (at least one job while any is ready); none while
         every active image waits for the counts of its current look."""
+        self._settle()
         taken, total = [], 0
         while self._ready and (not taken or total + self._ready[0][1].num_samples <= max_samples):
             key, job = self._ready.popleft()
@@ -302,17 +305,32 @@ class SequentialWork:
         self._waiting[index] -= 1
         if self._waiting[index] > 0:
             return
-        test = self._tests[index]
         if segment < 0:  # selection done: the class is chosen; the estimation stream starts
             self._top[index] = int(self._selection[index].argmax())
-        else:  # the block's samples are all counted: its looks, in order
-            test.observe_block(self._votes[index])
-        if not test.done:
             self._emit_block(index)
+        else:  # the block's samples are all counted: its looks are read with the other images' (``_settle``)
+            self._counted.append(index)
+
+    def _settle(self) -> None:
+        """Read the looks of every block counted since the last call, the images at the same block together
+        (``SequentialTest.observe_blocks``: one evaluation of the rule per block, not per image, with each image's
+        answer unchanged), and queue the next block of each image that goes on. Called before anything reads the
+        work's state, so the state is always as if each block had been read the moment it was counted."""
+        if not self._counted:
+            return
+        counted, self._counted = self._counted, []
+        self._observe_blocks([self._tests[index] for index in counted], [self._votes[index] for index in counted])
+        for index in counted:
+            if not self._tests[index].done:
+                self._emit_block(index)
+
+    def _settled(self) -> list:
+        self._settle()
+        return self._tests
 
     @property
     def finished(self) -> bool:
-        return all(test.done for test in self._tests)
+        return all(test.done for test in self._settled())
 
     def result(self) -> list:
         """One ``certify.core.AdaptiveCertificate`` per image."""
@@ -320,4 +338,4 @@ class SequentialWork:
 
         return [adaptive_certificate(self.rule, self.kind, int(top), test.outcome, test.successes, test.samples,
                                      test.p_lower, self.n0, self.sigma, test.computed)
-                for top, test in zip(self._top, self._tests, strict=True)]
+                for top, test in zip(self._top, self._settled(), strict=True)]
