@@ -243,7 +243,8 @@ class SequentialTest:
         self.outcome = CONTINUE
         self.p_lower = 0.0
         self.computed = 0  # estimation samples evaluated (a block is evaluated whole, up to n_max)
-        self._block_ends = draw_block_ends(rule.cs, plan)
+        self._plan = plan
+        self._block_ends = draw_block_ends(rule.cs, plan)  # a function of rule.cs and plan alone
         self._drawn = 0  # samples of the stream drawn so far (block by block)
 
     @classmethod
@@ -301,14 +302,14 @@ class SequentialTest:
 
     @staticmethod
     def observe_blocks(tests: Sequence[SequentialTest], votes: Sequence[list[int] | np.ndarray]) -> None:
-        """:meth:`observe_block` for many tests, ``votes[i]`` for ``tests[i]``: the tests at the same block (one rule,
-        one block plan, the same samples drawn; the tests of :meth:`many` fed alike) share one evaluation of the rule
-        at the block's looks, one row each, as :func:`run_blocks` evaluates its streams. Each test ends as
+        """:meth:`observe_block` for many tests, ``votes[i]`` for ``tests[i]``: the tests at the same block (the same
+        rule object, equal block plans, the same samples drawn) share one evaluation of the rule at the block's
+        looks, one row each, as :func:`run_blocks` evaluates its streams. Each test ends as
         :meth:`observe_block` alone leaves it (tested); the rule's cost is paid once per block, not once per image.
         Every test's votes are checked before any test changes."""
         if len({id(test) for test in tests}) != len(tests):
             raise ValueError("a test can record one block at a time: the same test appears twice")
-        groups: dict[tuple[int, int, int], list[tuple[SequentialTest, np.ndarray, int, int]]] = {}
+        groups: dict[tuple[int, BlockPlan, int], list[tuple[SequentialTest, np.ndarray, int, int]]] = {}
         for test, block_votes in zip(tests, votes, strict=True):
             size, segments = test.next_block()
             if len(block_votes) != len(segments):
@@ -320,7 +321,7 @@ class SequentialTest:
             if bad.size:
                 raise ValueError(f"look {bad[0]} of the block: {block_votes[bad[0]]} votes among {segments[bad[0]]} "
                                  f"samples, expected 0 to {segments[bad[0]]}")
-            key = (id(test.rule), id(test._block_ends), test._drawn)
+            key = (id(test.rule), test._plan, test._drawn)
             groups.setdefault(key, []).append((test, block_votes, size, int(segments.sum())))
         for group in groups.values():
             _, looks = group[0][0]._block()

@@ -21,6 +21,7 @@ before the server accepts connections, so ``/readyz`` answers 200 only once the 
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -60,6 +61,7 @@ logger = logging.getLogger(__name__)
 # the service's routes (BentoML's and ours): the only paths that get their own label in BentoML's request metrics
 ROUTES = frozenset({"/", "/predict", "/metadata", "/healthz", "/livez", "/readyz", "/metrics", "/docs.json",
                     "/schema.json", "/static_content"})
+RULES_KEPT = 64  # adaptive requests' stopping rules kept for reuse, by settings
 REQUEST_TIMEOUT_S = 600  # BentoML traffic timeout; the scheduler's deadline (max_latency_ms) stops requests earlier
 # this process's body slots (max_parsing_requests, max_queued_requests), shared by the front door and the
 # body-limit middleware
@@ -148,6 +150,13 @@ class PredictResponse(BaseModel):
     noise: Literal["gaussian", "sound"] = Field(
         description="sound: images on the 8-bit grid, exact integer noise (sound in floating point, Voracek and "
                     "Hein 2023); gaussian: float32 x + sigma * randn (docs/CERTIFY.md)")
+
+
+@functools.lru_cache(maxsize=RULES_KEPT)
+def shared_rule(kind: str, sigma: float, n_max: int, alpha: float, radius: float | None):
+    """``certify.core.sequential_rule``, one object per setting (a rule is immutable): the scheduler reads
+    together the blocks of requests that share their rule (``serving.compute.engine.read_counted_blocks``)."""
+    return sequential_rule(kind, sigma, n_max, alpha, radius=radius)
 
 
 def rule_settings(rule) -> dict[str, object]:
@@ -256,8 +265,9 @@ class TransDenoiser:
         return [self.noise_key.image_seed(image, settings) for image in request.images]
 
     def sequential_rule(self, request: PredictRequest):
-        """The offline mode's stopping rule (``certify.core.sequential_rule``) for an adaptive request."""
-        return sequential_rule(request.kind, self.config.sigma, request.n, self.config.alpha, radius=request.radius)
+        """The offline mode's stopping rule (``certify.core.sequential_rule``) for an adaptive request: one object
+        for requests with the same settings, so the scheduler reads their blocks together."""
+        return shared_rule(request.kind, self.config.sigma, request.n, self.config.alpha, request.radius)
 
     def _sequential_work(self, request: PredictRequest) -> Work:
         rule = self.sequential_rule(request)

@@ -86,6 +86,27 @@ def test_scheduled_answers_equal_the_offline_adaptive_functions(smooth, digits):
     assert max(scheduler.stats.pass_sizes) > 1  # passes were in fact shared between the two requests
 
 
+def test_one_image_requests_with_one_rule_are_read_together(smooth, digits, monkeypatch):
+    """Concurrent one-image requests with the same settings share their rule (``shared_rule``), and the scheduler
+    reads the blocks counted in a pass together (``read_counted_blocks``): one rule evaluation covers several
+    requests' images, and every answer is still the offline one for its seed."""
+    import certify.streams as streams
+    from serving.service import shared_rule
+
+    rows = []
+    original = streams.first_outcomes
+    monkeypatch.setattr(streams, "first_outcomes", lambda *args: rows.append(len(args[2])) or original(*args))
+    rule = shared_rule("estimate", SIGMA, 1000, ALPHA, None)
+    assert shared_rule("estimate", SIGMA, 1000, ALPHA, None) is rule
+    images, seeds = images_easy_and_hard(digits), [21, 22, 23]
+    works = [SequentialWork("estimate", image[None], [seed], N0, rule, SIGMA, 10, 50, smooth.generator)
+             for image, seed in zip(images, seeds, strict=True)]
+    answers, _ = scheduled(smooth, works, share_passes=True, round_samples=2000)
+    assert max(rows) == len(works)  # a reading across the three requests
+    offline = smooth.certify_adaptive_many(images, N0, 1000, ALPHA, [smooth.generator(seed) for seed in seeds])
+    assert [answer for (answer,) in answers] == offline
+
+
 def test_an_easy_image_stops_early_and_looks_follow_the_offline_schedule(smooth, digits):
     from certify.sequential import geometric_looks
 

@@ -312,17 +312,11 @@ class SequentialWork:
             self._counted.append(index)
 
     def _settle(self) -> None:
-        """Read the looks of every block counted since the last call, the images at the same block together
-        (``SequentialTest.observe_blocks``: one evaluation of the rule per block, not per image, with each image's
-        answer unchanged), and queue the next block of each image that goes on. Called before anything reads the
-        work's state, so the state is always as if each block had been read the moment it was counted."""
-        if not self._counted:
-            return
-        counted, self._counted = self._counted, []
-        self._observe_blocks([self._tests[index] for index in counted], [self._votes[index] for index in counted])
-        for index in counted:
-            if not self._tests[index].done:
-                self._emit_block(index)
+        """Read the looks of every block counted since the last read (:func:`read_counted_blocks` for this work
+        alone). Called before anything reads the work's state, so the state is always as if each block had been
+        read the moment it was counted."""
+        if self._counted:
+            read_counted_blocks([self])
 
     def _settled(self) -> list:
         self._settle()
@@ -339,3 +333,20 @@ class SequentialWork:
         return [adaptive_certificate(self.rule, self.kind, int(top), test.outcome, test.successes, test.samples,
                                      test.p_lower, self.n0, self.sigma, test.computed)
                 for top, test in zip(self._top, self._settled(), strict=True)]
+
+
+def read_counted_blocks(works: Sequence[object]) -> None:
+    """Read the blocks counted since the last read in every adaptive work of ``works`` (the scheduler: those of one
+    pass), the images at the same block of the same rule together, across images and requests
+    (``SequentialTest.observe_blocks``: one evaluation of the rule per block, with each image's answer unchanged),
+    then queue the next block of each image that goes on. Works of other kinds are left alone."""
+    pending = [(work, index) for work in works if isinstance(work, SequentialWork) for index in work._counted]
+    if not pending:
+        return
+    for work, _ in pending:
+        work._counted = []
+    pending[0][0]._observe_blocks([work._tests[index] for work, index in pending],
+                                  [work._votes[index] for work, index in pending])
+    for work, index in pending:
+        if not work._tests[index].done:
+            work._emit_block(index)

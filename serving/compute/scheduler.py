@@ -23,7 +23,9 @@ ticket's result is the same whatever it shared passes with (``serving.compute.en
 A *work* is any object with ``kind``, ``planned_samples``, ``samples_left``, ``samples_taken``, ``take(max_samples)`` ->
 [(key, NoiseJob)], ``add(key, counts)``, ``finished`` and ``result()`` (``serving.compute.engine.CertifyWork``).
 A sequential kind (look at the counts, then decide whether to draw more) fits the same protocol: ``take``
-returns no job while it waits for counts, and ``finished`` turns true when it stops.
+returns no job while it waits for counts, and ``finished`` turns true when it stops. After each pass the
+adaptive works' counted blocks are read together (``serving.compute.engine.read_counted_blocks``): one evaluation
+of a stopping rule covers every image of every request at the same block of the same rule.
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ import anyio
 import numpy as np
 
 from serving.compute.admission import ADMITTED_MARGIN, Admitted, RateMeter, admission, doomed, fits_alone
-from serving.compute.engine import NoiseJob
+from serving.compute.engine import NoiseJob, read_counted_blocks
 
 Disconnected = Callable[[], Awaitable[bool]]
 FINISHING_ROUNDS = 2  # a request with at most this many rounds' samples left computes them in one round
@@ -413,6 +415,7 @@ class FairScheduler:
                 ticket.work.add(key, result)
                 if ticket not in served:
                     served.append(ticket)
+            read_counted_blocks([ticket.work for ticket in served])  # adaptive requests: one rule reading a block
             self.stats.samples += samples
             self.stats.passes += 1
             self.stats.pass_sizes = [*self.stats.pass_sizes[-999:], len(served)]
