@@ -106,7 +106,21 @@ def test_bench_rule_host_quick_gives_the_same_answers_block_by_block(tmp_path):
     assert set(modes) == {"decide", "estimate"}
     for mode in modes.values():
         assert mode["answers_identical"] and mode["ms_per_image_block"] > 0 and mode["ms_per_image_look"] > 0
+        assert mode["ms_per_image_across"] > 0
         assert 100 < mode["mean_samples"] <= 2000
+
+
+def test_bench_scheduler_host_quick_runs_the_real_scheduler(tmp_path):
+    """The scheduler's host-time benchmark: an estimate answer per image, the same in every repeat, and at least
+    n0 + n samples computed for each."""
+    from benchmarks import bench_scheduler_host
+
+    out = tmp_path / "scheduler_host.json"
+    assert bench_scheduler_host.main(["--quick", "--json", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["answers_same_every_repeat"] and record["host_ms_per_image"] > 0
+    assert len(record["answers"]) == 4 and all(outcome == "estimated" for _, outcome, *_ in record["answers"])
+    assert record["samples"] >= sum(100 + n for _, _, n, *_ in record["answers"])
 
 
 def test_bench_calibration_quick_times_each_input(tmp_path):

@@ -83,6 +83,21 @@ def test_scheduled_certificates_equal_the_direct_computation(smooth, digits, sha
         assert max(scheduler.stats.pass_sizes) == 1
 
 
+@pytest.mark.parametrize("share_passes", [False, True])
+def test_a_lone_request_fills_the_shared_pass(share_passes):
+    """Sharing passes (a GPU), a lone request takes round after round until the pass holds ``pass_samples``, as
+    several requests would fill it; without sharing (CPU), a pass is one round."""
+    counter = FakeCounter()
+    scheduler = FairScheduler(counter, round_samples=100, pass_samples=400, share_passes=share_passes, max_queued=8)
+    asyncio.run(scheduler.run(work(2, 1000), 60, 10**6))
+    sizes = [sum(job.num_samples for job in jobs) for jobs in counter.passes]
+    assert sum(sizes) == 2 * 1020
+    if share_passes:  # full passes (a round ends after the job that reaches its room: at most one 50-sample chunk more)
+        assert len(sizes) == 5 and all(400 <= size < 450 for size in sizes[:-1])
+    else:
+        assert len(sizes) == 20 and max(sizes[:-1]) == 100
+
+
 def test_a_small_request_waits_one_round_not_a_large_request_s_work():
     counter = FakeCounter(seconds_per_sample=2e-5)
     scheduler = FairScheduler(counter, round_samples=100, pass_samples=1000, share_passes=False, max_queued=8)

@@ -324,7 +324,9 @@ class FairScheduler:
         return jobs
 
     def _next_pass(self) -> list[tuple[_Ticket, Any, NoiseJob]]:
-        """One pass: the next ticket's round, or (sharing passes) rounds of the next tickets in turn.
+        """One pass: the next ticket's round, or (sharing passes) rounds of the next tickets in turn, round after
+        round while the pass has room (up to ``pass_samples``) and some ticket has jobs ready: a lone request fills
+        the device's batch as several requests do, and a request arriving waits for one pass either way.
 
         Every other pass begins with an extra round for the admitted request at risk (``at_risk``), if any, so
         work already admitted gets at least about half the compute however many requests arrive after it and
@@ -349,18 +351,22 @@ class FairScheduler:
                 self.stats.rescue_passes += 1
                 if not self.share_passes or total >= self.pass_samples:
                     return batch
-        for _ in range(len(self._tickets)):
-            ticket = self._tickets[0]
-            self._tickets.rotate(-1)
-            jobs = self._round(ticket, self._room(ticket, total))
-            if jobs is None:
-                continue
-            self._last_served = ticket
-            batch.extend((ticket, key, job) for key, job in jobs)
-            total += sum(job.num_samples for _, job in jobs)
-            if jobs and (not self.share_passes or total >= self.pass_samples):
-                break
-        return batch
+        while True:  # sharing passes: further sweeps while the pass has room and some request has jobs ready
+            took = False
+            for _ in range(len(self._tickets)):
+                ticket = self._tickets[0]
+                self._tickets.rotate(-1)
+                jobs = self._round(ticket, self._room(ticket, total))
+                if jobs is None:
+                    continue
+                self._last_served = ticket
+                batch.extend((ticket, key, job) for key, job in jobs)
+                total += sum(job.num_samples for _, job in jobs)
+                took = took or bool(jobs)
+                if jobs and (not self.share_passes or total >= self.pass_samples):
+                    return batch
+            if not (self.share_passes and took and self._tickets):
+                return batch
 
     def _finish(self, ticket: _Ticket) -> None:
         if ticket.future.done() or not ticket.work.finished:

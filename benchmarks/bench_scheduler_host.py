@@ -1,0 +1,153 @@
+"""The server's scheduler, host side: time per adaptive image spent outside the forward passes.
+
+    python -m benchmarks.bench_scheduler_host --quick          # seconds: a smoke run
+    python -m benchmarks.bench_scheduler_host --json runs/bench/scheduler_host.json
+
+The API's scheduler (``serving.compute.scheduler.FairScheduler``) awaits each pass's counts, then, on its event
+loop, hands the counts to the requests, reads the stopping rules and takes the next pass's jobs: the device idles
+for all of that. This benchmark runs the real scheduler and the real adaptive works
+(``serving.compute.engine.SequentialWork``) with a stand-in counter that evaluates no model and draws no noise:
+each job's votes for class 0 are Binomial(samples, pA) from a generator keyed by the job (its image's pA, where
+its piece starts, its offset and size), so a run's answers depend on the requests alone. The scheduler's wall
+time minus the counter's is its host time.
+
+``--requests`` concurrent requests of ``--images`` images each (pA alternating ``--p-high`` and ``--p-low``),
+all decide at ``--radius`` or all estimate (``--mode``), budget ``--n-max``; the GPU's scheduler settings
+(passes shared, ``--pass-samples`` per pass, ``--round-samples`` per request and round) and block plan. Repeated
+``--repeats`` times, medians; the answers must be the same in every repeat (checked) and are written with a digest,
+so runs of two versions of the library can be compared.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import statistics
+import sys
+import time
+import weakref
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks import write_result
+from transdenoiser.argtypes import positive_float, positive_int
+
+NUM_CLASSES = 10
+
+
+class StandInCounter:
+    """Counts without a model: a job's votes for class 0 are Binomial(samples, pA of its image), the rest class 1,
+    drawn from a generator keyed by (image seed, the piece's place in the image's stream, the job's offset and
+    size): the same votes for the same job whichever pass computes it."""
+
+    def __init__(self):
+        self.seconds = 0.0
+        self.samples = 0
+        self._pieces: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # piece -> its place in its stream
+        self._next_piece: dict[int, int] = {}
+
+    def __call__(self, jobs) -> list[np.ndarray]:
+        started = time.perf_counter()
+        results = []
+        for job in jobs:
+            piece = job.piece
+            seed = int(piece.generator.initial_seed())
+            if piece not in self._pieces:  # an image's pieces are handed out in stream order
+                self._pieces[piece] = self._next_piece.get(seed, 0)
+                self._next_piece[seed] = self._pieces[piece] + 1
+            p = float(piece.image.flatten()[0])
+            votes = np.random.default_rng([seed, self._pieces[piece], job.start, job.num_samples]).binomial(
+                job.num_samples, p)
+            counts = np.zeros(NUM_CLASSES, dtype=np.int64)
+            counts[0], counts[1] = votes, job.num_samples - votes
+            results.append(counts)
+            self.samples += job.num_samples
+        self.seconds += time.perf_counter() - started
+        return results
+
+
+def run_once(args, rule, p_values: np.ndarray) -> dict:
+    import torch
+
+    from serving.compute.engine import SequentialWork
+    from serving.compute.scheduler import FairScheduler
+
+    counter = StandInCounter()
+    scheduler = FairScheduler(counter, args.round_samples, args.pass_samples, True, args.requests + 1)
+    works = []
+    for request in range(args.requests):
+        p = p_values[request * args.images:(request + 1) * args.images]
+        images = torch.as_tensor(p, dtype=torch.float32)[:, None, None, None].expand(-1, 1, 28, 28).contiguous()
+        seeds = [request * args.images + i for i in range(args.images)]
+        works.append(SequentialWork(args.mode, images, seeds, args.n0, rule, args.sigma, NUM_CLASSES,
+                                    args.chunk_samples, lambda seed: torch.Generator().manual_seed(seed),
+                                    device="cuda"))
+
+    async def run():
+        return await asyncio.gather(*(scheduler.run(work, 3600, 10**12) for work in works))
+
+    started = time.perf_counter()
+    results = asyncio.run(run())
+    wall = time.perf_counter() - started
+    answers = [(c.prediction, c.outcome, c.n, c.count, float(c.p_lower)) for result in results for c in result]
+    return {"wall_s": wall, "counter_s": counter.seconds, "host_s": wall - counter.seconds,
+            "samples": counter.samples, "passes": scheduler.stats.passes, "answers": answers}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_scheduler_host", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mode", choices=("decide", "estimate"), default="estimate")
+    parser.add_argument("--requests", type=positive_int, default=32, help="concurrent requests")
+    parser.add_argument("--images", type=positive_int, default=1, help="images per request")
+    parser.add_argument("--p-high", type=float, default=0.995, help="pA of every other image")
+    parser.add_argument("--p-low", type=float, default=0.98, help="pA of the others")
+    parser.add_argument("--sigma", type=positive_float, default=0.25)
+    parser.add_argument("--radius", type=positive_float, default=0.5, help="decide mode's radius")
+    parser.add_argument("--n-max", type=positive_int, default=10_000, help="the adaptive budget")
+    parser.add_argument("--n0", type=positive_int, default=100)
+    parser.add_argument("--alpha", type=positive_float, default=0.001)
+    parser.add_argument("--pass-samples", type=positive_int, default=1000, help="samples per shared pass "
+                        "(the server's batch_size)")
+    parser.add_argument("--round-samples", type=positive_int, default=200, help="samples per request and round "
+                        "(the server's round_samples on a GPU)")
+    parser.add_argument("--chunk-samples", type=positive_int, default=1000)
+    parser.add_argument("--repeats", type=positive_int, default=3)
+    parser.add_argument("--quick", action="store_true", help="4 requests, budget 2,000, one repeat (a smoke run)")
+    parser.add_argument("--json", type=Path, default=Path("runs/bench/scheduler_host.json"))
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.requests, args.n_max, args.repeats = 4, 2000, 1
+    if not (0 <= args.p_low <= 1 and 0 <= args.p_high <= 1):
+        parser.error("--p-low and --p-high must lie in [0, 1]")
+    import torch
+
+    from certify.core import sequential_rule
+    from transdenoiser.runtime import hardware_description
+
+    rule = sequential_rule(args.mode, args.sigma, args.n_max, args.alpha,
+                           radius=args.radius if args.mode == "decide" else None)
+    count = args.requests * args.images
+    p_values = np.where(np.arange(count) % 2 == 0, args.p_high, args.p_low)
+    runs = [run_once(args, rule, p_values) for _ in range(args.repeats)]
+    same = all(run["answers"] == runs[0]["answers"] for run in runs)
+    digest = hashlib.sha256(repr(runs[0]["answers"]).encode()).hexdigest()[:16]
+    host = statistics.median(run["host_s"] for run in runs)
+    command = "python -m benchmarks.bench_scheduler_host " + " ".join(sys.argv[1:] if argv is None else argv)
+    record = {"command": command,
+              "hardware": hardware_description(torch.device("cpu")),
+              "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+              "host_ms_per_image": host / count * 1e3, "host_s": [run["host_s"] for run in runs],
+              "counter_s": [run["counter_s"] for run in runs], "passes": runs[0]["passes"],
+              "samples": runs[0]["samples"], "mean_samples_used": float(np.mean([a[2] for a in runs[0]["answers"]])),
+              "answers_same_every_repeat": same, "answers_digest": digest, "answers": runs[0]["answers"]}
+    print(f"{args.requests} {args.mode} requests of {args.images} image(s), budget {args.n_max}: host "
+          f"{record['host_ms_per_image']:.2f} ms per image (median of {args.repeats}), {record['passes']} passes, "
+          f"{record['samples']} samples; answers {digest}, the same every repeat: {same}")
+    write_result(args.json, record)
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
