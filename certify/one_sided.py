@@ -214,18 +214,32 @@ class GridMixture:
         self.scale = (self.s * np.abs(log_q).max() + self.f * np.abs(log_not_q[finite]).max()
                       + np.abs(np.log(weights)).max() + 1.0)
         self.some_successes, self.some_failures = self.s > 0, self.f > 0
+        # for rejects(), which runs at every bisection step: what does not depend on p, once
+        self._all_successes, self._all_failures = bool(self.some_successes.all()), bool(self.some_failures.all())
+        self._side = "right" if above else "left"
+        self._margin_per_size = self.margin_ulps * np.finfo(float).eps
+        self._rows = self.table.reshape(-1, self.table.shape[-1])  # one row of partial sums per count
+        self._row_index = np.arange(self._rows.shape[0])
 
     def rejects(self, p: np.ndarray, log_threshold: float) -> np.ndarray:
         """ln M_t(p) >= log_threshold, elementwise, exactly as ``log_mixture(...) >= log_threshold`` answers."""
-        p = np.asarray(p, dtype=float)
-        index = np.searchsorted(self.rest, p, side="right" if self.above else "left")
-        kept = np.take_along_axis(self.table, index[..., None], axis=-1)[..., 0]
         with np.errstate(divide="ignore", invalid="ignore"):
-            common = (np.where(self.some_successes, self.s * np.log(p), 0.0)
-                      + np.where(self.some_failures, self.f * np.log1p(-p), 0.0))  # <= 0: both terms are
-            value = kept - common
-            margin = self.margin_ulps * np.finfo(float).eps * (self.scale - common)  # ... so -common is their size
-            sure = np.isfinite(value) & (np.abs(value - log_threshold) > margin) & (p < 1)
+            return self._rejects(np.asarray(p, dtype=float), log_threshold)
+
+    def _rejects(self, p: np.ndarray, log_threshold: float) -> np.ndarray:
+        """:meth:`rejects` for a float array ``p`` of the counts' shape, under the caller's ``np.errstate``."""
+        index = self.rest.searchsorted(p, side=self._side)
+        kept = self._rows[self._row_index, index.reshape(-1)].reshape(index.shape)
+        successes_term = self.s * np.log(p)
+        if not self._all_successes:
+            successes_term = np.where(self.some_successes, successes_term, 0.0)
+        failures_term = self.f * np.log1p(-p)
+        if not self._all_failures:
+            failures_term = np.where(self.some_failures, failures_term, 0.0)
+        common = successes_term + failures_term  # <= 0: both terms are ...
+        value = kept - common
+        margin = self._margin_per_size * (self.scale - common)  # ... so -common is their size
+        sure = np.isfinite(value) & (np.abs(value - log_threshold) > margin) & (p < 1)
         rejected = value >= log_threshold
         if not sure.all():
             unsure = ~sure
@@ -244,13 +258,14 @@ def bisect_bound(s: np.ndarray, t: np.ndarray, grid: tuple[np.ndarray, np.ndarra
     mixture = GridMixture(s, t, grid, above, margin_ulps)
     estimate = np.where(t > 0, s / np.maximum(t, 1), 0.0 if above else 1.0)
     low, high = (np.zeros_like(s), estimate) if above else (estimate, np.ones_like(s))
-    for _ in range(BOUND_BISECTION_STEPS):
-        mid = (low + high) / 2
-        rejected = mixture.rejects(mid, log_threshold)
-        if above:
-            low, high = np.where(rejected, mid, low), np.where(rejected, high, mid)
-        else:
-            low, high = np.where(rejected, low, mid), np.where(rejected, mid, high)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for _ in range(BOUND_BISECTION_STEPS):
+            mid = (low + high) / 2
+            rejected = mixture._rejects(mid, log_threshold)
+            if above:
+                low, high = np.where(rejected, mid, low), np.where(rejected, high, mid)
+            else:
+                low, high = np.where(rejected, low, mid), np.where(rejected, mid, high)
     return low if above else high  # rejected (or 0 / 1): conservative
 
 
