@@ -104,6 +104,7 @@ class ConfidenceSequence:
     """Bounds on a Bernoulli mean at the looks ``looks``; both sides hold at every look with prob >= 1 - alpha."""
 
     name = "abstract"
+    row_looks = False  # whether the ``*_looks`` methods also take looks of shape (streams, m): one row per stream
 
     def __init__(self, looks: np.ndarray, alpha: float):
         if not 0 < alpha < 1:
@@ -143,9 +144,10 @@ class ConfidenceSequence:
         """lower <= p elementwise at the looks ``looks``."""
         return self.lower_looks(successes, looks) <= p
 
-    # Several looks at once: ``successes`` (streams, m) cumulative votes at the looks ``looks`` (m indices).
-    # These defaults evaluate one look (column) at a time; a construction may override them with one
-    # vectorised evaluation that gives the same numbers elementwise.
+    # Several looks at once: ``successes`` (streams, m) cumulative votes at the looks ``looks`` (m indices; with
+    # ``row_looks``, also (streams, m): each stream its own looks). These defaults evaluate one look (column) at a
+    # time; a construction may override them with one vectorised evaluation that gives the same numbers
+    # elementwise.
 
     def lower_looks(self, successes: np.ndarray, looks: np.ndarray) -> np.ndarray:
         return _by_column(lambda s, k: self.lower(s, k), successes, looks)
@@ -301,6 +303,7 @@ class OneSidedMixture(ConfidenceSequence):
     whatever n_max: each side fails with probability <= alpha."""
 
     name = "one-sided-mixture"
+    row_looks = True
 
     def __init__(self, looks: np.ndarray, alpha: float):
         from certify.one_sided import OneSidedMixtureTests
@@ -346,7 +349,7 @@ class OneSidedMixture(ConfidenceSequence):
         return (np.asarray(p) >= np.asarray(successes) / trials) | ~self.tests.lower_rejects(successes, trials, p)
 
     def _trials(self, successes: np.ndarray, looks: np.ndarray) -> np.ndarray:
-        return np.broadcast_to(self.looks[np.asarray(looks)][None, :], np.shape(successes))
+        return np.broadcast_to(np.atleast_2d(self.looks[np.asarray(looks)]), np.shape(successes))
 
 
 def look_settings(method: str) -> dict:
@@ -390,11 +393,17 @@ class Rule:
     def step(self, look: int, successes: np.ndarray, best_lower: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
 
+    @property
+    def row_looks(self) -> bool:
+        """Whether :meth:`step_looks` takes looks of shape (streams, m), each stream at its own looks."""
+        return False
+
     def step_looks(self, looks: np.ndarray, successes: np.ndarray, best_lower: np.ndarray
                    ) -> tuple[np.ndarray, np.ndarray]:
         """``step`` at the consecutive looks ``looks`` (m indices) for cumulative counts ``successes`` (streams, m),
         as if each stream ran on past any outcome: outcome and best lower bound per (stream, look). A stream's
-        answer is its first outcome other than CONTINUE, exactly what ``step`` one look at a time gives."""
+        answer is its first outcome other than CONTINUE, exactly what ``step`` one look at a time gives. Where
+        :attr:`row_looks`, ``looks`` may also be (streams, m): row i the looks of stream i."""
         outcomes, lowers = [], []
         for i, look in enumerate(looks):
             outcome, best_lower = self.step(int(look), successes[:, i], best_lower)
@@ -416,6 +425,10 @@ class DecideRule(Rule):
             raise UserError(f"the radius to decide must be > 0, got {self.radius}")
 
     @property
+    def row_looks(self) -> bool:
+        return self.cs.row_looks
+
+    @property
     def threshold(self) -> float:
         return float(norm.cdf(self.radius / self.sigma))
 
@@ -432,7 +445,7 @@ class DecideRule(Rule):
         looks = np.asarray(looks)
         certified = self.cs.lower_at_least_looks(successes, looks, self.threshold)
         rejected = self.cs.upper_below_looks(successes, looks, self.threshold) & ~certified
-        last = (looks == len(self.looks) - 1)[None, :]
+        last = np.atleast_2d(looks == len(self.looks) - 1)
         outcome = np.where(certified, CERTIFIED, np.where(rejected, NOT_CERTIFIED,
                                                           np.where(last, BUDGET_SPENT, CONTINUE)))
         best = np.asarray(best_lower)[:, None]  # unchanged until the stream's first outcome
@@ -451,6 +464,10 @@ class EstimateRule(Rule):
         if not (math.isfinite(self.tolerance) and self.tolerance >= 0):
             raise UserError(f"the radius tolerance must be >= 0, got {self.tolerance}")
 
+    @property
+    def row_looks(self) -> bool:
+        return self.cs.row_looks
+
     def step(self, look: int, successes: np.ndarray, best_lower: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         outcome, lower = self.step_looks(np.array([look]), np.asarray(successes)[:, None], best_lower)
         return outcome[:, 0], lower[:, 0]
@@ -467,7 +484,7 @@ class EstimateRule(Rule):
         lower = np.maximum.accumulate(bounds, axis=1)[:, 1:]  # the running maximum, look by look
         last = len(self.looks) - 1
         p_stop = norm.cdf((radius_of(lower, self.sigma) + self.tolerance) / self.sigma)
-        remaining = self.cs.n_max - self.looks[looks][None, :]
+        remaining = self.cs.n_max - np.atleast_2d(self.looks[looks])
         done = (self.cs.upper_at_most_looks(successes, looks, p_stop)
-                | self.cs.lower_at_most_looks(successes + remaining, np.full(len(looks), last), p_stop))
-        return np.where(done | (looks == last)[None, :], ESTIMATED, CONTINUE).astype(np.int8), lower
+                | self.cs.lower_at_most_looks(successes + remaining, np.full(looks.shape, last), p_stop))
+        return np.where(done | np.atleast_2d(looks == last), ESTIMATED, CONTINUE).astype(np.int8), lower

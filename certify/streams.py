@@ -97,14 +97,15 @@ def block_looks(cs: ConfidenceSequence, start: int, end: int) -> np.ndarray:
 
 def first_outcomes(rule: Rule, looks: np.ndarray, successes: np.ndarray, votes: np.ndarray, best_lower: np.ndarray
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Evaluate ``rule`` at the consecutive ``looks`` (m indices) of streams holding ``successes`` votes before them
-    and ``votes`` (streams, m) in each look's segment, and read each stream at its first outcome (its last look if
-    none): (the look's position in ``looks``, cumulative votes, outcome, best lower bound, whether it stopped)."""
+    """Evaluate ``rule`` at the consecutive ``looks`` (m indices; where ``rule.row_looks``, also (streams, m): each
+    stream's own) of streams holding ``successes`` votes before them and ``votes`` (streams, m) in each look's
+    segment, and read each stream at its first outcome (its last look if none): (the look's position in its looks,
+    cumulative votes, outcome, best lower bound, whether it stopped)."""
     cumulative = np.asarray(successes)[:, None] + np.cumsum(votes, axis=1)
     results, lowers = rule.step_looks(looks, cumulative, best_lower)
     stopped = results != CONTINUE
     any_stop = stopped.any(axis=1)
-    first = np.where(any_stop, stopped.argmax(axis=1), len(looks) - 1)
+    first = np.where(any_stop, stopped.argmax(axis=1), np.shape(looks)[-1] - 1)
     rows = np.arange(len(first))
     return first, cumulative[rows, first], results[rows, first], lowers[rows, first], any_stop
 
@@ -302,14 +303,17 @@ class SequentialTest:
 
     @staticmethod
     def observe_blocks(tests: Sequence[SequentialTest], votes: Sequence[list[int] | np.ndarray]) -> None:
-        """:meth:`observe_block` for many tests, ``votes[i]`` for ``tests[i]``: the tests at the same block (the same
-        rule object, equal block plans, the same samples drawn) share one evaluation of the rule at the block's
-        looks, one row each, as :func:`run_blocks` evaluates its streams. Each test ends as
-        :meth:`observe_block` alone leaves it (tested); the rule's cost is paid once per block, not once per image.
-        Every test's votes are checked before any test changes."""
+        """:meth:`observe_block` for many tests, ``votes[i]`` for ``tests[i]``: the tests of one rule object share one
+        evaluation of it, one row each, as :func:`run_blocks` evaluates its streams. Those at the same block (equal
+        block plans, the same samples drawn) share its looks; where the rule takes each row's own looks
+        (``rule.row_looks``, the default one-sided mixture) tests at different blocks share the evaluation too,
+        each row's looks and votes padded to the longest block by repeating its last look with no more votes (the
+        same counts at the same look: the same answer as that look's). Each test ends as :meth:`observe_block`
+        alone leaves it (tested); the rule's cost is paid once per reading, not once per image. Every test's votes
+        are checked before any test changes."""
         if len({id(test) for test in tests}) != len(tests):
             raise ValueError("a test can record one block at a time: the same test appears twice")
-        groups: dict[tuple[int, BlockPlan, int], list[tuple[SequentialTest, np.ndarray, int, int]]] = {}
+        groups: dict[tuple, list[tuple[SequentialTest, np.ndarray, int, int]]] = {}
         for test, block_votes in zip(tests, votes, strict=True):
             size, segments = test.next_block()
             if len(block_votes) != len(segments):
@@ -321,17 +325,24 @@ class SequentialTest:
             if bad.size:
                 raise ValueError(f"look {bad[0]} of the block: {block_votes[bad[0]]} votes among {segments[bad[0]]} "
                                  f"samples, expected 0 to {segments[bad[0]]}")
-            key = (id(test.rule), test._plan, test._drawn)
-            groups.setdefault(key, []).append((test, block_votes, size, int(segments.sum())))
+            block = None if test.rule.row_looks else (test._plan, test._drawn)
+            groups.setdefault((id(test.rule), block), []).append((test, block_votes, size, int(segments.sum())))
         for group in groups.values():
-            _, looks = group[0][0]._block()
+            looks = [test._block()[1] for test, *_ in group]
+            width = max(len(row) for row in looks)
+            if all(len(row) == width and np.array_equal(row, looks[0]) for row in looks):
+                looks_read, votes_read = looks[0], np.stack([block_votes for _, block_votes, *_ in group])
+            else:  # each row its own looks, padded to the longest block
+                looks_read = np.stack([np.pad(row, (0, width - len(row)), mode="edge") for row in looks])
+                votes_read = np.stack([np.pad(block_votes, (0, width - len(block_votes)))
+                                       for _, block_votes, *_ in group])
             first, successes, outcome, lower, _ = first_outcomes(
-                group[0][0].rule, looks, np.array([test.successes for test, *_ in group], dtype=np.int64),
-                np.stack([block_votes for _, block_votes, *_ in group]),
-                np.array([test.p_lower for test, *_ in group], dtype=float))
+                group[0][0].rule, looks_read, np.array([test.successes for test, *_ in group], dtype=np.int64),
+                votes_read, np.array([test.p_lower for test, *_ in group], dtype=float))
             for row, (test, _, size, evaluated) in enumerate(group):
-                test.successes, test.samples = int(successes[row]), int(test.rule.looks[looks[first[row]]])
+                look = int(looks[row][min(int(first[row]), len(looks[row]) - 1)])
+                test.successes, test.samples = int(successes[row]), int(test.rule.looks[look])
                 test.outcome, test.p_lower = int(outcome[row]), float(lower[row])
-                test.look = int(looks[first[row]]) + 1
+                test.look = look + 1
                 test.computed = test._drawn + evaluated
                 test._drawn += size

@@ -307,3 +307,27 @@ def test_the_mixtures_logsumexp_is_scipys_bit_for_bit():
         np.testing.assert_array_equal(logsumexp_last(terms), logsumexp(terms, axis=-1))
 
 
+
+
+def test_rules_read_each_row_at_its_own_looks_as_alone():
+    """With the one-sided mixture a rule takes looks of shape (streams, m), each stream at its own looks: every
+    outcome and bound is the one the stream's looks alone give, bit for bit; the other constructions say they
+    do not (``row_looks``)."""
+    rng = np.random.default_rng(3)
+    cs = confidence_sequence("one-sided-mixture", 20_000, 0.001)
+    for rule in (DecideRule(cs, 0.5, SIGMA), EstimateRule(cs, SIGMA, 0.05)):
+        assert rule.row_looks
+        starts = rng.integers(0, len(cs.looks) - 4, size=30)
+        starts[:3] = len(cs.looks) - 4  # rows that end at the budget's last look
+        looks = starts[:, None] + np.arange(4)[None, :]
+        p = rng.choice([0.6, 0.95, 0.98, 0.995, 1.0], size=30)
+        successes = np.minimum(np.round(cs.looks[looks] * p[:, None]), cs.looks[looks]).astype(np.int64)
+        best = rng.uniform(0, 0.9, size=30)
+        outcome, lower = rule.step_looks(looks, successes, best)
+        for row in range(30):
+            alone_outcome, alone_lower = rule.step_looks(looks[row], successes[row:row + 1], best[row:row + 1])
+            np.testing.assert_array_equal(outcome[row], alone_outcome[0])
+            np.testing.assert_array_equal(lower[row], alone_lower[0])
+        assert len(set(outcome.ravel().tolist())) > 1  # outcomes of both kinds were read
+    for method in ("union-cp", "beta-mixture"):
+        assert not DecideRule(confidence_sequence(method, 1000, 0.001), 0.5, SIGMA).row_looks

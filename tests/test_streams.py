@@ -251,12 +251,14 @@ def _block_votes(test: SequentialTest, votes: np.ndarray) -> np.ndarray:
 def test_observe_blocks_answers_as_each_test_alone(method, monkeypatch):
     """``observe_blocks`` (the server's path: the blocks counted in one pass read together) leaves every test as
     ``observe_block`` alone does, to the bit, whichever tests are fed together and at whatever block each stands;
-    the tests at the same block share one evaluation of the rule."""
+    the tests at the same block share one evaluation of the rule, and with the one-sided mixture (each row its own
+    looks) every reading is one evaluation, blocks of different lengths padded."""
     import certify.streams as streams
 
     calls = []
     original = streams.first_outcomes
-    monkeypatch.setattr(streams, "first_outcomes", lambda *args: calls.append(len(args[2])) or original(*args))
+    monkeypatch.setattr(streams, "first_outcomes",
+                        lambda *args: calls.append((len(args[2]), np.ndim(args[1]))) or original(*args))
     rng = np.random.default_rng(7)
     for rule in (DecideRule(confidence_sequence(method, 10_000, 0.001), 0.5, SIGMA),
                  EstimateRule(confidence_sequence(method, 10_000, 0.001), SIGMA, 0.05)):
@@ -266,11 +268,13 @@ def test_observe_blocks_answers_as_each_test_alone(method, monkeypatch):
         together = SequentialTest.many(rule, BlockPlan.for_device("cuda"), len(votes))
         alone = [SequentialTest(rule, BlockPlan.for_device("cuda")) for _ in votes]
         calls.clear()
+        readings = 0
         while not all(test.done for test in together):
             running = [i for i, test in enumerate(together) if not test.done]
             fed = [i for i in running if rng.random() < 0.7] or running[:1]  # some wait a round: mixed blocks
             SequentialTest.observe_blocks([together[i] for i in fed],
                                           [_block_votes(together[i], votes[i]) for i in fed])
+            readings += 1
         rounds = len(calls)
         for test, stream in zip(alone, votes, strict=True):
             while not test.done:
@@ -278,7 +282,11 @@ def test_observe_blocks_answers_as_each_test_alone(method, monkeypatch):
         for a, b in zip(together, alone, strict=True):
             assert (a.outcome, a.samples, a.successes, a.look, a.computed, a.p_lower) == (
                 b.outcome, b.samples, b.successes, b.look, b.computed, b.p_lower)
-        assert rounds < len(calls) - rounds and max(calls[:rounds]) > 1  # shared evaluations, not one per test
+        assert rounds < len(calls) - rounds and max(rows for rows, _ in calls[:rounds]) > 1  # shared, not per test
+        if rule.row_looks:  # one evaluation per reading; some readings held blocks of different looks
+            assert rounds == readings and any(ndim == 2 for _, ndim in calls[:rounds])
+        else:
+            assert rounds > readings and all(ndim == 1 for _, ndim in calls)
     fresh = SequentialTest.many(rule, BlockPlan(), 2)
     _, segments = fresh[0].next_block()
     with pytest.raises(ValueError, match="look 0 of the block"):  # the second test's votes are bad: neither moves
