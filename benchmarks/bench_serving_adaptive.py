@@ -1,7 +1,7 @@
 """Adaptive requests vs fixed n in the API: requests/s at C clients and the certified fraction at radius R.
 
     python -m benchmarks.bench_serving_adaptive [--model-dir runs/demo/serve] [--no-denoiser] [--clients 16]
-        [--radius 0.5] [--n 10000] [--seconds 60] [--fixed-waves 1] [--repeats 2] [--quick]
+        [--radius 0.5] [--n 10000] [--seconds 60] [--fixed-waves 1] [--repeats 2] [--device cpu] [--quick]
 
 One real server (``transdenoiser serve``, 127.0.0.1 only) starts from a copy of the model directory's checkpoints
 with ``max_n = --n``. Phases alternate, ``--repeats`` times: *fixed* sends ``{"images": [x], "n": N}`` (Cohen's
@@ -10,7 +10,8 @@ CERTIFY, n0 + N samples) and counts an image certified at R when ``certified_rad
 threads send one-image requests, cycling through the first ``--images`` mnist10k test images; no new request
 after ``--seconds``, and a fixed phase sends at most ``--fixed-waves`` x C requests (the scheduler serves
 requests round robin, so C fixed requests finish together: one wave is a steady-state measurement); a phase's
-throughput is completed requests over its wall time (including the requests still running at the cut-off).
+throughput is completed requests over its wall time (including the requests still running at the cut-off), and
+its noisy samples per second are that times the mean samples a request used (n0 + n used).
 The noise is keyed per image, so every answer about an image is the same whichever phase asked: the certified
 fractions are compared on the images both modes answered.
 """
@@ -71,10 +72,15 @@ def measure(url: str, images: list, labels: list[int], radius: float, n: int, cl
     disagree = [i for i in common if certified("fixed", answers["fixed"][i], radius)
                 != certified("decide", answers["decide"][i], radius)]
     rates = {mode: statistics.median(p["requests_per_s"] for p in phases[mode]) for mode in MODES}
+    sample_rates = {mode: statistics.median(p["requests_per_s"] * p["mean_samples"] for p in phases[mode]
+                                            if p["mean_samples"] is not None) for mode in MODES}
     per_repeat = [d["requests_per_s"] / f["requests_per_s"] if f["requests_per_s"] > 0 else None
                   for f, d in zip(phases["fixed"], phases["decide"], strict=True)]
     return {"phases": phases, "median_requests_per_s": rates,
             "speedup": rates["decide"] / rates["fixed"] if rates["fixed"] > 0 else None,
+            "median_samples_per_s": sample_rates,
+            "samples_per_second_vs_fixed": (sample_rates["decide"] / sample_rates["fixed"]
+                                            if sample_rates["fixed"] > 0 else None),
             "speedup_per_repeat": per_repeat, "images_compared": len(common),
             "certified_fraction": fractions, "certified_accuracy": accuracy, "disagreements": disagree,
             "mean_samples": {mode: statistics.fmean(p["mean_samples"] for p in phases[mode]
@@ -94,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                                "requests")
     parser.add_argument("--no-denoiser", action="store_true", help="serve the classifier alone")
     parser.add_argument("--repeats", type=positive_int, default=2, help="interleaved phases per mode")
+    parser.add_argument("--device", default="cpu", help="the server's device (cpu, cuda)")
     parser.add_argument("--quick", action="store_true", help="smoke run: n = 200, 2 clients, 4 images, 3 s phases")
     parser.add_argument("--out", default="runs/bench_serving_adaptive.json", help="JSON results file")
     args = parser.parse_args(argv)
@@ -112,9 +119,15 @@ def main(argv: list[str] | None = None) -> int:
     labels = [int(v) for v in y[:args.images]]
     record = {**run_record(argv, "benchmarks.bench_serving_adaptive"), "model_dir": str(model_dir),
               "sigma": config.sigma, "n0": config.n0, "alpha": config.alpha, "n": args.n, "radius": args.radius,
-              "clients": args.clients, "images": args.images, "denoiser": denoiser is not None}
+              "clients": args.clients, "images": args.images, "denoiser": denoiser is not None, "device": args.device}
+    if args.device != "cpu":
+        import torch
+
+        from transdenoiser.runtime import hardware_description
+
+        record["hardware"] = hardware_description(torch.device(args.device))
     with tempfile.TemporaryDirectory(prefix="bench_serving_adaptive_") as tmp:
-        with running_server(Path(tmp), str(model_dir / config.classifier), denoiser, sigma=config.sigma,
+        with running_server(Path(tmp), str(model_dir / config.classifier), denoiser, args.device, sigma=config.sigma,
                             n0=config.n0, alpha=config.alpha, n=min(1000, args.n), max_n=args.n,
                             max_latency_ms=900_000, max_queued_requests=max(64, args.clients)) as server:
             run_phase(server.url, images[:1], {"n": 100}, 1, 60, 1)  # warm the HTTP path
@@ -124,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         rates = ", ".join(f"{p['requests_per_s']:.3f}" for p in record["phases"][mode])
         print(f"{mode:7s} req/s per phase: {rates}; mean samples/request {record['mean_samples'][mode]:.0f}; "
               f"certified fraction at R = {args.radius}: {record['certified_fraction'][mode]}")
+    print(f"decide / fixed noisy samples per second: {record['samples_per_second_vs_fixed']:.2f}")
     print(f"decide / fixed requests per second at {args.clients} clients: {record['speedup']:.2f}x "
           f"(median of {args.repeats} interleaved phases; {record['images_compared']} images compared, "
           f"{len(record['disagreements'])} certified differently)")

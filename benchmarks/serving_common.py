@@ -49,11 +49,12 @@ def save_result(out: str, result: dict, prefix: str = "") -> None:
 
 
 @contextlib.contextmanager
-def running_server(tmp: Path, classifier_dir: str, denoiser_dir: str | None = None, **settings) -> Iterator[
-        ServerProcess]:
-    """A ``transdenoiser serve`` subprocess on 127.0.0.1 for a model directory written with ``settings``."""
+def running_server(tmp: Path, classifier_dir: str, denoiser_dir: str | None = None, device: str = "cpu",
+                   **settings) -> Iterator[ServerProcess]:
+    """A ``transdenoiser serve`` subprocess on 127.0.0.1 for a model directory written with ``settings``, computing
+    on ``device``."""
     model_dir = write_model_dir(Path(tmp) / "model", classifier_dir, denoiser_dir, **settings)
-    server = ServerProcess(model_dir, Path(tmp) / "server.log")
+    server = ServerProcess(model_dir, Path(tmp) / "server.log", device=device)
     try:
         server.wait_ready(time.monotonic() + START_TIMEOUT_S)
         yield server

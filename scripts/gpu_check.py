@@ -11,8 +11,9 @@ train-head, bundle, and ``serve`` answering one request of each kind (certify, d
 benchmarks: bench_certify (Cohen's loop and the mnist / cifar / imagenet pipelines at fp32, bf16 and fp16 eager,
 fp32 and bf16 compiled), bench_adaptive (decide at R = 0.25, 0.5 and 0.75 against fixed n on 500 images with make
 demo's models where present, else a 200-image smoke run: samples per second and samples per image),
-bench_training and bench_serving at 16 clients. Needs no network. A failing step is recorded and the check goes on;
-the exit status is 1 if any step failed. Writes OUT/gpu_check.json (every step:
+bench_training, bench_serving at 16 clients, and bench_serving_adaptive (one-image decide requests at R = 0.5
+against fixed n = 10,000 from 16 clients: the API's noisy samples per second). Needs no network. A failing step is
+recorded and the check goes on; the exit status is 1 if any step failed. Writes OUT/gpu_check.json (every step:
 seconds, status, figures, the error) and prints one table.
 """
 from __future__ import annotations
@@ -222,6 +223,18 @@ def run_benchmarks(check: Check, args) -> None:
                             "--clients", "16", "--device", device, "--max-seconds", "40",
                             "--out", str(out / "bench_serving.json")]),
         out / "bench_serving.json", ("speedup",)))
+    from benchmarks import bench_serving_adaptive
+    from serving.bundle import write_model_dir
+
+    # the API's adaptive requests: decide's noisy samples per second against fixed n's on one server (the target of
+    # offline decide, >= 70 %, applies to the server's scheduler too); make demo's models where present
+    check.step(f"bench_serving_adaptive decide R=0.5 vs fixed n = 10,000, 16 clients ({models})", lambda: _json_figures(
+        bench_serving_adaptive.main([
+            "--model-dir", str(write_model_dir(out / "serve_adaptive", models / "classifier", models / "denoiser",
+                                               sigma=0.25)),
+            "--device", device, "--clients", "16", "--radius", "0.5", "--n", "10000", "--seconds", "10",
+            "--repeats", "1", "--out", str(out / "bench_serving_adaptive.json")]),
+        out / "bench_serving_adaptive.json", ("samples_per_second_vs_fixed", "median_samples_per_s", "speedup")))
 
 
 def _bench_certify(module, path: Path, argv: list) -> dict:

@@ -289,6 +289,11 @@ def test_the_adaptive_api_benchmark_runs_against_a_server(server, digits):
         (phase,) = result["phases"][mode]
         assert phase["requests"] >= 1 and not phase["failures"] and phase["requests_per_s"] > 0
     assert result["images_compared"] >= 1 and result["speedup"] > 0
+    for mode in ("fixed", "decide"):  # noisy samples per second: requests per second x samples per request
+        assert result["median_samples_per_s"][mode] == pytest.approx(
+            result["phases"][mode][0]["requests_per_s"] * result["mean_samples"][mode])
+    assert result["samples_per_second_vs_fixed"] == pytest.approx(
+        result["median_samples_per_s"]["decide"] / result["median_samples_per_s"]["fixed"])
     assert result["mean_samples"]["fixed"] == N0 + 300 and result["mean_samples"]["decide"] < N0 + 300
 
 
