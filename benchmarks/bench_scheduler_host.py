@@ -2,6 +2,7 @@
 
     python -m benchmarks.bench_scheduler_host --quick          # seconds: a smoke run
     python -m benchmarks.bench_scheduler_host --json runs/bench/scheduler_host.json
+    python -m benchmarks.bench_scheduler_host --device-us-per-sample 1.3 --overlap-ab   # host work under device time
 
 The API's scheduler (``serving.compute.scheduler.FairScheduler``) awaits each pass's counts, then, on its event
 loop, hands the counts to the requests, reads the stopping rules and takes the next pass's jobs: the device idles
@@ -9,7 +10,13 @@ for all of that. This benchmark runs the real scheduler and the real adaptive wo
 (``serving.compute.engine.SequentialWork``) with a stand-in counter that evaluates no model and draws no noise:
 each job's votes for class 0 are Binomial(samples, pA) from a generator keyed by the job (its image's pA, where
 its piece starts, its offset and size), so a run's answers depend on the requests alone. The scheduler's wall
-time minus the counter's is its host time.
+time minus the counter's is its host time (passes one after another: ``overlap`` off).
+
+``--device-us-per-sample`` makes the stand-in counter also sleep that long per sample, as a device computing the
+pass would keep the counter's thread waiting with the host free (1.3: the H200's fixed-n rate for the MNIST pipeline,
+761k samples per second). ``--overlap-ab`` then times the scheduler with ``overlap`` off and on (the host hands a
+pass's counts out while the next pass computes), interleaved: wall time per image, and how much of it the stand-in
+device was busy. A stand-in device, not a GPU: the figure says what the scheduler's structure allows.
 
 ``--requests`` concurrent requests of ``--images`` images each (pA alternating ``--p-high`` and ``--p-low``),
 all decide at ``--radius`` or all estimate (``--mode``), budget ``--n-max``; the GPU's scheduler settings
@@ -41,7 +48,8 @@ class StandInCounter:
     drawn from a generator keyed by (image seed, the piece's place in the image's stream, the job's offset and
     size): the same votes for the same job whichever pass computes it."""
 
-    def __init__(self):
+    def __init__(self, device_s_per_sample: float = 0.0):
+        self.device_s_per_sample = device_s_per_sample
         self.seconds = 0.0
         self.samples = 0
         self._pieces: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # piece -> its place in its stream
@@ -63,18 +71,21 @@ class StandInCounter:
             counts[0], counts[1] = votes, job.num_samples - votes
             results.append(counts)
             self.samples += job.num_samples
+        if self.device_s_per_sample:
+            time.sleep(self.device_s_per_sample * sum(job.num_samples for job in jobs))
         self.seconds += time.perf_counter() - started
         return results
 
 
-def run_once(args, rule, p_values: np.ndarray) -> dict:
+def run_once(args, rule, p_values: np.ndarray, overlap: bool = False) -> dict:
     import torch
 
     from serving.compute.engine import SequentialWork
     from serving.compute.scheduler import FairScheduler
 
-    counter = StandInCounter()
-    scheduler = FairScheduler(counter, args.round_samples, args.pass_samples, True, args.requests + 1)
+    counter = StandInCounter(args.device_us_per_sample * 1e-6)
+    scheduler = FairScheduler(counter, args.round_samples, args.pass_samples, True, args.requests + 1,
+                              overlap=overlap)
     works = []
     for request in range(args.requests):
         p = p_values[request * args.images:(request + 1) * args.images]
@@ -113,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--round-samples", type=positive_int, default=200, help="samples per request and round "
                         "(the server's round_samples on a GPU)")
     parser.add_argument("--chunk-samples", type=positive_int, default=1000)
+    parser.add_argument("--device-us-per-sample", type=float, default=0.0,
+                        help="stand-in device time per sample, microseconds (the counter sleeps)")
+    parser.add_argument("--overlap-ab", action="store_true", help="time overlap off and on, interleaved")
     parser.add_argument("--repeats", type=positive_int, default=3)
     parser.add_argument("--quick", action="store_true", help="4 requests, budget 2,000, one repeat (a smoke run)")
     parser.add_argument("--json", type=Path, default=Path("runs/bench/scheduler_host.json"))
@@ -130,8 +144,16 @@ def main(argv: list[str] | None = None) -> int:
                            radius=args.radius if args.mode == "decide" else None)
     count = args.requests * args.images
     p_values = np.where(np.arange(count) % 2 == 0, args.p_high, args.p_low)
-    runs = [run_once(args, rule, p_values) for _ in range(args.repeats)]
-    same = all(run["answers"] == runs[0]["answers"] for run in runs)
+    if args.device_us_per_sample < 0:
+        parser.error("--device-us-per-sample must be >= 0")
+    sides = (False, True) if args.overlap_ab else (False,)
+    by_side: dict[bool, list[dict]] = {side: [] for side in sides}
+    for _ in range(args.repeats):
+        for side in sides:
+            by_side[side].append(run_once(args, rule, p_values, overlap=side))
+    runs = by_side[False]
+    everything = [run for side in sides for run in by_side[side]]
+    same = all(run["answers"] == runs[0]["answers"] for run in everything)
     digest = hashlib.sha256(repr(runs[0]["answers"]).encode()).hexdigest()[:16]
     host = statistics.median(run["host_s"] for run in runs)
     command = "python -m benchmarks.bench_scheduler_host " + " ".join(sys.argv[1:] if argv is None else argv)
@@ -145,6 +167,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.requests} {args.mode} requests of {args.images} image(s), budget {args.n_max}: host "
           f"{record['host_ms_per_image']:.2f} ms per image (median of {args.repeats}), {record['passes']} passes, "
           f"{record['samples']} samples; answers {digest}, the same every repeat: {same}")
+    if args.overlap_ab:
+        record["overlap_ab"] = {}
+        for side in sides:
+            wall = statistics.median(run["wall_s"] for run in by_side[side])
+            busy = statistics.median(run["counter_s"] / run["wall_s"] for run in by_side[side])
+            record["overlap_ab"]["on" if side else "off"] = {
+                "wall_ms_per_image": wall / count * 1e3, "device_busy_share": busy,
+                "wall_s": [run["wall_s"] for run in by_side[side]], "passes": [run["passes"] for run in by_side[side]]}
+            print(f"overlap {'on ' if side else 'off'}: {wall / count * 1e3:.2f} ms per image, the stand-in device "
+                  f"busy {busy:.0%} of the time ({args.device_us_per_sample:g} us per sample)")
     write_result(args.json, record)
     return 0 if same else 1
 

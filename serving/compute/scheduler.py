@@ -34,6 +34,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -126,6 +127,24 @@ class SchedulerStats:
     rescue_passes: int = 0  # passes begun with an extra round for an admitted request at risk
 
 
+@dataclass(eq=False)
+class _InFlight:
+    """A pass handed to the counter: its jobs (with their tickets and keys), the counter's future, when it began."""
+
+    batch: list[tuple[_Ticket, Any, NoiseJob]]
+    future: asyncio.Future
+    started: float
+
+    async def counts(self) -> tuple[list[tuple[_Ticket, Any, NoiseJob]], list, float]:
+        """(the jobs, one result per job, seconds from ``started`` until the counts were in); a counter that fails
+        as a whole fails every job of the pass."""
+        try:
+            results = await self.future
+        except Exception as exc:  # noqa: BLE001 - a counter that fails as a whole fails this pass's requests
+            results = [exc] * len(self.batch)
+        return self.batch, results, time.perf_counter() - self.started
+
+
 class FairScheduler:
     """Round-robin compute for concurrent requests; ``await scheduler.run(work, ...)`` -> ``work.result()``.
 
@@ -140,7 +159,7 @@ class FairScheduler:
     def __init__(self, counter: Callable[[Sequence[NoiseJob]], list], round_samples: int, pass_samples: int,
                  share_passes: bool, max_queued: int, on_pass: Callable[[dict[str, int], int, int], None] | None = None,
                  on_drop: Callable[[str], None] | None = None, on_refuse: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, overlap: bool | None = None):
         self.counter = counter
         self.round_samples = round_samples
         self.pass_samples = pass_samples
@@ -159,6 +178,8 @@ class FairScheduler:
         self._last_served: _Ticket | None = None  # the ticket whose round ended the last pass
         self._rescue_turn = True  # whether the next pass may serve an admitted request at risk first
         self._newcomer_went_first = False  # whether the last rescue turn let a new request's first round go first
+        self.overlap = share_passes if overlap is None else overlap
+        self._executor: ThreadPoolExecutor | None = None  # the compute thread: one pass at a time
 
     @property
     def depth(self) -> int:
@@ -242,6 +263,9 @@ class FairScheduler:
     async def shutdown(self) -> None:
         if self._task is not None and not self._task.done():
             self._task.cancel()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)  # a pass being computed finishes on its own; nothing waits for it
+            self._executor = None
         for ticket in self._tickets:
             if not ticket.future.done():
                 ticket.future.set_exception(QueueFull("the server is shutting down", {"Retry-After": "1"}))
@@ -390,41 +414,72 @@ class FairScheduler:
             raise
 
     async def _compute_forever(self) -> None:
+        """Pass after pass. With ``overlap``, the next pass goes to the counter as soon as the last one's counts are
+        in, and the host hands those counts to the requests (reading the adaptive requests' rules, finishing
+        requests) while the counter computes it. That pass holds the jobs ready before the hand-out, so an adaptive
+        image's next block goes one pass later; one pass is computed at a time either way, in the order taken."""
+        in_flight: _InFlight | None = None
         while True:
             busy_from = time.perf_counter()  # the loop's own time counts in the measured rate, waiting does not
             await self._prune()
-            if not self._tickets:
+            if not self._tickets and in_flight is None:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            batch = self._next_pass()
-            if not batch:
+            batch = self._next_pass() if self._tickets else []
+            if not batch and in_flight is None:
                 for ticket in list(self._tickets):
                     self._finish(ticket)  # works with nothing left to draw
                 await asyncio.sleep(0)
                 continue
-            try:
-                results = await anyio.to_thread.run_sync(self.counter, [job for _, _, job in batch])
-            except Exception as exc:  # noqa: BLE001 - a counter that fails as a whole fails this pass's requests
-                results = [exc] * len(batch)
-            samples = sum(job.num_samples for _, _, job in batch)
-            self.rate_meter.add(samples, time.perf_counter() - busy_from)
-            by_kind: dict[str, int] = {}
-            served = []
-            for (ticket, key, job), result in zip(batch, results, strict=True):
-                by_kind[ticket.work.kind] = by_kind.get(ticket.work.kind, 0) + job.num_samples
-                if ticket.future.done():
-                    continue
-                if isinstance(result, Exception):
-                    ticket.future.set_exception(result)
-                    continue
-                ticket.work.add(key, result)
-                if ticket not in served:
-                    served.append(ticket)
-            read_counted_blocks([ticket.work for ticket in served])  # adaptive requests: one rule reading a block
-            self.stats.samples += samples
-            self.stats.passes += 1
-            self.stats.pass_sizes = [*self.stats.pass_sizes[-999:], len(served)]
-            for ticket in served:
-                self._finish(ticket)
-            self._report(by_kind)
+            if not self.overlap:
+                self._hand_out(*await self._count(batch, busy_from))
+                continue
+            computed = await in_flight.counts() if in_flight is not None else None
+            launched = self._launch(batch, busy_from if computed is None else time.perf_counter()) if batch else None
+            if computed is not None:
+                self._hand_out(*computed)
+            in_flight = launched
+
+    async def _count(self, batch: list[tuple[_Ticket, Any, NoiseJob]], started: float
+                     ) -> tuple[list[tuple[_Ticket, Any, NoiseJob]], list, float]:
+        """Without ``overlap``: the pass's counts from a worker thread, awaited at once (as ``_InFlight.counts``)."""
+        try:
+            results = await anyio.to_thread.run_sync(self.counter, [job for _, _, job in batch])
+        except Exception as exc:  # noqa: BLE001 - a counter that fails as a whole fails this pass's requests
+            results = [exc] * len(batch)
+        return batch, results, time.perf_counter() - started
+
+    def _launch(self, batch: list[tuple[_Ticket, Any, NoiseJob]], started: float) -> _InFlight:
+        """Hand ``batch`` to the counter on the scheduler's compute thread (at once: the counter starts before the
+        event loop next yields)."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="transdenoiser-passes")
+        future = self._loop.run_in_executor(self._executor, self.counter, [job for _, _, job in batch])
+        time.sleep(0)  # release the GIL: the compute thread starts the pass now, not at the next forced switch (5 ms)
+        return _InFlight(batch, future, started)
+
+    def _hand_out(self, batch: list[tuple[_Ticket, Any, NoiseJob]], results: list, seconds: float) -> None:
+        """Give each job's counts (or error) to its request, read the adaptive requests' counted blocks, finish the
+        requests that are done, and account for the pass."""
+        samples = sum(job.num_samples for _, _, job in batch)
+        self.rate_meter.add(samples, seconds)
+        by_kind: dict[str, int] = {}
+        served = []
+        for (ticket, key, job), result in zip(batch, results, strict=True):
+            by_kind[ticket.work.kind] = by_kind.get(ticket.work.kind, 0) + job.num_samples
+            if ticket.future.done():
+                continue
+            if isinstance(result, Exception):
+                ticket.future.set_exception(result)
+                continue
+            ticket.work.add(key, result)
+            if ticket not in served:
+                served.append(ticket)
+        read_counted_blocks([ticket.work for ticket in served])  # adaptive requests: one rule reading a block
+        self.stats.samples += samples
+        self.stats.passes += 1
+        self.stats.pass_sizes = [*self.stats.pass_sizes[-999:], len(served)]
+        for ticket in served:
+            self._finish(ticket)
+        self._report(by_kind)
