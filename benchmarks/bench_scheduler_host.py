@@ -16,7 +16,8 @@ time minus the counter's is its host time (passes one after another: ``overlap``
 pass would keep the counter's thread waiting with the host free (1.3: the H200's fixed-n rate for the MNIST pipeline,
 761k samples per second). ``--overlap-ab`` then times the scheduler with ``overlap`` off and on (the host hands a
 pass's counts out while the next pass computes), interleaved: wall time per image, and how much of it the stand-in
-device was busy. A stand-in device, not a GPU: the figure says what the scheduler's structure allows.
+device was busy (its sleep over the wall time). A stand-in device, not a GPU: the figure says what the scheduler's
+structure allows, with this machine's host.
 
 ``--requests`` concurrent requests of ``--images`` images each (pA alternating ``--p-high`` and ``--p-low``),
 all decide at ``--radius`` or all estimate (``--mode``), budget ``--n-max``; the GPU's scheduler settings
@@ -50,6 +51,7 @@ class StandInCounter:
 
     def __init__(self, device_s_per_sample: float = 0.0):
         self.device_s_per_sample = device_s_per_sample
+        self.device_seconds = 0.0  # slept: the stand-in device's compute time
         self.seconds = 0.0
         self.samples = 0
         self._pieces: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # piece -> its place in its stream
@@ -72,7 +74,9 @@ class StandInCounter:
             results.append(counts)
             self.samples += job.num_samples
         if self.device_s_per_sample:
-            time.sleep(self.device_s_per_sample * sum(job.num_samples for job in jobs))
+            device = self.device_s_per_sample * sum(job.num_samples for job in jobs)
+            time.sleep(device)
+            self.device_seconds += device
         self.seconds += time.perf_counter() - started
         return results
 
@@ -103,6 +107,7 @@ def run_once(args, rule, p_values: np.ndarray, overlap: bool = False) -> dict:
     wall = time.perf_counter() - started
     answers = [(c.prediction, c.outcome, c.n, c.count, float(c.p_lower)) for result in results for c in result]
     return {"wall_s": wall, "counter_s": counter.seconds, "host_s": wall - counter.seconds,
+            "device_s": counter.device_seconds,
             "samples": counter.samples, "passes": scheduler.stats.passes, "answers": answers}
 
 
@@ -171,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         record["overlap_ab"] = {}
         for side in sides:
             wall = statistics.median(run["wall_s"] for run in by_side[side])
-            busy = statistics.median(run["counter_s"] / run["wall_s"] for run in by_side[side])
+            busy = statistics.median(run["device_s"] / run["wall_s"] for run in by_side[side])
             record["overlap_ab"]["on" if side else "off"] = {
                 "wall_ms_per_image": wall / count * 1e3, "device_busy_share": busy,
                 "wall_s": [run["wall_s"] for run in by_side[side]], "passes": [run["passes"] for run in by_side[side]]}

@@ -116,9 +116,12 @@ def test_bench_scheduler_host_quick_runs_the_real_scheduler(tmp_path):
     from benchmarks import bench_scheduler_host
 
     out = tmp_path / "scheduler_host.json"
-    assert bench_scheduler_host.main(["--quick", "--json", str(out)]) == 0
+    argv = ["--quick", "--overlap-ab", "--device-us-per-sample", "1", "--json", str(out)]
+    assert bench_scheduler_host.main(argv) == 0
     record = json.loads(out.read_text())
-    assert record["answers_same_every_repeat"] and record["host_ms_per_image"] > 0
+    assert record["answers_same_every_repeat"] and record["host_ms_per_image"] > 0  # overlap on and off alike
+    assert {side: 0 < figures["device_busy_share"] < 1 for side, figures in record["overlap_ab"].items()} == {
+        "off": True, "on": True}
     assert len(record["answers"]) == 4 and all(outcome == "estimated" for _, outcome, *_ in record["answers"])
     assert record["samples"] >= sum(100 + n for _, _, n, *_ in record["answers"])
 
