@@ -173,6 +173,18 @@ def test_vote_counter_matches_smooth_sample_counts(smooth, digits):
         np.testing.assert_array_equal(job_counts, expected)
 
 
+def test_a_pass_counts_every_job_in_one_table(smooth):
+    """``counts_per_job``: the counts of each job's run of predictions, equal to a bincount per job."""
+    counter = VoteCounter(smooth)
+    rng = np.random.default_rng(0)
+    for sizes in ([1], [3, 1, 7], [50, 200, 1, 13, 64], [9] * 20):
+        predictions = torch.as_tensor(rng.integers(0, smooth.num_classes, size=sum(sizes)))
+        table = counter.counts_per_job(predictions, sizes)
+        assert table.shape == (len(sizes), smooth.num_classes) and table.dtype == np.int64
+        for row, part in zip(table, predictions.split(sizes), strict=True):
+            np.testing.assert_array_equal(row, counter.counts(part))
+
+
 def test_jobs_never_share_draws():
     plan = plan_jobs(torch.zeros(2, *SHAPE), [5, 6], n0=30, n=250, chunk_samples=100)
     assert [(i, p, j.num_samples) for i, p, j in plan][:4] == [(0, 0, 30), (0, 1, 100), (0, 1, 100), (0, 1, 50)]
