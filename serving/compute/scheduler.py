@@ -5,11 +5,12 @@ in turn (round robin) and gives each a *round*: its next noise jobs, at most ``r
 samples, or everything it has left when that is at most ``FINISHING_ROUNDS`` rounds (a *finishing round*: a
 small request ends in its first round instead of waiting for another request's round between its halves).
 With ``share_passes`` off (the CPU default) a forward pass is one ticket's round; with it on (the GPU default)
-one pass gathers the rounds of several tickets, up to ``pass_samples`` samples. Either way a
-small request waits for at most one round of each request ahead of it, never for a large request's whole
-work. Between passes the loop drops the tickets whose deadline has passed (``DeadlineExceeded``), whose
-client has disconnected (``ClientDisconnected``) or whose caller stopped waiting; so a dropped request
-costs at most the one pass already running. New tickets beyond ``max_queued`` are refused at once with
+one pass gathers rounds of the tickets in turn, up to ``pass_samples`` samples, and (``overlap``) the host hands
+out a pass's counts while the next pass computes. Either way a small request waits for at most one round of each
+request ahead of it, never for a large request's whole work. Between passes the loop drops the tickets whose
+deadline has passed (``DeadlineExceeded``), whose client has disconnected (``ClientDisconnected``) or whose
+caller stopped waiting; so a dropped request costs at most the passes already taken (one, or two with
+``overlap``). New tickets beyond ``max_queued`` are refused at once with
 ``QueueFull`` (a 503 with Retry-After), and a ticket whose work would exceed ``max_samples`` noisy samples
 is refused with ``BudgetExceeded``. Admission is by deadline at the measured rate
 (``serving.compute.admission``): a request is admitted only if it and every admitted request can still finish
@@ -356,7 +357,7 @@ class FairScheduler:
         work already admitted gets at least about half the compute however many requests arrive after it and
         however the rate falls (within reason), while every other request keeps its round in turn. A new request
         whose first round is next in turn goes before the extra round, once in a row: a small request next to a
-        large one at risk still waits for at most the pass already running."""
+        large one at risk still waits for at most the passes already taken."""
         batch: list[tuple[_Ticket, Any, NoiseJob]] = []
         total = 0
         rescue = self.at_risk() if self._rescue_turn else None
