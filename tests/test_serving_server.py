@@ -78,6 +78,7 @@ def test_probes_and_model_card(client):
     runtime = card["runtime"]  # CPU: "auto" runs the passes' worker threads at niceness +10 (none with one worker)
     assert runtime["forward_workers"] >= 1 and runtime["forward_nice"] == (10 if runtime["forward_workers"] > 1 else 0)
     assert runtime["round_samples"] == 150  # the setting of this model directory (default "auto": 100 on CPU)
+    assert runtime["overlap"] is False and "one request's round" in runtime["batching"]  # CPU: passes in turn
     assert runtime["max_parsing_requests"] == max(3, available_cores() + 1)  # "auto": cores + 1, at least 3
 
 
