@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from certify import sound_noise
-from certify.core import Certificate, Smooth, certificate_from_counts
+from certify.core import NOISE_PIECE_ELEMENTS, Certificate, Smooth, adaptive_certificate, certificate_from_counts
+from certify.streams import BlockPlan, SequentialTest
 from serving.compute.noise import MAX_SEED
 
 SELECTION, ESTIMATION = 0, 1
@@ -229,9 +230,6 @@ class SequentialWork:
 
     def __init__(self, kind: str, images: torch.Tensor, image_seeds: Sequence[int], n0: int, rule, sigma: float,
                  num_classes: int, chunk_samples: int, generator_for, device: torch.device | str | None = None):
-        from certify.core import NOISE_PIECE_ELEMENTS
-        from certify.streams import BlockPlan, SequentialTest
-
         if kind not in ("decide", "estimate"):
             raise ValueError(f"a sequential kind is 'decide' or 'estimate', got {kind!r}")
         self.kind, self.rule, self.n0, self.sigma = kind, rule, n0, sigma
@@ -243,7 +241,6 @@ class SequentialWork:
         self._generators = [generator_for(seed) for seed in self.image_seeds]
         plan = BlockPlan.for_device(images.device.type if device is None else torch.device(device).type)
         self._tests = SequentialTest.many(rule, plan, len(images))
-        self._observe_blocks = SequentialTest.observe_blocks
         self._selection = np.zeros((len(images), num_classes), dtype=np.int64)
         self._top = np.full(len(images), -1, dtype=np.int64)
         self._votes: list[np.ndarray] = [np.zeros(0, dtype=np.int64) for _ in range(len(images))]  # per look
@@ -339,8 +336,6 @@ class SequentialWork:
 
     def result(self) -> list:
         """One ``certify.core.AdaptiveCertificate`` per image."""
-        from certify.core import adaptive_certificate
-
         return [adaptive_certificate(self.rule, self.kind, int(top), test.outcome, test.successes, test.samples,
                                      test.p_lower, self.n0, self.sigma, test.computed)
                 for top, test in zip(self._top, self._settled(), strict=True)]
@@ -348,15 +343,15 @@ class SequentialWork:
 
 def read_counted_blocks(works: Sequence[object]) -> None:
     """Read the blocks counted since the last read in every adaptive work of ``works`` (the scheduler: those of one
-    pass), the images at the same block of the same rule together, across images and requests
-    (``SequentialTest.observe_blocks``: one evaluation of the rule per block, with each image's answer unchanged),
+    pass) together, across images and requests (``SequentialTest.observe_blocks``: one evaluation of each rule per
+    reading, or per block where the rule cannot read each image at its own looks; each image's answer unchanged),
     then queue the next block of each image that goes on. Works of other kinds are left alone."""
     pending = [(work, index) for work in works if isinstance(work, SequentialWork) for index in work._counted]
     if not pending:
         return
     for work, _ in pending:
         work._counted = []
-    pending[0][0]._observe_blocks([work._tests[index] for work, index in pending],
+    SequentialTest.observe_blocks([work._tests[index] for work, index in pending],
                                   [work._votes[index] for work, index in pending])
     for work, index in pending:
         if not work._tests[index].done:

@@ -351,7 +351,8 @@ class FairScheduler:
     def _next_pass(self) -> list[tuple[_Ticket, Any, NoiseJob]]:
         """One pass: the next ticket's round, or (sharing passes) rounds of the next tickets in turn, round after
         round while the pass has room (up to ``pass_samples``) and some ticket has jobs ready: a lone request fills
-        the device's batch as several requests do, and a request arriving waits for one pass either way.
+        the device's batch as several requests do, and a request arriving waits for the passes already taken
+        either way.
 
         Every other pass begins with an extra round for the admitted request at risk (``at_risk``), if any, so
         work already admitted gets at least about half the compute however many requests arrive after it and
