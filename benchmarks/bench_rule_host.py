@@ -94,19 +94,20 @@ def main(argv: list[str] | None = None) -> int:
     plan = BlockPlan.for_device(args.plan_device)
     rng = np.random.default_rng(args.seed)
     p = np.where(np.arange(args.images) % 2 == 0, args.p_high, args.p_low)
-    modes = {"decide": sequential_rule("decide", args.sigma, args.n_max, args.alpha, radius=args.radius),
-             "estimate": sequential_rule("estimate", args.sigma, args.estimate_n_max, args.alpha)}
+    # a new rule for every run: each starts with its bounds' cache empty (certify.one_sided.BoundCache)
+    modes = {"decide": lambda: sequential_rule("decide", args.sigma, args.n_max, args.alpha, radius=args.radius),
+             "estimate": lambda: sequential_rule("estimate", args.sigma, args.estimate_n_max, args.alpha)}
     record = {"command": "python -m benchmarks.bench_rule_host " + " ".join(sys.argv[1:] if argv is None else argv),
               "hardware": hardware_description(torch.device("cpu")), "plan": plan.describe(),
               "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "modes": {}}
     print(f"{args.images} images, {plan.describe()}; host ms per image, median of {args.repeats}")
-    for name, rule in modes.items():
-        votes = (rng.random((args.images, rule.cs.n_max)) < p[:, None]).astype(np.int64)
+    for name, make_rule in modes.items():
+        votes = (rng.random((args.images, make_rule().cs.n_max)) < p[:, None]).astype(np.int64)
         seconds: dict[str, list[float]] = {side: [] for side in SIDES}
         answers = {}
         for _ in range(args.repeats):
             for side in SIDES:
-                elapsed, answers[side] = run_side(rule, plan, votes, side)
+                elapsed, answers[side] = run_side(make_rule(), plan, votes, side)
                 seconds[side].append(elapsed)
         same = answers["across"] == answers["block"] == answers["look"]
         across, block, look = (statistics.median(seconds[s]) / args.images * 1e3 for s in SIDES)

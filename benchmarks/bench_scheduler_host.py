@@ -145,8 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     from certify.core import sequential_rule
     from transdenoiser.runtime import hardware_description
 
-    rule = sequential_rule(args.mode, args.sigma, args.n_max, args.alpha,
-                           radius=args.radius if args.mode == "decide" else None)
+    def make_rule():  # a new rule for every run: each starts with its bounds' cache empty
+        return sequential_rule(args.mode, args.sigma, args.n_max, args.alpha,
+                               radius=args.radius if args.mode == "decide" else None)
+
     count = args.requests * args.images
     p_values = np.where(np.arange(count) % 2 == 0, args.p_high, args.p_low)
     if args.device_us_per_sample < 0:
@@ -155,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     by_side: dict[bool, list[dict]] = {side: [] for side in sides}
     for _ in range(args.repeats):
         for side in sides:
-            by_side[side].append(run_once(args, rule, p_values, overlap=side))
+            by_side[side].append(run_once(args, make_rule(), p_values, overlap=side))
     runs = by_side[False]
     everything = [run for side in sides for run in by_side[side]]
     same = all(run["answers"] == runs[0]["answers"] for run in everything)
