@@ -31,6 +31,7 @@ from benchmarks.serving_common import (
     model_args,
     run_record,
     save_result,
+    setting,
     worker_process,
 )
 from serving.bundle import write_model_dir
@@ -53,16 +54,6 @@ def start(code: Path, model_dir: Path, log: Path) -> ServerProcess:
             os.environ.pop("PYTHONPATH", None)
         else:
             os.environ["PYTHONPATH"] = previous_path
-
-
-def setting(text: str) -> tuple[str, object]:
-    """``KEY=VALUE`` for ``--before-setting``: the value an integer, true or false, or else a string."""
-    key, equals, value = text.partition("=")
-    if not equals or not key:
-        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
-    if value.lstrip("-").isdigit():
-        return key, int(value)
-    return key, {"true": True, "false": False}.get(value, value)
 
 
 def code_checkout(text: str) -> Path:

@@ -1,7 +1,8 @@
 """Adaptive requests vs fixed n in the API: requests/s at C clients and the certified fraction at radius R.
 
     python -m benchmarks.bench_serving_adaptive [--model-dir runs/demo/serve] [--no-denoiser] [--clients 16]
-        [--radius 0.5] [--n 10000] [--seconds 60] [--fixed-waves 1] [--repeats 2] [--device cpu] [--quick]
+        [--radius 0.5] [--n 10000] [--seconds 60] [--fixed-waves 1] [--repeats 2] [--device cpu]
+        [--server-setting KEY=VALUE ...] [--quick]
 
 One real server (``transdenoiser serve``, 127.0.0.1 only) starts from a copy of the model directory's checkpoints
 with ``max_n = --n``. Phases alternate, ``--repeats`` times: *fixed* sends ``{"images": [x], "n": N}`` (Cohen's
@@ -22,7 +23,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from benchmarks.serving_common import closed_loop, percentiles, run_record, running_server, save_result
+from benchmarks.serving_common import closed_loop, percentiles, run_record, running_server, save_result, setting
 from transdenoiser.argtypes import positive_float, positive_int
 
 MODES = ("fixed", "decide")
@@ -101,13 +102,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-denoiser", action="store_true", help="serve the classifier alone")
     parser.add_argument("--repeats", type=positive_int, default=2, help="interleaved phases per mode")
     parser.add_argument("--device", default="cpu", help="the server's device (cpu, cuda)")
+    parser.add_argument("--server-setting", type=setting, action="append", default=[], metavar="KEY=VALUE",
+                        help="a further serving setting of the server's model directory (repeatable), e.g. "
+                             "overlap=false")
     parser.add_argument("--quick", action="store_true", help="smoke run: n = 200, 2 clients, 4 images, 3 s phases")
     parser.add_argument("--out", default="runs/bench_serving_adaptive.json", help="JSON results file")
     args = parser.parse_args(argv)
     if args.quick:
         args.n, args.clients, args.images, args.seconds, args.repeats = 200, 2, 4, 3.0, 1
 
-    from serving.config import load_config
+    server_settings = dict(args.server_setting)
+    fixed_here = {"sigma", "n0", "alpha", "n", "max_n", "max_latency_ms", "max_queued_requests"} & set(server_settings)
+    if fixed_here:
+        parser.error(f"--server-setting {sorted(fixed_here)[0]}: set by the benchmark itself")
+    from serving.config import load_config, validate_config
+    from transdenoiser.errors import UserError
+
+    try:
+        validate_config({"sigma": 0.25, **server_settings}, "--server-setting")
+    except (UserError, ValueError) as exc:
+        parser.error(str(exc))
     from training.datasets import load_dataset
 
     model_dir = Path(args.model_dir)
@@ -119,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     labels = [int(v) for v in y[:args.images]]
     record = {**run_record(argv, "benchmarks.bench_serving_adaptive"), "model_dir": str(model_dir),
               "sigma": config.sigma, "n0": config.n0, "alpha": config.alpha, "n": args.n, "radius": args.radius,
-              "clients": args.clients, "images": args.images, "denoiser": denoiser is not None, "device": args.device}
+              "clients": args.clients, "images": args.images, "denoiser": denoiser is not None, "device": args.device,
+              "server_settings": server_settings}
     if args.device != "cpu":
         import torch
 
@@ -129,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench_serving_adaptive_") as tmp:
         with running_server(Path(tmp), str(model_dir / config.classifier), denoiser, args.device, sigma=config.sigma,
                             n0=config.n0, alpha=config.alpha, n=min(1000, args.n), max_n=args.n,
-                            max_latency_ms=900_000, max_queued_requests=max(64, args.clients)) as server:
+                            max_latency_ms=900_000, max_queued_requests=max(64, args.clients),
+                            **server_settings) as server:
             run_phase(server.url, images[:1], {"n": 100}, 1, 60, 1)  # warm the HTTP path
             record.update(measure(server.url, images, labels, args.radius, args.n, args.clients, args.seconds,
                                   args.repeats, fixed_requests=args.fixed_waves * args.clients))

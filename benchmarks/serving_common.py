@@ -141,3 +141,16 @@ def run_record(argv: list[str] | None, module: str) -> dict:
     return {"command": f"python -m {module} " + " ".join(sys.argv[1:] if argv is None else argv),
             "hardware": hardware_description(torch.device("cpu")), "cpu_count": os.cpu_count(),
             "load_average_at_start": os.getloadavg(), "commit": commit, "uncommitted_serving_changes": dirty}
+
+
+def setting(text: str) -> tuple[str, object]:
+    """A serving setting given as ``KEY=VALUE`` on a benchmark's command line: the value an integer, true or false,
+    or else a string."""
+    import argparse
+
+    key, equals, value = text.partition("=")
+    if not equals or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    if value.lstrip("-").isdigit():
+        return key, int(value)
+    return key, {"true": True, "false": False}.get(value, value)

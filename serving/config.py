@@ -55,6 +55,9 @@ class ServingConfig:
     # adaptive batching across requests (true), one request at a time (false), or "auto": adaptive on a GPU only,
     # because on CPU it measured no faster than one at a time (0.91x-1.34x, docs/RESULTS.md, section 6)
     batching: bool | str = "auto"
+    # the host hands out a pass's counts while the next pass computes (true), or passes one after another (false);
+    # "auto": with batching, where a device computes while the host works (on CPU both share the cores)
+    overlap: bool | str = "auto"
     # noisy samples one request computes per scheduling round (its fair share of the compute): "auto" is 100 on
     # CPU (a small request arriving waits for at most one such round: about 25 ms on 2 cores) and 200 elsewhere
     round_samples: int | str = "auto"
@@ -115,6 +118,10 @@ class ServingConfig:
         """Whether requests share forward passes on a device of this type ("cpu", "cuda")."""
         return self.batching if isinstance(self.batching, bool) else device_type == "cuda"
 
+    def overlap_on(self, device_type: str) -> bool:
+        """Whether the host hands out a pass's counts while the next pass computes, on a device of this type."""
+        return self.overlap if isinstance(self.overlap, bool) else self.batching_on(device_type)
+
 
 _INT_KEYS = ("n0", "n", "max_n", "batch_size", "chunk_samples", "max_images", "max_payload_bytes", "max_latency_ms",
              "max_request_samples", "max_queued_requests")
@@ -145,8 +152,9 @@ def validate_config(raw: dict[str, Any], source: str) -> ServingConfig:
     for key in _BOOL_KEYS:
         if key in raw and not isinstance(raw[key], bool):
             raise bad(key, "true or false")
-    if "batching" in raw and not (isinstance(raw["batching"], bool) or raw["batching"] == "auto"):
-        raise bad("batching", 'true, false or "auto"')
+    for key in ("batching", "overlap"):
+        if key in raw and not (isinstance(raw[key], bool) or raw[key] == "auto"):
+            raise bad(key, 'true, false or "auto"')
     for key in _AUTO_INT_KEYS:
         if key in raw and raw[key] != "auto" and (isinstance(raw[key], bool) or not isinstance(raw[key], int)
                                                   or raw[key] < 1):

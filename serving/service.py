@@ -204,13 +204,13 @@ class TransDenoiser:
         self.scheduler = FairScheduler(counter, round_samples, config.batch_size, share_passes,
                                        config.max_queued_requests, on_pass=self._on_pass,
                                        on_drop=lambda reason: self.metrics.dropped.labels(reason=reason).inc(),
-                                       on_refuse=lambda reason: self.metrics.refused.labels(reason=reason).inc())
+                                       on_refuse=lambda reason: self.metrics.refused.labels(reason=reason).inc(),
+                                       overlap=config.overlap_on(self.device.type))
         weights = [self.bundle.path / config.classifier / WEIGHTS,
                    self.bundle.path / config.denoiser / WEIGHTS if config.denoiser is not None else None]
         self.noise_key = NoiseKey.from_setting(config.noise_key, model_identity(weights))
         batching = (f"shared passes (rounds of {round_samples} samples from several requests, up to "
-                    f"{config.batch_size} samples per pass; a pass's counts handed out while the next one "
-                    f"computes)" if share_passes else
+                    f"{config.batch_size} samples per pass)" if share_passes else
                     f"one request's round of {round_samples} samples per pass, requests in turn "
                     f"(setting batching = {config.batching!r})")
         self.card = model_card(self.bundle, str(self.device), batching, self.smooth.describe())
@@ -218,7 +218,7 @@ class TransDenoiser:
         self.card["runtime"]["forward_workers"] = self.smooth.workers  # threads running passes side by side
         self.card["runtime"]["forward_nice"] = self.smooth.worker_nice if self.smooth.workers > 1 else 0
         self.card["runtime"]["round_samples"] = round_samples  # a request's round on this device
-        self.card["runtime"]["overlap"] = self.scheduler.overlap  # host work while the next pass computes
+        self.card["runtime"]["overlap"] = self.scheduler.overlap  # counts handed out while the next pass computes
         self.card["runtime"]["max_parsing_requests"] = BODY_SLOTS.limit  # large-body slots on this machine
         counter([NoiseJob(torch.zeros(self.input_shape), config.batch_size, 0)])  # full-size forward pass
         # request kinds: name -> builds the scheduler work of a validated request. A new kind adds a Work class

@@ -73,6 +73,7 @@ def test_model_dir_round_trip_and_refusals(model_dir, classifier_dir, tmp_path):
     ({"sigma": 0.25, "n0": 0}, "n0 must be an integer >= 1"),
     ({"sigma": 0.25, "batch_size": 2.5}, "batch_size must be an integer"),
     ({"sigma": 0.25, "batching": "yes"}, 'batching must be true, false or "auto"'),
+    ({"sigma": 0.25, "overlap": 1}, 'overlap must be true, false or "auto"'),
     ({"sigma": 0.25, "forward_batch": 0}, 'forward_batch must be an integer >= 1 or "auto"'),
     ({"sigma": 0.25, "forward_batch": "big"}, 'forward_batch must be an integer >= 1 or "auto"'),
     ({"sigma": 0.25, "forward_nice": 20}, 'forward_nice must be an integer from 0 to 19 or "auto"'),
@@ -407,6 +408,11 @@ def test_batching_auto_is_adaptive_on_gpu_only():
     assert forced.batching_on("cpu") and forced.batching_on("cuda")
     off = validate_config({"sigma": 0.25, "batching": False}, "test")
     assert not off.batching_on("cuda")
+    # overlap follows batching unless set
+    assert auto.overlap_on("cuda") and not auto.overlap_on("cpu") and forced.overlap_on("cpu") and not off.overlap_on(
+        "cuda")
+    assert not validate_config({"sigma": 0.25, "overlap": False}, "test").overlap_on("cuda")
+    assert validate_config({"sigma": 0.25, "batching": False, "overlap": True}, "test").overlap_on("cpu")
 
 
 def test_forward_batch_auto_is_cache_sized_on_cpu_only():
