@@ -23,6 +23,7 @@ import contextlib
 import io
 import json
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -230,8 +231,8 @@ def run_benchmarks(check: Check, args) -> None:
     # offline decide, >= 70 %, applies to the server's scheduler too); make demo's models where present
     check.step(f"bench_serving_adaptive decide R=0.5 vs fixed n = 10,000, 16 clients ({models})", lambda: _json_figures(
         bench_serving_adaptive.main([
-            "--model-dir", str(write_model_dir(out / "serve_adaptive", models / "classifier", models / "denoiser",
-                                               sigma=0.25)),
+            "--model-dir", str(write_model_dir(Path(tempfile.mkdtemp(prefix="serve_adaptive_", dir=out)),
+                                               models / "classifier", models / "denoiser", sigma=0.25)),
             "--device", device, "--clients", "16", "--radius", "0.5", "--n", "10000", "--seconds", "10",
             "--repeats", "1", "--out", str(out / "bench_serving_adaptive.json")]),
         out / "bench_serving_adaptive.json", ("samples_per_second_vs_fixed", "median_samples_per_s", "speedup")))
