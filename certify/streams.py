@@ -281,11 +281,15 @@ class SequentialTest:
     def next_block(self) -> tuple[int, list[int]]:
         """(samples to draw, look segments to count among the first of them) for the next block; (0, []) once
         done. Block by block only: ``samples`` must be at the end of the previous block."""
+        size, segments, _ = self._next()
+        return size, [int(m) for m in segments]
+
+    def _next(self) -> tuple[int, np.ndarray, np.ndarray]:
+        """(samples to draw, look segments, the looks' indices) of the next block; (0, [], []) once done."""
         if self.done:
-            return 0, []
+            return 0, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         end, looks = self._block()
-        counts = self.rule.cs.looks[looks]
-        return end - self._drawn, [int(m) for m in np.diff(np.concatenate([[self._drawn], counts]))]
+        return end - self._drawn, np.diff(np.concatenate([[self._drawn], self.rule.cs.looks[looks]])), looks
 
     def _block(self) -> tuple[int, np.ndarray]:
         """The next block's end (samples) and the indices of its looks."""
@@ -313,22 +317,23 @@ class SequentialTest:
         are checked before any test changes."""
         if len({id(test) for test in tests}) != len(tests):
             raise ValueError("a test can record one block at a time: the same test appears twice")
-        groups: dict[tuple, list[tuple[SequentialTest, np.ndarray, int, int]]] = {}
+        groups: dict[tuple, list[tuple[SequentialTest, np.ndarray, np.ndarray, int, int]]] = {}
         for test, block_votes in zip(tests, votes, strict=True):
-            size, segments = test.next_block()
+            size, segments, looks = test._next()
             if len(block_votes) != len(segments):
                 raise ValueError(f"expected the votes of {len(segments)} looks, got {len(block_votes)}")
-            if not segments:  # done: nothing to record
+            if not len(segments):  # done: nothing to record
                 continue
-            block_votes, segments = np.asarray(block_votes, dtype=np.int64), np.asarray(segments, dtype=np.int64)
+            block_votes = np.asarray(block_votes, dtype=np.int64)
             bad = np.flatnonzero((block_votes < 0) | (block_votes > segments))
             if bad.size:
                 raise ValueError(f"look {bad[0]} of the block: {block_votes[bad[0]]} votes among {segments[bad[0]]} "
                                  f"samples, expected 0 to {segments[bad[0]]}")
             block = None if test.rule.row_looks else (test._plan, test._drawn)
-            groups.setdefault((id(test.rule), block), []).append((test, block_votes, size, int(segments.sum())))
+            groups.setdefault((id(test.rule), block), []).append(
+                (test, block_votes, looks, size, int(segments.sum())))
         for group in groups.values():
-            looks = [test._block()[1] for test, *_ in group]
+            looks = [row_looks for _, _, row_looks, *_ in group]
             width = max(len(row) for row in looks)
             if all(len(row) == width and np.array_equal(row, looks[0]) for row in looks):
                 looks_read, votes_read = looks[0], np.stack([block_votes for _, block_votes, *_ in group])
@@ -339,7 +344,7 @@ class SequentialTest:
             first, successes, outcome, lower, _ = first_outcomes(
                 group[0][0].rule, looks_read, np.array([test.successes for test, *_ in group], dtype=np.int64),
                 votes_read, np.array([test.p_lower for test, *_ in group], dtype=float))
-            for row, (test, _, size, evaluated) in enumerate(group):
+            for row, (test, _, _, size, evaluated) in enumerate(group):
                 look = int(looks[row][min(int(first[row]), len(looks[row]) - 1)])
                 test.successes, test.samples = int(successes[row]), int(test.rule.looks[look])
                 test.outcome, test.p_lower = int(outcome[row]), float(lower[row])

@@ -247,7 +247,7 @@ class SequentialWork:
         self._waiting = np.zeros(len(images), dtype=np.int64)  # jobs of the current phase not yet counted
         self._taken = np.zeros(len(images), dtype=np.int64)  # samples handed out, per image
         self._ready: deque[tuple[tuple[int, int], StreamJob]] = deque()
-        self._counted: list[int] = []  # images whose block is counted and not yet read (``_settle``)
+        self._counted: list[int] = []  # images whose block is counted and not yet read (``_settled``)
         self.planned_samples = len(images) * (n0 + self.n_max)
         for index in range(len(images)):
             self._emit(index, -1, n0, [n0])  # phase -1: selection
@@ -295,7 +295,7 @@ class SequentialWork:
     def take(self, max_samples: int) -> list[tuple[tuple[int, int], StreamJob]]:
         """The next ready jobs, at most ``max_samples`` samples (at least one job while any is ready); none while
         every active image waits for the counts of its current look."""
-        self._settle()
+        self._settled()
         taken, total = [], 0
         while self._ready and (not taken or total + self._ready[0][1].num_samples <= max_samples):
             key, job = self._ready.popleft()
@@ -316,18 +316,15 @@ class SequentialWork:
         if segment < 0:  # selection done: the class is chosen; the estimation stream starts
             self._top[index] = int(self._selection[index].argmax())
             self._emit_block(index)
-        else:  # the block's samples are all counted: its looks are read with the other images' (``_settle``)
+        else:  # the block's samples are all counted: its looks are read with the other images' (``_settled``)
             self._counted.append(index)
 
-    def _settle(self) -> None:
-        """Read the looks of every block counted since the last read (:func:`read_counted_blocks` for this work
-        alone). Called before anything reads the work's state, so the state is always as if each block had been
-        read the moment it was counted."""
+    def _settled(self) -> list:
+        """The images' tests, after reading the looks of every block counted since the last read
+        (:func:`read_counted_blocks` for this work alone). Called before anything reads the work's state, so the
+        state is always as if each block had been read the moment it was counted."""
         if self._counted:
             read_counted_blocks([self])
-
-    def _settled(self) -> list:
-        self._settle()
         return self._tests
 
     @property

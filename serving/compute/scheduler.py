@@ -133,7 +133,7 @@ class _InFlight:
     """A pass handed to the counter: its jobs (with their tickets and keys), the counter's future, when it began."""
 
     batch: list[tuple[_Ticket, Any, NoiseJob]]
-    future: asyncio.Future
+    future: Awaitable[list]  # awaited once
     started: float
 
     async def counts(self) -> tuple[list[tuple[_Ticket, Any, NoiseJob]], list, float]:
@@ -445,12 +445,9 @@ class FairScheduler:
 
     async def _count(self, batch: list[tuple[_Ticket, Any, NoiseJob]], started: float
                      ) -> tuple[list[tuple[_Ticket, Any, NoiseJob]], list, float]:
-        """Without ``overlap``: the pass's counts from a worker thread, awaited at once (as ``_InFlight.counts``)."""
-        try:
-            results = await anyio.to_thread.run_sync(self.counter, [job for _, _, job in batch])
-        except Exception as exc:  # noqa: BLE001 - a counter that fails as a whole fails this pass's requests
-            results = [exc] * len(batch)
-        return batch, results, time.perf_counter() - started
+        """Without ``overlap``: the pass's counts from a worker thread, awaited at once."""
+        return await _InFlight(batch, anyio.to_thread.run_sync(self.counter, [job for _, _, job in batch]),
+                               started).counts()
 
     def _launch(self, batch: list[tuple[_Ticket, Any, NoiseJob]], started: float) -> _InFlight:
         """Hand ``batch`` to the counter on the scheduler's compute thread (at once: the counter starts before the
