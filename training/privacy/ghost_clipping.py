@@ -171,16 +171,22 @@ def _conv_weight_norms(m: nn.Module, transposed: bool, a: torch.Tensor, b: torch
 
 
 def _group_norm_rows(m: nn.GroupNorm, a: torch.Tensor, b: torch.Tensor, n: int) -> Params:
-    """Per-example gradients of a GroupNorm's weight and bias from its input ``a`` and output gradient ``b``:
-    ``dweight_c = sum_t b_ct a^_ct`` (a^: ``a`` normalised) and ``dbias_c = sum_t b_ct`` per row, summed over each
-    example's rows. The products are summed as one batched dot product per row and channel, without forming
-    ``b a^`` (a tensor the size of the activation) first."""
+    """Per-example gradients of a GroupNorm's weight and bias from its input ``a`` and output gradient ``b``.
+
+    torch's own GroupNorm backward kernel, called on the rows laid side by side as ONE example of rows x C
+    channels in rows x G groups: each group holds the same channels of the same row as before, so its
+    statistics are the forward's, and the kernel's weight and bias gradients per channel are the per-row
+    ones (``sum_t b_ct a^_ct`` and ``sum_t b_ct``, a^: ``a`` normalised), summed over each example's rows. One
+    fused pass over ``a`` and ``b`` instead of forming the normalised activation and its product with ``b``."""
     rows, channels = a.shape[:2]
-    normalised = F.group_norm(a, m.num_groups, eps=m.eps).reshape(rows, channels, 1, -1)
-    flat_b = b.reshape(rows, channels, -1, 1)
-    with _float32_products(a.is_cuda):  # a dot product in TF32 would keep 10 bits of each factor
-        weight = torch.matmul(normalised, flat_b).reshape(rows, channels)
-    bias = flat_b.sum((2, 3))
+    positions, groups = a[0, 0].numel(), rows * m.num_groups
+    side_by_side = a.reshape(1, rows * channels, positions).contiguous()
+    grad = b.reshape(1, rows * channels, positions).contiguous()
+    _, mean, inv_std = torch.ops.aten.native_group_norm(side_by_side, None, None, 1, rows * channels, positions,
+                                                        groups, m.eps)
+    _, weight, bias = torch.ops.aten.native_group_norm_backward(grad, side_by_side, mean, inv_std, None, 1,
+                                                                rows * channels, positions, groups,
+                                                                [False, True, True])
     return {"weight": weight.reshape(n, -1, channels).sum(1), "bias": bias.reshape(n, -1, channels).sum(1)}
 
 
