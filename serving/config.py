@@ -55,9 +55,10 @@ class ServingConfig:
     # adaptive batching across requests (true), one request at a time (false), or "auto": adaptive on a GPU only,
     # because on CPU it measured no faster than one at a time (0.91x-1.34x, docs/RESULTS.md, section 6)
     batching: bool | str = "auto"
-    # the host hands out a pass's counts while the next pass computes (true), or passes one after another (false);
-    # "auto": with batching, where a device computes while the host works (on CPU both share the cores)
-    overlap: bool | str = "auto"
+    # the host hands out a pass's counts while the next pass computes (true), or passes one after another (false,
+    # the default: on an H200 adaptive requests were answered 15-20% faster without it, docs/results/gpu.md);
+    # "auto": with batching
+    overlap: bool | str = False
     # noisy samples one request computes per scheduling round (its fair share of the compute): "auto" is 100 on
     # CPU (a small request arriving waits for at most one such round: about 25 ms on 2 cores) and 200 elsewhere
     round_samples: int | str = "auto"

@@ -408,9 +408,11 @@ def test_batching_auto_is_adaptive_on_gpu_only():
     assert forced.batching_on("cpu") and forced.batching_on("cuda")
     off = validate_config({"sigma": 0.25, "batching": False}, "test")
     assert not off.batching_on("cuda")
-    # overlap follows batching unless set
-    assert auto.overlap_on("cuda") and not auto.overlap_on("cpu") and forced.overlap_on("cpu") and not off.overlap_on(
-        "cuda")
+    # overlap is off unless set; "auto" follows batching
+    assert not auto.overlap_on("cuda") and not auto.overlap_on("cpu") and not forced.overlap_on("cpu")
+    follows = validate_config({"sigma": 0.25, "overlap": "auto"}, "test")
+    assert follows.overlap_on("cuda") and not follows.overlap_on("cpu")
+    assert not validate_config({"sigma": 0.25, "batching": False, "overlap": "auto"}, "test").overlap_on("cuda")
     assert not validate_config({"sigma": 0.25, "overlap": False}, "test").overlap_on("cuda")
     assert validate_config({"sigma": 0.25, "batching": False, "overlap": True}, "test").overlap_on("cpu")
 

@@ -99,7 +99,7 @@ def test_a_lone_request_fills_the_shared_pass(share_passes):
 
 
 def test_overlap_hands_out_a_pass_while_the_next_computes(smooth, digits):
-    """With ``overlap`` (the default when passes are shared) the counts of pass k are handed to the requests while
+    """With ``overlap`` (an option; off by default) the counts of pass k are handed to the requests while
     pass k+1 is computed, one pass at a time; the certificates are those computed directly. Without it, every
     hand-out comes before the next pass begins."""
     images = digits[0][:2]
@@ -136,7 +136,7 @@ def test_overlap_hands_out_a_pass_while_the_next_computes(smooth, digits):
         # may not); serial: none does
         assert (during >= scheduler.stats.passes // 2) if overlap else during == 0
     assert FairScheduler(timed, 60, 120, share_passes=False, max_queued=8).overlap is False
-    assert FairScheduler(timed, 60, 120, share_passes=True, max_queued=8).overlap is True  # the GPU default
+    assert FairScheduler(timed, 60, 120, share_passes=True, max_queued=8).overlap is False  # off unless asked for
 
 
 def test_a_small_request_waits_one_round_not_a_large_request_s_work():

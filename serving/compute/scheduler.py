@@ -4,13 +4,13 @@ Every request in flight holds a *ticket* on one ``FairScheduler``. A single comp
 in turn (round robin) and gives each a *round*: its next noise jobs, at most ``round_samples`` noisy
 samples, or everything it has left when that is at most ``FINISHING_ROUNDS`` rounds (a *finishing round*: a
 small request ends in its first round instead of waiting for another request's round between its halves).
-With ``share_passes`` off (the CPU default) a forward pass is one ticket's round; with it on (the GPU default)
-one pass gathers rounds of the tickets in turn, up to ``pass_samples`` samples, and (``overlap``) the host hands
-out a pass's counts while the next pass computes. Either way a small request waits for at most one round of each
-request ahead of it, never for a large request's whole work. Between passes the loop drops the tickets whose
-deadline has passed (``DeadlineExceeded``), whose client has disconnected (``ClientDisconnected``) or whose
-caller stopped waiting; so a dropped request costs at most the passes already taken (one, or two with
-``overlap``). New tickets beyond ``max_queued`` are refused at once with
+With ``share_passes`` off (the CPU default) a forward pass is one ticket's round; with it on (the GPU default) one
+pass gathers rounds of the tickets in turn, up to ``pass_samples`` samples, and (``overlap``, an option) the host
+hands out a pass's counts while the next pass computes. Either way a small request waits for at most one round of
+each request ahead of it, never for a large request's whole work. Between passes the loop drops the tickets whose
+deadline has passed (``DeadlineExceeded``), whose client has disconnected (``ClientDisconnected``) or whose caller
+stopped waiting; so a dropped request costs at most the passes already taken (one, or two with ``overlap``). New
+tickets beyond ``max_queued`` are refused at once with
 ``QueueFull`` (a 503 with Retry-After), and a ticket whose work would exceed ``max_samples`` noisy samples
 is refused with ``BudgetExceeded``. Admission is by deadline at the measured rate
 (``serving.compute.admission``): a request is admitted only if it and every admitted request can still finish
@@ -160,7 +160,7 @@ class FairScheduler:
     def __init__(self, counter: Callable[[Sequence[NoiseJob]], list], round_samples: int, pass_samples: int,
                  share_passes: bool, max_queued: int, on_pass: Callable[[dict[str, int], int, int], None] | None = None,
                  on_drop: Callable[[str], None] | None = None, on_refuse: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic, overlap: bool | None = None):
+                 clock: Callable[[], float] = time.monotonic, overlap: bool = False):
         self.counter = counter
         self.round_samples = round_samples
         self.pass_samples = pass_samples
@@ -179,7 +179,7 @@ class FairScheduler:
         self._last_served: _Ticket | None = None  # the ticket whose round ended the last pass
         self._rescue_turn = True  # whether the next pass may serve an admitted request at risk first
         self._newcomer_went_first = False  # whether the last rescue turn let a new request's first round go first
-        self.overlap = share_passes if overlap is None else overlap
+        self.overlap = overlap
         self._executor: ThreadPoolExecutor | None = None  # the compute thread: one pass at a time
 
     @property
