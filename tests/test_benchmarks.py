@@ -324,3 +324,19 @@ def test_bench_parse_quick_times_both_decoders_on_each_body(tmp_path):
     assert len(bodies) == 3
     for row in bodies.values():
         assert row["bytes"] > 0 and all(value > 0 for key, value in row.items() if key.endswith("_ms"))
+
+
+def test_bench_layer_pieces_quick_times_every_piece(tmp_path, capsys):
+    from benchmarks import bench_layer_pieces
+
+    out = tmp_path / "pieces.json"
+    assert bench_layer_pieces.main(["--quick", "--json", str(out)]) == 0
+    record = json.loads(out.read_text())
+    pieces = record["ms_per_call"]
+    assert record["layer"] == {"batch": 4, "width": 8, "size": 8, "groups": 2}
+    # on CPU one setting of the convolutions, three ways of GroupNorm's per-example gradients, the norms and sum
+    assert len(pieces) == 9 and all(ms > 0 for ms in pieces.values())
+    assert "GroupNorm per-example gradients: GroupNorm backward kernel (ghost engine)" in pieces
+    with pytest.raises(SystemExit):
+        bench_layer_pieces.main(["--width", "10", "--groups", "4"])
+    assert "--groups 4 does not divide --width 10" in capsys.readouterr().err
