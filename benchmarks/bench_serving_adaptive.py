@@ -14,7 +14,9 @@ requests round robin, so C fixed requests finish together: one wave is a steady-
 throughput is completed requests over its wall time (including the requests still running at the cut-off), and
 its noisy samples per second are that times the mean samples a request used (n0 + n used).
 The noise is keyed per image, so every answer about an image is the same whichever phase asked: the certified
-fractions are compared on the images both modes answered.
+fractions are compared on the images both modes answered. From the server's ``/metrics`` before and after each
+phase: its passes per request, noisy samples per pass, and the fraction of the phase the passes took to compute
+(``server``; the rest of the time went to the host's work or to waiting for requests).
 """
 from __future__ import annotations
 
@@ -23,7 +25,16 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from benchmarks.serving_common import closed_loop, percentiles, run_record, running_server, save_result, setting
+from benchmarks.serving_common import (
+    closed_loop,
+    percentiles,
+    run_record,
+    running_server,
+    save_result,
+    server_figures,
+    server_totals,
+    setting,
+)
 from transdenoiser.argtypes import positive_float, positive_int
 
 MODES = ("fixed", "decide")
@@ -62,9 +73,15 @@ def measure(url: str, images: list, labels: list[int], radius: float, n: int, cl
     for _ in range(repeats):
         for mode in MODES:
             limit = min(max_requests, fixed_requests or max_requests) if mode == "fixed" else max_requests
+            before = server_totals(url)
             phase = run_phase(url, images, bodies[mode], clients, seconds, limit)
+            phase["server"] = server_figures(before, server_totals(url), phase["requests"], phase["wall_s"])
             answers[mode].update(phase.pop("answers"))
             phases[mode].append(phase)
+    for mode in MODES:
+        if not answers[mode]:
+            failures = [f for p in phases[mode] for f in p["failures"]]
+            raise RuntimeError(f"no {mode} request was answered" + (f": {failures[0]}" if failures else ""))
     common = sorted(set(answers["fixed"]) & set(answers["decide"]))
     fractions = {mode: (sum(certified(mode, answers[mode][i], radius) for i in common) / len(common)
                         if common else None) for mode in MODES}
@@ -85,7 +102,12 @@ def measure(url: str, images: list, labels: list[int], radius: float, n: int, cl
             "speedup_per_repeat": per_repeat, "images_compared": len(common),
             "certified_fraction": fractions, "certified_accuracy": accuracy, "disagreements": disagree,
             "mean_samples": {mode: statistics.fmean(p["mean_samples"] for p in phases[mode]
-                                                    if p["mean_samples"] is not None) for mode in MODES}}
+                                                    if p["mean_samples"] is not None) for mode in MODES},
+            # the server's side of each mode, medians over phases: passes per request, samples per pass, and how
+            # much of the time the passes took to compute
+            "server": {mode: {key: statistics.median(p["server"][key] for p in phases[mode])
+                              for key in ("passes_per_request", "samples_per_pass", "counter_busy_fraction")
+                              if all(p["server"][key] is not None for p in phases[mode])} for mode in MODES}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,11 +127,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server-setting", type=setting, action="append", default=[], metavar="KEY=VALUE",
                         help="a further serving setting of the server's model directory (repeatable), e.g. "
                              "overlap=false")
-    parser.add_argument("--quick", action="store_true", help="smoke run: n = 200, 2 clients, 4 images, 3 s phases")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: n = 200, R = 0.25, 2 clients, 4 images, 3 s phases")
     parser.add_argument("--out", default="runs/bench_serving_adaptive.json", help="JSON results file")
     args = parser.parse_args(argv)
     if args.quick:
-        args.n, args.clients, args.images, args.seconds, args.repeats = 200, 2, 4, 3.0, 1
+        # R = 0.25: a budget of 200 cannot certify 0.5, and the server refuses a radius beyond its budget's reach
+        args.n, args.radius, args.clients, args.images, args.seconds, args.repeats = 200, 0.25, 2, 4, 3.0, 1
 
     server_settings = dict(args.server_setting)
     fixed_here = {"sigma", "n0", "alpha", "n", "max_n", "max_latency_ms", "max_queued_requests"} & set(server_settings)
@@ -153,6 +177,11 @@ def main(argv: list[str] | None = None) -> int:
         rates = ", ".join(f"{p['requests_per_s']:.3f}" for p in record["phases"][mode])
         print(f"{mode:7s} req/s per phase: {rates}; mean samples/request {record['mean_samples'][mode]:.0f}; "
               f"certified fraction at R = {args.radius}: {record['certified_fraction'][mode]}")
+        server = record["server"][mode]
+        if len(server) == 3:
+            print(f"        server: {server['passes_per_request']:.2f} passes per request, "
+                  f"{server['samples_per_pass']:.0f} samples per pass, passes computing "
+                  f"{100 * server['counter_busy_fraction']:.0f}% of the time")
     print(f"decide / fixed noisy samples per second: {record['samples_per_second_vs_fixed']:.2f}")
     print(f"decide / fixed requests per second at {args.clients} clients: {record['speedup']:.2f}x "
           f"(median of {args.repeats} interleaved phases; {record['images_compared']} images compared, "

@@ -104,6 +104,33 @@ def closed_loop(url: str, body_for: Callable[[int], dict], clients: int, max_req
     return {"latencies": latencies, "failures": failures, "wall_s": time.perf_counter() - start}
 
 
+def server_totals(url: str) -> dict[str, float]:
+    """The server's running totals from ``/metrics``: noisy samples (all kinds), passes, and the seconds the passes
+    took to compute."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    totals = {"samples": 0.0, "passes": 0.0, "counter_seconds": 0.0}
+    names = {"transdenoiser_noisy_samples_total": "samples", "transdenoiser_passes_total": "passes",
+             "transdenoiser_counter_seconds_total": "counter_seconds"}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in names:
+                totals[names[sample.name]] += sample.value
+    return totals
+
+
+def server_figures(before: dict[str, float], after: dict[str, float], requests: int, wall_s: float) -> dict:
+    """What the server did during a phase: passes per request, noisy samples per pass, and the fraction of the
+    phase's wall time the passes took to compute (the rest: the host's work, or waiting for requests)."""
+    passes = after["passes"] - before["passes"]
+    return {"passes": passes, "passes_per_request": passes / requests if requests else None,
+            "samples_per_pass": (after["samples"] - before["samples"]) / passes if passes else None,
+            "counter_busy_fraction": (after["counter_seconds"] - before["counter_seconds"]) / wall_s
+            if wall_s > 0 else None}
+
+
 def percentiles(values: list[float]) -> dict[str, float | int | None]:
     if not values:
         return {"count": 0, "p50_s": None, "p99_s": None, "max_s": None}

@@ -22,6 +22,10 @@ Gauges use the ``livesum`` multiprocess mode: the sum over the live worker proce
   ``max_queued_requests`` for smaller ones), refused before reading it, mostly by
   the front door ahead of BentoML's middlewares, so that these refusals are not in BentoML's request counter)
 - ``transdenoiser_compute_rate``: the measured noisy samples per second that admission uses
+- ``transdenoiser_passes_total``: forward passes computed (noisy samples per pass: the samples' rate over this one)
+- ``transdenoiser_counter_seconds_total``: the time the passes took to compute (noise, forward passes, votes);
+  its rate is the fraction of the time the compute was busy, the rest went to the host (taking jobs, handing out
+  counts) or to waiting for requests
 
 BentoML's own request metrics carry the path as a label; ``serving.library_patches.bound_request_labels`` limits
 those labels to the service's routes (every other path shares one label).
@@ -47,6 +51,8 @@ class ServiceMetrics:
     dropped: Any
     refused: Any
     compute_rate: Any
+    passes: Any
+    counter_seconds: Any
 
     def on_pass(self, samples_by_kind: dict[str, int], depth: int, queued_samples: int) -> None:
         for kind, count in samples_by_kind.items():
@@ -84,5 +90,7 @@ def service_metrics() -> ServiceMetrics:
             refused=Counter(PREFIX + "refused_requests", "requests refused at admission", ["reason"]),
             compute_rate=Gauge(PREFIX + "compute_rate", "measured noisy samples per second (admission)",
                                multiprocess_mode="livesum"),
+            passes=Counter(PREFIX + "passes", "forward passes computed"),
+            counter_seconds=Counter(PREFIX + "counter_seconds", "time the passes took to compute"),
         )
     return _made

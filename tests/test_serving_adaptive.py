@@ -295,6 +295,14 @@ def test_the_adaptive_api_benchmark_runs_against_a_server(server, digits):
     assert result["samples_per_second_vs_fixed"] == pytest.approx(
         result["median_samples_per_s"]["decide"] / result["median_samples_per_s"]["fixed"])
     assert result["mean_samples"]["fixed"] == N0 + 300 and result["mean_samples"]["decide"] < N0 + 300
+    for mode in ("fixed", "decide"):  # the server's side, from its /metrics around the phase
+        side = result["server"][mode]
+        assert side["passes_per_request"] > 0 and side["samples_per_pass"] > 0
+        assert 0 < side["counter_busy_fraction"] <= 1
+    # a mode none of whose requests was answered (a radius beyond the server's reach: 400) is an error that says so
+    with pytest.raises(RuntimeError, match="no decide request was answered: 400"):
+        measure(server.url, x[:1].tolist(), y[:1].tolist(), radius=5.0, n=300, clients=1, seconds=1, repeats=1,
+                max_requests=1)
 
 
 def test_a_decide_answer_that_is_not_certified_keeps_its_class(service, smooth, digits):

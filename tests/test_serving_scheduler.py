@@ -202,6 +202,24 @@ def test_deadline_stops_the_computation():
     assert DeadlineExceeded.status == 504
 
 
+def test_the_counters_own_time_is_counted_per_pass():
+    """``stats.counter_seconds`` sums the counter's wall time over the passes (its thread's, not the host's): at
+    least what the stand-in counter sleeps, less than the whole run."""
+    counter = FakeCounter(seconds_per_sample=2e-5)
+    for overlap in (False, True):
+        scheduler = FairScheduler(counter, round_samples=100, pass_samples=400, share_passes=True, max_queued=8,
+                                  overlap=overlap)
+
+        async def run(scheduler=scheduler):
+            started = time.perf_counter()
+            await asyncio.gather(*(scheduler.run(work(1, 1000, seed=10 * k), 60, 10**6) for k in range(3)))
+            return time.perf_counter() - started
+
+        wall = asyncio.run(run())
+        assert scheduler.stats.samples == 3 * 1020 and scheduler.stats.passes >= 3 * 1020 // 400
+        assert 3 * 1020 * 2e-5 <= scheduler.stats.counter_seconds < wall
+
+
 def test_a_disconnected_client_loses_its_remaining_passes_within_one_pass():
     counter = FakeCounter(seconds_per_sample=1e-5)
     depths = []

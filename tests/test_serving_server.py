@@ -352,6 +352,11 @@ def test_metrics_appear_and_move(client, digits):
             metric(before, "transdenoiser_request_duration_seconds_count", kind="certify", status=status) + 1
     assert ("transdenoiser_queue_depth", ()) in after and metric(after, "transdenoiser_queue_depth") == 0
     assert metric(after, "transdenoiser_in_flight_requests", kind="certify") == 0
+    # the passes and the time they took to compute: at least one pass (CPU: one request's round per pass), and
+    # some, but not more than the whole request's, compute time
+    passes = metric(after, "transdenoiser_passes_total") - metric(before, "transdenoiser_passes_total")
+    busy = metric(after, "transdenoiser_counter_seconds_total") - metric(before, "transdenoiser_counter_seconds_total")
+    assert 1 <= passes <= samples and 0 < busy < 60
 
 
 # ----------------------------------------------------------------------------------------------- bounded labels, bursts

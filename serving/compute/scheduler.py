@@ -126,24 +126,34 @@ class SchedulerStats:
     finished_samples: int = 0  # noisy samples of requests that finished (goodput's numerator)
     pass_sizes: list[int] = field(default_factory=list)  # tickets served in each of the last passes
     rescue_passes: int = 0  # passes begun with an extra round for an admitted request at risk
+    counter_seconds: float = 0.0  # the counter's own time on the passes (its thread's wall time): the rest of a
+    # pass's time is the host's (the event loop taking jobs and handing out counts)
 
 
 @dataclass(eq=False)
 class _InFlight:
-    """A pass handed to the counter: its jobs (with their tickets and keys), the counter's future, when it began."""
+    """A pass handed to the counter: its jobs (with their tickets and keys), the counter's future (its results and
+    its own seconds, ``_timed``), when the pass began."""
 
     batch: list[tuple[_Ticket, Any, NoiseJob]]
-    future: Awaitable[list]  # awaited once
+    future: Awaitable[tuple[list, float]]  # awaited once
     started: float
 
-    async def counts(self) -> tuple[list[tuple[_Ticket, Any, NoiseJob]], list, float]:
-        """(the jobs, one result per job, seconds from ``started`` until the counts were in); a counter that fails
-        as a whole fails every job of the pass."""
+    async def counts(self) -> tuple[list[tuple[_Ticket, Any, NoiseJob]], list, float, float]:
+        """(the jobs, one result per job, seconds from ``started`` until the counts were in, the counter's own
+        seconds); a counter that fails as a whole fails every job of the pass."""
         try:
-            results = await self.future
+            results, counter_seconds = await self.future
         except Exception as exc:  # noqa: BLE001 - a counter that fails as a whole fails this pass's requests
-            results = [exc] * len(self.batch)
-        return self.batch, results, time.perf_counter() - self.started
+            results, counter_seconds = [exc] * len(self.batch), 0.0
+        return self.batch, results, time.perf_counter() - self.started, counter_seconds
+
+
+def _timed(counter: Callable[[Sequence[NoiseJob]], list], jobs: list[NoiseJob]) -> tuple[list, float]:
+    """``counter(jobs)`` and its wall time, in the thread that runs it."""
+    started = time.perf_counter()
+    results = counter(jobs)
+    return results, time.perf_counter() - started
 
 
 class FairScheduler:
@@ -444,9 +454,9 @@ class FairScheduler:
             in_flight = launched
 
     async def _count(self, batch: list[tuple[_Ticket, Any, NoiseJob]], started: float
-                     ) -> tuple[list[tuple[_Ticket, Any, NoiseJob]], list, float]:
+                     ) -> tuple[list[tuple[_Ticket, Any, NoiseJob]], list, float, float]:
         """Without ``overlap``: the pass's counts from a worker thread, awaited at once."""
-        return await _InFlight(batch, anyio.to_thread.run_sync(self.counter, [job for _, _, job in batch]),
+        return await _InFlight(batch, anyio.to_thread.run_sync(_timed, self.counter, [job for _, _, job in batch]),
                                started).counts()
 
     def _launch(self, batch: list[tuple[_Ticket, Any, NoiseJob]], started: float) -> _InFlight:
@@ -454,11 +464,12 @@ class FairScheduler:
         event loop next yields)."""
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="transdenoiser-passes")
-        future = self._loop.run_in_executor(self._executor, self.counter, [job for _, _, job in batch])
+        future = self._loop.run_in_executor(self._executor, _timed, self.counter, [job for _, _, job in batch])
         time.sleep(0)  # release the GIL: the compute thread starts the pass now, not at the next forced switch (5 ms)
         return _InFlight(batch, future, started)
 
-    def _hand_out(self, batch: list[tuple[_Ticket, Any, NoiseJob]], results: list, seconds: float) -> None:
+    def _hand_out(self, batch: list[tuple[_Ticket, Any, NoiseJob]], results: list, seconds: float,
+                  counter_seconds: float) -> None:
         """Give each job's counts (or error) to its request, read the adaptive requests' counted blocks, finish the
         requests that are done, and account for the pass."""
         samples = sum(job.num_samples for _, _, job in batch)
@@ -478,6 +489,7 @@ class FairScheduler:
         read_counted_blocks([ticket.work for ticket in served])  # adaptive requests: one rule reading a block
         self.stats.samples += samples
         self.stats.passes += 1
+        self.stats.counter_seconds += counter_seconds
         self.stats.pass_sizes = [*self.stats.pass_sizes[-999:], len(served)]
         for ticket in served:
             self._finish(ticket)
