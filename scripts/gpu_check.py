@@ -11,8 +11,9 @@ train-head, bundle, and ``serve`` answering one request of each kind (certify, d
 benchmarks: bench_certify (Cohen's loop and the mnist / cifar / imagenet pipelines at fp32, bf16 and fp16 eager,
 fp32 and bf16 compiled), bench_adaptive (decide at R = 0.25, 0.5 and 0.75 against fixed n on 500 images with make
 demo's models where present, else a 200-image smoke run: samples per second and samples per image),
-bench_training, bench_serving at 16 clients, and bench_serving_adaptive (one-image decide requests at R = 0.5
-against fixed n = 10,000 from 16 clients: the API's noisy samples per second). Needs no network. A failing step is
+bench_training, bench_layer_pieces (one DnCNN layer's pieces of a DP step, each timed alone), bench_serving at 16
+clients, and bench_serving_adaptive (one-image decide requests at R = 0.5 against fixed n = 10,000 from 16
+clients: the API's noisy samples per second, and the server's passes per request, samples per pass and busy time). Needs no network. A failing step is
 recorded and the check goes on; the exit status is 1 if any step failed. Writes OUT/gpu_check.json (every step:
 seconds, status, figures, the error) and prints one table.
 """
@@ -217,6 +218,12 @@ def run_benchmarks(check: Check, args) -> None:
         bench_training.main(["--device", device, "--steps", "40", "--warmup", "5", "--repeats", "5",
                              "--smin-widths", "1,2", "--out", str(out / "bench_training.json")]),
         out / "bench_training.json", ("median_examples_per_second",)))
+    from benchmarks import bench_layer_pieces
+
+    # one DnCNN layer's pieces of a DP step, each alone: where the step's time beyond non-private SGD's goes
+    check.step("bench_layer_pieces (one DnCNN layer, batch 256)", lambda: _json_figures(
+        bench_layer_pieces.main(["--device", device, "--json", str(out / "bench_layer_pieces.json")]),
+        out / "bench_layer_pieces.json", ("ms_per_call",)))
     from benchmarks import bench_serving
 
     check.step("bench_serving (16 clients)", lambda: _json_figures(
