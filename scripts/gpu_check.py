@@ -13,9 +13,9 @@ fp32 and bf16 compiled), bench_adaptive (decide at R = 0.25, 0.5 and 0.75 agains
 demo's models where present, else a 200-image smoke run: samples per second and samples per image),
 bench_training, bench_layer_pieces (one DnCNN layer's pieces of a DP step, each timed alone), bench_serving at 16
 clients, and bench_serving_adaptive (one-image decide requests at R = 0.5 against fixed n = 10,000 from 16
-clients: the API's noisy samples per second, and the server's passes per request, samples per pass and busy time). Needs no network. A failing step is
-recorded and the check goes on; the exit status is 1 if any step failed. Writes OUT/gpu_check.json (every step:
-seconds, status, figures, the error) and prints one table.
+clients: the API's noisy samples per second, and the server's passes per request, samples per pass and busy
+time). Needs no network. A failing step is recorded and the check goes on; the exit status is 1 if any step
+failed. Writes OUT/gpu_check.json (every step: seconds, status, figures, the error) and prints one table.
 """
 from __future__ import annotations
 
