@@ -124,7 +124,7 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/test_serving.py", "-k", "one_table or matches_smooth"), "each job's counts are its own"),
     Mutant("passes_never_overlap", "serving/compute/scheduler.py", "FairScheduler._compute_forever",
            "if not self.overlap:", "if True:", ("tests/test_serving_scheduler.py", "-k", "overlap"),
-           "with shared passes the host hands out a pass while the next one computes"),
+           "with overlap on, the host hands out a pass while the next one computes"),
     Mutant("pass_blocks_read_per_request", "serving/compute/scheduler.py", "FairScheduler._hand_out",
            "read_counted_blocks([ticket.work for ticket in served])", "read_counted_blocks([])",
            ("tests/test_serving_adaptive.py", "-k", "read_together"),

@@ -201,12 +201,11 @@ class TransDenoiser:
         self.metrics = service_metrics()
         share_passes = config.batching_on(self.device.type)
         round_samples = config.round_samples_on(self.device.type)
-        self._passes_reported = (0, 0.0)  # the scheduler's passes and counter seconds already in the metrics
         self.scheduler = FairScheduler(counter, round_samples, config.batch_size, share_passes,
                                        config.max_queued_requests, on_pass=self._on_pass,
                                        on_drop=lambda reason: self.metrics.dropped.labels(reason=reason).inc(),
                                        on_refuse=lambda reason: self.metrics.refused.labels(reason=reason).inc(),
-                                       overlap=config.overlap_on(self.device.type))
+                                       overlap=config.overlap_on(self.device.type), on_counted=self._on_counted)
         weights = [self.bundle.path / config.classifier / WEIGHTS,
                    self.bundle.path / config.denoiser / WEIGHTS if config.denoiser is not None else None]
         self.noise_key = NoiseKey.from_setting(config.noise_key, model_identity(weights))
@@ -231,11 +230,10 @@ class TransDenoiser:
     def _on_pass(self, samples_by_kind: dict[str, int], depth: int, queued_samples: int) -> None:
         self.metrics.on_pass(samples_by_kind, depth, queued_samples)
         self.metrics.compute_rate.set(self.scheduler.rate)
-        stats, (passes, seconds) = self.scheduler.stats, self._passes_reported
-        if stats.passes > passes:  # this scheduler's passes since the last report
-            self.metrics.passes.inc(stats.passes - passes)
-            self.metrics.counter_seconds.inc(max(0.0, stats.counter_seconds - seconds))
-            self._passes_reported = (stats.passes, stats.counter_seconds)
+
+    def _on_counted(self, counter_seconds: float) -> None:
+        self.metrics.passes.inc()
+        self.metrics.counter_seconds.inc(counter_seconds)
 
     @bentoml.on_startup
     async def warm_up(self) -> None:

@@ -161,7 +161,8 @@ class FairScheduler:
 
     ``counter``: evaluates a list of noise jobs, one result (counts or exception) per job (``VoteCounter``).
     ``on_pass``: optional hook called after each pass, and whenever the queue changes, with (kind -> samples
-    computed, queue depth, samples still queued); ``on_drop``: optional hook called with the reason of each
+    computed, queue depth, samples still queued); ``on_counted``: optional hook called once per pass with the
+    seconds the counter took on it; ``on_drop``: optional hook called with the reason of each
     request dropped unfinished; ``on_refuse``: with the reason of each request refused at admission (``queue``:
     ``max_queued`` in flight, ``busy``: it would not finish in time next to the admitted work, ``never``: not
     even alone).
@@ -170,13 +171,15 @@ class FairScheduler:
     def __init__(self, counter: Callable[[Sequence[NoiseJob]], list], round_samples: int, pass_samples: int,
                  share_passes: bool, max_queued: int, on_pass: Callable[[dict[str, int], int, int], None] | None = None,
                  on_drop: Callable[[str], None] | None = None, on_refuse: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic, overlap: bool = False):
+                 clock: Callable[[], float] = time.monotonic, overlap: bool = False,
+                 on_counted: Callable[[float], None] | None = None):
         self.counter = counter
         self.round_samples = round_samples
         self.pass_samples = pass_samples
         self.share_passes = share_passes
         self.max_queued = max_queued
         self.on_pass = on_pass
+        self.on_counted = on_counted
         self.on_drop = on_drop
         self.on_refuse = on_refuse
         self.clock = clock
@@ -490,6 +493,8 @@ class FairScheduler:
         self.stats.samples += samples
         self.stats.passes += 1
         self.stats.counter_seconds += counter_seconds
+        if self.on_counted is not None:
+            self.on_counted(counter_seconds)
         self.stats.pass_sizes = [*self.stats.pass_sizes[-999:], len(served)]
         for ticket in served:
             self._finish(ticket)
