@@ -184,7 +184,9 @@ def _group_norm_rows(m: nn.GroupNorm, a: torch.Tensor, b: torch.Tensor, n: int) 
     grad = b.reshape(1, rows * channels, positions).contiguous()
     _, mean, inv_std = torch.ops.aten.native_group_norm(side_by_side, None, None, 1, rows * channels, positions,
                                                         groups, m.eps)
-    _, weight, bias = torch.ops.aten.native_group_norm_backward(grad, side_by_side, mean, inv_std, None, 1,
+    # the weight and bias gradients do not depend on the scale; CUDA's kernel needs one all the same
+    scale = torch.ones(rows * channels, device=a.device, dtype=a.dtype)
+    _, weight, bias = torch.ops.aten.native_group_norm_backward(grad, side_by_side, mean, inv_std, scale, 1,
                                                                 rows * channels, positions, groups,
                                                                 [False, True, True])
     return {"weight": weight.reshape(n, -1, channels).sum(1), "bias": bias.reshape(n, -1, channels).sum(1)}
