@@ -90,6 +90,24 @@ def draw_block_ends(cs: ConfidenceSequence, plan: BlockPlan = BlockPlan()) -> np
     return np.asarray(ends, dtype=np.int64)
 
 
+_BLOCK_ENDS_KEPT = 64
+_block_ends_kept: dict[tuple[int, BlockPlan], tuple[ConfidenceSequence, np.ndarray]] = {}
+
+
+def shared_block_ends(cs: ConfidenceSequence, plan: BlockPlan) -> np.ndarray:
+    """:func:`draw_block_ends` of ``cs`` and ``plan``, computed once per confidence-sequence object and plan and
+    shared read-only (a server builds a test per adaptive image, with a few rule objects shared by every request)."""
+    key = (id(cs), plan)
+    kept = _block_ends_kept.get(key)
+    if kept is None or kept[0] is not cs:  # the object is held while it is kept: its id is not reused meanwhile
+        if len(_block_ends_kept) >= _BLOCK_ENDS_KEPT:
+            _block_ends_kept.clear()
+        ends = draw_block_ends(cs, plan)
+        ends.flags.writeable = False
+        kept = _block_ends_kept[key] = (cs, ends)
+    return kept[1]
+
+
 def block_looks(cs: ConfidenceSequence, start: int, end: int) -> np.ndarray:
     """Indices of the looks of ``cs`` in (start, end]."""
     return np.flatnonzero((cs.looks > start) & (cs.looks <= end))
@@ -245,7 +263,7 @@ class SequentialTest:
         self.p_lower = 0.0
         self.computed = 0  # estimation samples evaluated (a block is evaluated whole, up to n_max)
         self._plan = plan
-        self._block_ends = draw_block_ends(rule.cs, plan)  # a function of rule.cs and plan alone
+        self._block_ends = shared_block_ends(rule.cs, plan)  # a function of rule.cs and plan alone (read only)
         self._drawn = 0  # samples of the stream drawn so far (block by block)
 
     @classmethod

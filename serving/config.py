@@ -33,6 +33,7 @@ CPU_FORWARD_NICE = 10  # the event loop first (docs/results/serving.md, "A burst
 # (3 on 2 cores: docs/results/serving.md, overload)
 EXTRA_PARSING_SLOTS, MIN_PARSING_SLOTS = 1, 3
 ROUND_SAMPLES, CPU_ROUND_SAMPLES = 200, 100  # a small request next to a burst (docs/results/serving.md, overload)
+CUDA_SWITCH_INTERVAL_US = 500  # the GPU's launching thread gets the GIL back sooner (docs/results/gpu.md, serving)
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,11 @@ class ServingConfig:
     # noisy samples one request computes per scheduling round (its fair share of the compute): "auto" is 100 on
     # CPU (a small request arriving waits for at most one such round: about 25 ms on 2 cores) and 200 elsewhere
     round_samples: int | str = "auto"
+    # the Python interpreter's thread switch interval in this server process (``sys.setswitchinterval``), in
+    # microseconds: how long a thread that wants the GIL waits for another that holds it. "auto": 500 on a GPU, where
+    # the thread launching each forward pass's kernels needs the GIL between them while the event loop reads
+    # requests, and Python's own 5,000 elsewhere
+    switch_interval_us: int | str = "auto"
     max_latency_ms: int = 120_000  # deadline: a request not answered this long after it arrived stops, 504
     max_request_samples: int = 200_000  # compute budget per request: images x (n0 + n) noisy samples
     max_queued_requests: int = 64  # requests in flight at once; one more is refused with 503 and Retry-After
@@ -104,6 +110,12 @@ class ServingConfig:
             return int(self.round_samples)
         return CPU_ROUND_SAMPLES if device_type == "cpu" else ROUND_SAMPLES
 
+    def switch_interval_us_on(self, device_type: str) -> int | None:
+        """The thread switch interval (microseconds) to set on a device of this type, or None: Python's own."""
+        if self.switch_interval_us != "auto":
+            return int(self.switch_interval_us)
+        return CUDA_SWITCH_INTERVAL_US if device_type == "cuda" else None
+
     def body_slot_limits(self) -> tuple[int, int]:
         """The body slots (``serving.limits.BodySlots``): large bodies read and parsed at once
         (``parsing_slots``), and small ones: as many as requests may be in flight (``max_queued_requests``)."""
@@ -126,7 +138,8 @@ class ServingConfig:
 
 _INT_KEYS = ("n0", "n", "max_n", "batch_size", "chunk_samples", "max_images", "max_payload_bytes", "max_latency_ms",
              "max_request_samples", "max_queued_requests")
-_AUTO_INT_KEYS = ("forward_batch", "max_parsing_requests", "round_samples")  # an integer >= 1, or "auto" per device
+# an integer >= 1, or "auto" per device
+_AUTO_INT_KEYS = ("forward_batch", "max_parsing_requests", "round_samples", "switch_interval_us")
 MIN_NOISE_KEY_CHARS = 32
 _BOOL_KEYS = ("allow_client_seed", "show_versions", "compile", "sound_noise")
 PRECISIONS = ("fp32", "bf16", "fp16")  # certify.numerics.PRECISION_CHOICES

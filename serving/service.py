@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
 import time
 from typing import Any, Literal
 
@@ -182,6 +183,9 @@ class TransDenoiser:
         self.device = resolve_device(os.environ.get(DEVICE_ENV, "auto"))
         self.bundle = load_model_dir(model_dir_from_env(), device=self.device)
         self.config = config = self.bundle.config
+        switch_interval_us = config.switch_interval_us_on(self.device.type)
+        if switch_interval_us is not None:  # this process serves: the setting is the process's
+            sys.setswitchinterval(switch_interval_us / 1e6)
         # this model directory's limits, not a previous service's in this process
         BODY_SLOTS.configure(*config.body_slot_limits())
         pipeline = self.bundle.pipeline
@@ -219,6 +223,7 @@ class TransDenoiser:
         self.card["runtime"]["forward_nice"] = self.smooth.worker_nice if self.smooth.workers > 1 else 0
         self.card["runtime"]["round_samples"] = round_samples  # a request's round on this device
         self.card["runtime"]["overlap"] = self.scheduler.overlap  # counts handed out while the next pass computes
+        self.card["runtime"]["switch_interval_us"] = round(sys.getswitchinterval() * 1e6)  # the GIL's, as set
         self.card["runtime"]["max_parsing_requests"] = BODY_SLOTS.limit  # large-body slots on this machine
         counter([NoiseJob(torch.zeros(self.input_shape), config.batch_size, 0)])  # full-size forward pass
         # request kinds: name -> builds the scheduler work of a validated request. A new kind adds a Work class

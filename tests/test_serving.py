@@ -14,7 +14,15 @@ from certify.core import Smooth
 from serving.auth import ApiKeyMiddleware
 from serving.bundle import load_model_dir, write_model_dir
 from serving.card import epsilon_statements
-from serving.compute.engine import CertifyWork, NoiseJob, VoteCounter, job_seed, plan_jobs
+from serving.compute.engine import (
+    CertifyWork,
+    NoiseJob,
+    NoisePiece,
+    StreamJob,
+    VoteCounter,
+    job_seed,
+    plan_jobs,
+)
 from serving.config import ServingConfig, load_config, validate_config
 from serving.limits import PayloadLimitMiddleware
 from serving.validation import RequestError, decode_image, parse_payload
@@ -184,6 +192,22 @@ def test_a_pass_counts_every_job_in_one_table(smooth):
         assert table.shape == (len(sizes), smooth.num_classes) and table.dtype == np.int64
         for row, part in zip(table, predictions.split(sizes), strict=True):
             np.testing.assert_array_equal(row, counter.counts(part))
+
+
+def test_a_pass_copies_the_images_it_still_draws_from_to_the_device_at_once(smooth, digits, monkeypatch):
+    """``on_device``: one stacked copy of each host image whose noise the pass still draws (a drawn piece's image is
+    not copied again; images already on the device are not copied), keyed by the host image's id."""
+    first, second, third = digits[0][:3]
+    counter = VoteCounter(smooth)
+    drawn = NoisePiece(second, 8, smooth.generator(1))
+    drawn.samples(smooth)
+    fresh = NoisePiece(third, 8, smooth.generator(2))
+    jobs = [NoiseJob(first, 5, 3), StreamJob(drawn, 0, 4), StreamJob(fresh, 0, 4), StreamJob(fresh, 4, 4)]
+    assert counter.on_device(jobs) == {}  # on this device already
+    monkeypatch.setattr(smooth, "device", torch.device("meta"))
+    copied = counter.on_device(jobs)
+    assert set(copied) == {id(first), id(third)}
+    assert all(image.device.type == "meta" and image.shape == first.shape for image in copied.values())
 
 
 def test_jobs_never_share_draws():
@@ -415,6 +439,18 @@ def test_batching_auto_is_adaptive_on_gpu_only():
     assert not validate_config({"sigma": 0.25, "batching": False, "overlap": "auto"}, "test").overlap_on("cuda")
     assert not validate_config({"sigma": 0.25, "overlap": False}, "test").overlap_on("cuda")
     assert validate_config({"sigma": 0.25, "batching": False, "overlap": True}, "test").overlap_on("cpu")
+
+
+def test_switch_interval_auto_is_shorter_on_gpu_only():
+    from serving.config import CUDA_SWITCH_INTERVAL_US, validate_config
+
+    auto = validate_config({"sigma": 0.25}, "test")
+    assert auto.switch_interval_us_on("cuda") == CUDA_SWITCH_INTERVAL_US < 5000  # Python's own is 5,000 us
+    assert auto.switch_interval_us_on("cpu") is None  # left as Python sets it
+    assert validate_config({"sigma": 0.25, "switch_interval_us": 2000}, "test").switch_interval_us_on("cpu") == 2000
+    for bad in (0, -1, 1.5, True, "fast"):
+        with pytest.raises(UserError, match='switch_interval_us must be an integer >= 1 or "auto"'):
+            validate_config({"sigma": 0.25, "switch_interval_us": bad}, "test")
 
 
 def test_forward_batch_auto_is_cache_sized_on_cpu_only():

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from certify.sequential import CONTINUE, DEFAULT_METHOD, METHODS, DecideRule, EstimateRule, confidence_sequence
-from certify.streams import BlockPlan, SequentialTest, draw_block_ends, run_blocks, run_streams
+from certify.streams import BlockPlan, SequentialTest, draw_block_ends, run_blocks, run_streams, shared_block_ends
 
 SIGMA = 0.25
 
@@ -312,3 +312,14 @@ def test_many_sequential_tests_share_block_ends_but_no_state():
         assert (test.outcome, test.samples, test.successes, test.computed, test.p_lower) == (
             alone.outcome, alone.samples, alone.successes, alone.computed, alone.p_lower)
     assert len({(test.outcome, test.samples) for test in tests}) == 3  # three different answers: nothing shared
+
+
+def test_block_ends_are_computed_once_per_confidence_sequence_and_plan():
+    cs = confidence_sequence(DEFAULT_METHOD, 10_000, 0.001)
+    plan = BlockPlan.for_device("cuda")
+    ends = shared_block_ends(cs, plan)
+    np.testing.assert_array_equal(ends, draw_block_ends(cs, plan))
+    assert shared_block_ends(cs, plan) is ends and not ends.flags.writeable  # shared, read only
+    assert shared_block_ends(cs, BlockPlan.for_device("cpu")) is not ends
+    other = confidence_sequence(DEFAULT_METHOD, 10_000, 0.001)  # an equal sequence, another object
+    np.testing.assert_array_equal(shared_block_ends(other, plan), ends)

@@ -64,33 +64,55 @@ class VoteCounter:
     def __init__(self, smooth: Smooth):
         self.smooth = smooth
 
-    def noisy_samples(self, job: NoiseJob | StreamJob) -> torch.Tensor:
+    def noisy_samples(self, job: NoiseJob | StreamJob, image: torch.Tensor | None = None) -> torch.Tensor:
         """Same draw as ``Smooth.sample_counts(job.image, job.num_samples, smooth.generator(job.seed))``; for a
-        ``StreamJob``, its slice of its piece of the image's noise stream."""
+        ``StreamJob``, its slice of its piece of the image's noise stream. ``image``: the job's image already on
+        the smoother's device (``on_device``), if it was copied there."""
         if isinstance(job, StreamJob):
-            return job.piece.samples(self.smooth)[job.start:job.start + job.num_samples]
-        return noisy_copies(self.smooth, job.image.to(self.smooth.device), job.num_samples,
-                            self.smooth.generator(job.seed))
+            return job.piece.samples(self.smooth, image)[job.start:job.start + job.num_samples]
+        image = job.image.to(self.smooth.device) if image is None else image
+        return noisy_copies(self.smooth, image, job.num_samples, self.smooth.generator(job.seed))
+
+    def on_device(self, jobs: Sequence[NoiseJob | StreamJob]) -> dict[int, torch.Tensor]:
+        """The images whose noise these jobs still draw, copied to the smoother's device together: one copy per
+        pass instead of one per image (on a GPU each copy from pageable memory waits for the device), by ``id`` of
+        the host image. The same pixels either way; empty where the images are on the device already."""
+        host: dict[int, torch.Tensor] = {}
+        for job in jobs:
+            if isinstance(job, StreamJob):
+                if job.piece.drawn:
+                    continue
+                image = job.piece.image
+            else:
+                image = job.image
+            if image.device != self.smooth.device:
+                host.setdefault(id(image), image)
+        if not host or len({image.shape for image in host.values()}) > 1:
+            return {}
+        return dict(zip(host, torch.stack(list(host.values())).to(self.smooth.device).unbind(0), strict=True))
 
     def counts(self, predictions: torch.Tensor) -> np.ndarray:
         return torch.bincount(predictions, minlength=self.smooth.num_classes).cpu().numpy()
 
     def counts_per_job(self, predictions: torch.Tensor, sizes: list[int]) -> np.ndarray:
-        """Class counts of consecutive runs of ``sizes`` predictions, one row per run: one bincount and one copy to
-        the host for the whole pass (on a GPU, one synchronisation instead of one per job)."""
+        """Class counts of consecutive runs of ``sizes`` predictions, one row per run: the predictions copied to the
+        host once for the whole pass (on a GPU, one synchronisation instead of one per job) and counted there."""
         classes = self.smooth.num_classes
-        owner = torch.repeat_interleave(torch.arange(len(sizes), device=predictions.device),
-                                        torch.as_tensor(sizes, device=predictions.device),
-                                        output_size=predictions.numel())
-        table = torch.bincount(owner * classes + predictions, minlength=len(sizes) * classes)
-        return table.reshape(len(sizes), classes).cpu().numpy()
+        owner = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
+        table = np.bincount(owner * classes + predictions.cpu().numpy(), minlength=len(sizes) * classes)
+        return table.reshape(len(sizes), classes)
 
     def __call__(self, jobs: Sequence[NoiseJob | StreamJob]) -> list[np.ndarray | Exception]:
         results: list[np.ndarray | Exception | None] = [None] * len(jobs)
         samples: dict[int, torch.Tensor] = {}
+        try:
+            images = self.on_device(jobs)
+        except Exception:  # noqa: BLE001 - copied job by job below, so a failure stays with its job
+            images = {}
         for i, job in enumerate(jobs):
             try:
-                samples[i] = self.noisy_samples(job)
+                host = job.piece.image if isinstance(job, StreamJob) else job.image
+                samples[i] = self.noisy_samples(job, images.get(id(host)))
             except Exception as exc:  # noqa: BLE001 - the failure belongs to this job only
                 results[i] = exc
         if samples:
@@ -195,9 +217,16 @@ class NoisePiece:
         self.generator = generator
         self._samples: torch.Tensor | None = None
 
-    def samples(self, smooth: Smooth) -> torch.Tensor:
+    @property
+    def drawn(self) -> bool:
+        return self._samples is not None
+
+    def samples(self, smooth: Smooth, image: torch.Tensor | None = None) -> torch.Tensor:
+        """The piece's noisy copies, drawn at the first call; ``image``: this piece's image on ``smooth``'s device,
+        where the caller has copied it there already."""
         if self._samples is None:
-            self._samples = noisy_copies(smooth, self.image.to(smooth.device), self.num_samples, self.generator)
+            image = self.image.to(smooth.device) if image is None else image
+            self._samples = noisy_copies(smooth, image, self.num_samples, self.generator)
         return self._samples
 
 
