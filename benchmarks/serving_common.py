@@ -158,13 +158,16 @@ def run_record(argv: list[str] | None, module: str) -> dict:
 
     from transdenoiser.runtime import hardware_description
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                check=False).stdout.strip() or None
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "serving",
-                                     "benchmarks"], capture_output=True, text=True, check=False).stdout.strip())
-    except OSError:
-        commit, dirty = None, None
+    if os.environ.get("TRANSDENOISER_COMMIT"):  # a tree that travelled without its own .git (the GPU check)
+        commit, dirty = os.environ["TRANSDENOISER_COMMIT"], None
+    else:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                    check=False).stdout.strip() or None
+            dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "serving",
+                                         "benchmarks"], capture_output=True, text=True, check=False).stdout.strip())
+        except OSError:
+            commit, dirty = None, None
     return {"command": f"python -m {module} " + " ".join(sys.argv[1:] if argv is None else argv),
             "hardware": hardware_description(torch.device("cpu")), "cpu_count": os.cpu_count(),
             "load_average_at_start": os.getloadavg(), "commit": commit, "uncommitted_serving_changes": dirty}

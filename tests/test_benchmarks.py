@@ -340,3 +340,14 @@ def test_bench_layer_pieces_quick_times_every_piece(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench_layer_pieces.main(["--width", "10", "--groups", "4"])
     assert "--groups 4 does not divide --width 10" in capsys.readouterr().err
+
+
+def test_a_serving_run_records_the_commit_it_is_told_where_the_tree_has_no_git_of_its_own(monkeypatch):
+    from benchmarks.serving_common import run_record
+
+    monkeypatch.setenv("TRANSDENOISER_COMMIT", "abc1234")
+    record = run_record(["--quick"], "benchmarks.bench_serving")
+    assert record["commit"] == "abc1234" and record["uncommitted_serving_changes"] is None
+    assert record["command"] == "python -m benchmarks.bench_serving --quick"
+    monkeypatch.delenv("TRANSDENOISER_COMMIT")
+    assert run_record([], "benchmarks.bench_serving")["commit"] != "abc1234"
