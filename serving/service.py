@@ -16,7 +16,7 @@ serving.service:TransDenoiser``. Endpoints (POST, BentoML's convention for APIs)
 Requests share the compute in fair rounds (serving.compute.scheduler); each image's noise is keyed to the model, its
 pixels and the settings (serving.compute.noise), so asking again gives the same certificate.
 
-The pipeline is loaded and warmed up (a full forward pass, then certifications through the scheduler)
+The pipeline is loaded and warmed up (its largest forward passes, then certifications through the scheduler)
 before the server accepts connections, so ``/readyz`` answers 200 only once the model is ready.
 """
 from __future__ import annotations
@@ -225,7 +225,11 @@ class TransDenoiser:
         self.card["runtime"]["overlap"] = self.scheduler.overlap  # counts handed out while the next pass computes
         self.card["runtime"]["switch_interval_us"] = round(sys.getswitchinterval() * 1e6)  # the GIL's, as set
         self.card["runtime"]["max_parsing_requests"] = BODY_SLOTS.limit  # large-body slots on this machine
-        counter([NoiseJob(torch.zeros(self.input_shape), config.batch_size, 0)])  # full-size forward pass
+        # the largest passes this device runs: on a GPU one full batch (cuDNN's plans, the memory it takes); on CPU one
+        # forward batch per worker thread (a CPU pass is never larger, and 1,000 samples there take over a second)
+        warm_samples = (config.batch_size if self.device.type != "cpu"
+                        else min(config.batch_size, self.smooth.batch_size * self.smooth.workers))
+        counter([NoiseJob(torch.zeros(self.input_shape), warm_samples, 0)])
         # request kinds: name -> builds the scheduler work of a validated request. A new kind adds a Work class
         # (serving.compute.scheduler.Work) and an entry here, plus its response.
         self.kinds = {"certify": self._certify_work, "decide": self._sequential_work,
