@@ -2,7 +2,7 @@
 
     python -m benchmarks.bench_serving_adaptive [--model-dir runs/demo/serve] [--no-denoiser] [--clients 16]
         [--radius 0.5] [--n 10000] [--seconds 60] [--fixed-waves 1] [--repeats 2] [--device cpu]
-        [--server-setting KEY=VALUE ...] [--quick]
+        [--server-setting KEY=VALUE ...] [--compare KEY=VALUE ...] [--quick]
 
 One real server (``transdenoiser serve``, 127.0.0.1 only) starts from a copy of the model directory's checkpoints
 with ``max_n = --n``. Phases alternate, ``--repeats`` times: *fixed* sends ``{"images": [x], "n": N}`` (Cohen's
@@ -17,10 +17,17 @@ The noise is keyed per image, so every answer about an image is the same whichev
 fractions are compared on the images both modes answered. From the server's ``/metrics`` before and after each
 phase: its passes per request, noisy samples per pass, and the fraction of the phase the passes took to compute
 (``server``; the rest of the time went to the host's work or to waiting for requests).
+
+``--compare KEY=VALUE`` starts a second server with that setting on top (both with one noise key, so both give
+the same noise to the same image) and takes the two servers' phases in turn, repeat by repeat: an A/B of a server
+setting in one run. The record's ``second`` holds that server's figures, its decide requests per second over the
+first's (per repeat and the median) and the answers that differ between the two (none, for a setting that changes
+only when samples are computed, such as ``overlap`` or ``switch_interval_us``).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import tempfile
 from pathlib import Path
@@ -38,6 +45,10 @@ from benchmarks.serving_common import (
 from transdenoiser.argtypes import positive_float, positive_int
 
 MODES = ("fixed", "decide")
+# the settings each server gets from the benchmark (its flags), not from --server-setting or --compare
+BENCHMARK_SETTINGS = frozenset({"sigma", "n0", "alpha", "n", "max_n", "max_latency_ms", "max_queued_requests",
+                                "noise_key"})
+COMPARE_NOISE_KEY = "bench-serving-adaptive-compare-noise-key-0000"  # both servers' (>= 32 characters)
 
 
 def run_phase(url: str, images: list, body: dict, clients: int, max_seconds: float, max_requests: int) -> dict:
@@ -64,20 +75,43 @@ def certified(mode: str, prediction: dict, radius: float) -> bool:
     return prediction["certified"] is True
 
 
+def run_repeat(url: str, images: list, radius: float, n: int, clients: int, seconds: float, max_requests: int,
+               fixed_requests: int | None = None) -> tuple[dict[str, dict], dict[str, dict[int, dict]]]:
+    """One phase of each mode on one server: (mode -> the phase's figures, with the server's side from its
+    ``/metrics`` around it; mode -> the answers by image)."""
+    bodies = {"fixed": {"n": n}, "decide": {"radius": radius}}
+    phases, answers = {}, {}
+    for mode in MODES:
+        limit = min(max_requests, fixed_requests or max_requests) if mode == "fixed" else max_requests
+        before = server_totals(url)
+        phase = run_phase(url, images, bodies[mode], clients, seconds, limit)
+        phase["server"] = server_figures(before, server_totals(url), phase["requests"], phase["wall_s"])
+        answers[mode] = phase.pop("answers")
+        phases[mode] = phase
+    return phases, answers
+
+
 def measure(url: str, images: list, labels: list[int], radius: float, n: int, clients: int, seconds: float,
             repeats: int, max_requests: int = 100_000, fixed_requests: int | None = None) -> dict:
     """Interleaved phases of both modes on one server; the median throughput ratio and the certified fractions."""
-    bodies = {"fixed": {"n": n}, "decide": {"radius": radius}}
     phases: dict[str, list[dict]] = {mode: [] for mode in MODES}
     answers: dict[str, dict[int, dict]] = {mode: {} for mode in MODES}
     for _ in range(repeats):
-        for mode in MODES:
-            limit = min(max_requests, fixed_requests or max_requests) if mode == "fixed" else max_requests
-            before = server_totals(url)
-            phase = run_phase(url, images, bodies[mode], clients, seconds, limit)
-            phase["server"] = server_figures(before, server_totals(url), phase["requests"], phase["wall_s"])
-            answers[mode].update(phase.pop("answers"))
-            phases[mode].append(phase)
+        collect(phases, answers, *run_repeat(url, images, radius, n, clients, seconds, max_requests, fixed_requests))
+    return summarize(phases, answers, labels, radius)
+
+
+def collect(phases: dict[str, list[dict]], answers: dict[str, dict[int, dict]], repeat_phases: dict[str, dict],
+            repeat_answers: dict[str, dict[int, dict]]) -> None:
+    for mode in MODES:
+        phases[mode].append(repeat_phases[mode])
+        answers[mode].update(repeat_answers[mode])
+
+
+def summarize(phases: dict[str, list[dict]], answers: dict[str, dict[int, dict]], labels: list[int],
+              radius: float) -> dict:
+    """The phases of one server: medians over repeats, the ratios decide / fixed, the certified fractions on the
+    images both modes answered, and the server's side of each mode."""
     for mode in MODES:
         if not answers[mode]:
             failures = [f for p in phases[mode] for f in p["failures"]]
@@ -110,6 +144,21 @@ def measure(url: str, images: list, labels: list[int], radius: float, n: int, cl
                               if all(p["server"][key] is not None for p in phases[mode])} for mode in MODES}}
 
 
+def compare_sides(phases: dict[str, dict[str, list[dict]]], answers: dict[str, dict[str, dict[int, dict]]]) -> dict:
+    """The second server against the first, phases taken in turn: its decide requests per second over the first's,
+    per repeat and their median, and the answers of both about the same images (same noise key: a setting that
+    changes only when samples are computed must change no answer)."""
+    per_repeat = [second["requests_per_s"] / first["requests_per_s"] if first["requests_per_s"] > 0 else None
+                  for first, second in zip(phases["first"]["decide"], phases["second"]["decide"], strict=True)]
+    known = [ratio for ratio in per_repeat if ratio is not None]
+    pairs = [(mode, image) for mode in MODES
+             for image in sorted(set(answers["first"][mode]) & set(answers["second"][mode]))]
+    differing = [f"{mode} image {image}" for mode, image in pairs
+                 if answers["first"][mode][image] != answers["second"][mode][image]]
+    return {"decide_ratio_per_repeat": per_repeat, "decide_ratio": statistics.median(known) if known else None,
+            "answers_compared": len(pairs), "answers_differing": differing}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_serving_adaptive",
                                      description=__doc__.split("\n")[0])
@@ -127,6 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server-setting", type=setting, action="append", default=[], metavar="KEY=VALUE",
                         help="a further serving setting of the server's model directory (repeatable), e.g. "
                              "overlap=false")
+    parser.add_argument("--compare", type=setting, action="append", default=[], metavar="KEY=VALUE",
+                        help="a second server, with this setting on top of the first's (repeatable): the two servers' "
+                             "phases alternate, repeat by repeat, and the record gives the second's decide requests "
+                             "per second over the first's, per repeat and their median, e.g. overlap=true")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: n = 200, R = 0.25, 2 clients, 4 images, 3 s phases")
     parser.add_argument("--out", default="runs/bench_serving_adaptive.json", help="JSON results file")
@@ -135,17 +188,19 @@ def main(argv: list[str] | None = None) -> int:
         # R = 0.25: a budget of 200 cannot certify 0.5, and the server refuses a radius beyond its budget's reach
         args.n, args.radius, args.clients, args.images, args.seconds, args.repeats = 200, 0.25, 2, 4, 3.0, 1
 
-    server_settings = dict(args.server_setting)
-    fixed_here = {"sigma", "n0", "alpha", "n", "max_n", "max_latency_ms", "max_queued_requests"} & set(server_settings)
-    if fixed_here:
-        parser.error(f"--server-setting {sorted(fixed_here)[0]}: set by the benchmark itself")
+    server_settings, compared = dict(args.server_setting), dict(args.compare)
+    for flag, given in (("--server-setting", server_settings), ("--compare", compared)):
+        fixed_here = BENCHMARK_SETTINGS & set(given)
+        if fixed_here:
+            parser.error(f"{flag} {sorted(fixed_here)[0]}: set by the benchmark itself")
     from serving.config import load_config, validate_config
     from transdenoiser.errors import UserError
 
-    try:
-        validate_config({"sigma": 0.25, **server_settings}, "--server-setting")
-    except (UserError, ValueError) as exc:
-        parser.error(str(exc))
+    for flag, given in (("--server-setting", server_settings), ("--compare", {**server_settings, **compared})):
+        try:
+            validate_config({"sigma": 0.25, **given}, flag)
+        except (UserError, ValueError) as exc:
+            parser.error(str(exc))
     from training.datasets import load_dataset
 
     model_dir = Path(args.model_dir)
@@ -165,14 +220,29 @@ def main(argv: list[str] | None = None) -> int:
         from transdenoiser.runtime import hardware_description
 
         record["hardware"] = hardware_description(torch.device(args.device))
-    with tempfile.TemporaryDirectory(prefix="bench_serving_adaptive_") as tmp:
-        with running_server(Path(tmp), str(model_dir / config.classifier), denoiser, args.device, sigma=config.sigma,
-                            n0=config.n0, alpha=config.alpha, n=min(1000, args.n), max_n=args.n,
-                            max_latency_ms=900_000, max_queued_requests=max(64, args.clients),
-                            **server_settings) as server:
+    sides = {"first": server_settings, **({"second": {**server_settings, **compared}} if compared else {})}
+    if compared:  # one noise key for both: the same noise for the same image, so their answers can be compared
+        sides = {name: {"noise_key": COMPARE_NOISE_KEY, **given} for name, given in sides.items()}
+        record["compare"] = compared
+    phases = {name: {mode: [] for mode in MODES} for name in sides}
+    answers = {name: {mode: {} for mode in MODES} for name in sides}
+    with tempfile.TemporaryDirectory(prefix="bench_serving_adaptive_") as tmp, contextlib.ExitStack() as stack:
+        servers = {name: stack.enter_context(running_server(
+            Path(tmp) / name, str(model_dir / config.classifier), denoiser, args.device, sigma=config.sigma,
+            n0=config.n0, alpha=config.alpha, n=min(1000, args.n), max_n=args.n, max_latency_ms=900_000,
+            max_queued_requests=max(64, args.clients), **given)) for name, given in sides.items()}
+        for server in servers.values():
             run_phase(server.url, images[:1], {"n": 100}, 1, 60, 1)  # warm the HTTP path
-            record.update(measure(server.url, images, labels, args.radius, args.n, args.clients, args.seconds,
-                                  args.repeats, fixed_requests=args.fixed_waves * args.clients))
+        for _ in range(args.repeats):  # the servers in turn, repeat by repeat
+            for name, server in servers.items():
+                collect(phases[name], answers[name], *run_repeat(
+                    server.url, images, args.radius, args.n, args.clients, args.seconds, 100_000,
+                    args.fixed_waves * args.clients))
+    record.update(summarize(phases["first"], answers["first"], labels, args.radius))
+    if compared:
+        record["second"] = {"settings": sides["second"] | {"noise_key": "(the benchmark's own)"},
+                            **summarize(phases["second"], answers["second"], labels, args.radius),
+                            **compare_sides(phases, answers)}
     for mode in MODES:
         rates = ", ".join(f"{p['requests_per_s']:.3f}" for p in record["phases"][mode])
         print(f"{mode:7s} req/s per phase: {rates}; mean samples/request {record['mean_samples'][mode]:.0f}; "
@@ -186,6 +256,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"decide / fixed requests per second at {args.clients} clients: {record['speedup']:.2f}x "
           f"(median of {args.repeats} interleaved phases; {record['images_compared']} images compared, "
           f"{len(record['disagreements'])} certified differently)")
+    if compared:
+        second = record["second"]
+        ratios = ", ".join("-" if ratio is None else f"{ratio:.2f}" for ratio in second["decide_ratio_per_repeat"])
+        rates = second["median_requests_per_s"]["decide"], record["median_requests_per_s"]["decide"]
+        print(f"with {' '.join(f'{k}={v}' for k, v in compared.items())}: decide requests per second "
+              f"{rates[0]:.1f} against {rates[1]:.1f}, "
+              f"{'-' if second['decide_ratio'] is None else format(second['decide_ratio'], '.2f')}x "
+              f"(per repeat: {ratios}); "
+              f"decide / fixed noisy samples per second "
+              f"{second['samples_per_second_vs_fixed']:.2f}; {second['answers_compared']} answers compared, "
+              f"{len(second['answers_differing'])} differing")
     save_result(args.out, record, f"hardware: {record['hardware']}; commit {record['commit']}; ")
     return 0
 

@@ -351,3 +351,14 @@ def test_a_serving_run_records_the_commit_it_is_told_where_the_tree_has_no_git_o
     assert record["command"] == "python -m benchmarks.bench_serving --quick"
     monkeypatch.delenv("TRANSDENOISER_COMMIT")
     assert run_record([], "benchmarks.bench_serving")["commit"] != "abc1234"
+
+
+def test_bench_serving_adaptive_refuses_a_compared_setting_it_sets_itself_or_a_bad_one(capsys):
+    from benchmarks import bench_serving_adaptive
+
+    for argv, message in ((["--compare", "noise_key=" + "k" * 40], "--compare noise_key: set by the benchmark itself"),
+                          (["--compare", "overlap=maybe"], 'overlap must be true, false or "auto"'),
+                          (["--compare", "overlap"], "'overlap' is not KEY=VALUE")):
+        with pytest.raises(SystemExit):
+            bench_serving_adaptive.main(argv)
+        assert message in capsys.readouterr().err

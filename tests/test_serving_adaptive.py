@@ -305,6 +305,30 @@ def test_the_adaptive_api_benchmark_runs_against_a_server(server, digits):
                 max_requests=1)
 
 
+@pytest.mark.server
+def test_the_adaptive_api_benchmark_compares_two_servers_phase_by_phase(server, digits):
+    """``--compare``'s measuring code: phases of two sides in turn, the second's decide requests per second over the
+    first's per repeat, and every answer of one side against the other's. One server as both sides here: the same
+    noise, so the same answers."""
+    from benchmarks.bench_serving_adaptive import MODES, collect, compare_sides, run_repeat
+
+    x, _ = digits
+    phases = {name: {mode: [] for mode in MODES} for name in ("first", "second")}
+    answers = {name: {mode: {} for mode in MODES} for name in ("first", "second")}
+    for _ in range(2):
+        for name in ("first", "second"):
+            collect(phases[name], answers[name], *run_repeat(server.url, x[:2].tolist(), radius=0.25, n=300,
+                                                             clients=2, seconds=1, max_requests=3))
+    compared = compare_sides(phases, answers)
+    assert len(compared["decide_ratio_per_repeat"]) == 2 and compared["decide_ratio"] > 0
+    assert compared["decide_ratio_per_repeat"][0] == pytest.approx(
+        phases["second"]["decide"][0]["requests_per_s"] / phases["first"]["decide"][0]["requests_per_s"])
+    assert compared["answers_compared"] >= 2 and compared["answers_differing"] == []
+    image = next(iter(answers["second"]["decide"]))  # an answer that differs is named
+    answers["second"]["decide"][image] = {**answers["second"]["decide"][image], "certified": None}
+    assert compare_sides(phases, answers)["answers_differing"] == [f"decide image {image}"]
+
+
 def test_a_decide_answer_that_is_not_certified_keeps_its_class(service, smooth, digits):
     """Asked at a radius its budget cannot certify, the answer still names the selected class: certified false (or null
     when the budget ran out), radius 0, not an abstention."""
