@@ -43,6 +43,7 @@ elementwise arithmetic as ``step`` one look at a time.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -428,8 +429,9 @@ class DecideRule(Rule):
     def row_looks(self) -> bool:
         return self.cs.row_looks
 
-    @property
+    @functools.cached_property
     def threshold(self) -> float:
+        """Phi(radius / sigma), computed once per rule (every reading of a block compares against it)."""
         return float(norm.cdf(self.radius / self.sigma))
 
     def step(self, look: int, successes: np.ndarray, best_lower: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

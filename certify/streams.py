@@ -90,22 +90,39 @@ def draw_block_ends(cs: ConfidenceSequence, plan: BlockPlan = BlockPlan()) -> np
     return np.asarray(ends, dtype=np.int64)
 
 
-_BLOCK_ENDS_KEPT = 64
-_block_ends_kept: dict[tuple[int, BlockPlan], tuple[ConfidenceSequence, np.ndarray]] = {}
+_BLOCKS_KEPT = 64
+
+
+@dataclass
+class _Blocks:
+    """The blocks of one confidence-sequence object under one plan, shared read-only by every test of it: their ends,
+    and each block's (samples to draw, look segments, look indices) by the sample it starts at, computed when first
+    asked (a server runs a test per adaptive image, with a few rule objects shared by every request)."""
+
+    cs: ConfidenceSequence
+    ends: np.ndarray
+    by_start: dict[int, tuple[int, np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+
+_blocks_kept: dict[tuple[int, BlockPlan], _Blocks] = {}
+
+
+def _shared_blocks(cs: ConfidenceSequence, plan: BlockPlan) -> _Blocks:
+    key = (id(cs), plan)
+    kept = _blocks_kept.get(key)
+    if kept is None or kept.cs is not cs:  # the object is held while it is kept: its id is not reused meanwhile
+        if len(_blocks_kept) >= _BLOCKS_KEPT:
+            _blocks_kept.clear()
+        ends = draw_block_ends(cs, plan)
+        ends.flags.writeable = False
+        kept = _blocks_kept[key] = _Blocks(cs, ends)
+    return kept
 
 
 def shared_block_ends(cs: ConfidenceSequence, plan: BlockPlan) -> np.ndarray:
     """:func:`draw_block_ends` of ``cs`` and ``plan``, computed once per confidence-sequence object and plan and
-    shared read-only (a server builds a test per adaptive image, with a few rule objects shared by every request)."""
-    key = (id(cs), plan)
-    kept = _block_ends_kept.get(key)
-    if kept is None or kept[0] is not cs:  # the object is held while it is kept: its id is not reused meanwhile
-        if len(_block_ends_kept) >= _BLOCK_ENDS_KEPT:
-            _block_ends_kept.clear()
-        ends = draw_block_ends(cs, plan)
-        ends.flags.writeable = False
-        kept = _block_ends_kept[key] = (cs, ends)
-    return kept[1]
+    shared read-only."""
+    return _shared_blocks(cs, plan).ends
 
 
 def block_looks(cs: ConfidenceSequence, start: int, end: int) -> np.ndarray:
@@ -263,7 +280,7 @@ class SequentialTest:
         self.p_lower = 0.0
         self.computed = 0  # estimation samples evaluated (a block is evaluated whole, up to n_max)
         self._plan = plan
-        self._block_ends = shared_block_ends(rule.cs, plan)  # a function of rule.cs and plan alone (read only)
+        self._blocks = _shared_blocks(rule.cs, plan)  # a function of rule.cs and plan alone (read only)
         self._drawn = 0  # samples of the stream drawn so far (block by block)
 
     @classmethod
@@ -303,18 +320,22 @@ class SequentialTest:
         return size, [int(m) for m in segments]
 
     def _next(self) -> tuple[int, np.ndarray, np.ndarray]:
-        """(samples to draw, look segments, the looks' indices) of the next block; (0, [], []) once done."""
+        """(samples to draw, look segments, the looks' indices) of the next block; (0, [], []) once done. A function
+        of the rule's confidence sequence, the plan and the samples drawn so far: computed once for every test that
+        shares them."""
         if self.done:
             return 0, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        end, looks = self._block()
-        return end - self._drawn, np.diff(np.concatenate([[self._drawn], self.rule.cs.looks[looks]])), looks
-
-    def _block(self) -> tuple[int, np.ndarray]:
-        """The next block's end (samples) and the indices of its looks."""
         if self.samples != self._drawn:
             raise ValueError("blocks and single looks cannot be mixed in one test")
-        end = int(self._block_ends[np.searchsorted(self._block_ends, self._drawn, side="right")])
-        return end, block_looks(self.rule.cs, self._drawn, end)
+        block = self._blocks.by_start.get(self._drawn)
+        if block is None:
+            ends = self._blocks.ends
+            end = int(ends[np.searchsorted(ends, self._drawn, side="right")])
+            looks = block_looks(self.rule.cs, self._drawn, end)
+            segments = np.diff(np.concatenate([[self._drawn], self.rule.cs.looks[looks]]))
+            looks.flags.writeable = segments.flags.writeable = False
+            block = self._blocks.by_start[self._drawn] = (end - self._drawn, segments, looks)
+        return block
 
     def observe_block(self, votes: list[int] | np.ndarray) -> int:
         """Record the votes in each look segment of :meth:`next_block`, up to the first outcome: the rule evaluated at
@@ -355,10 +376,13 @@ class SequentialTest:
             width = max(len(row) for row in looks)
             if all(len(row) == width and np.array_equal(row, looks[0]) for row in looks):
                 looks_read, votes_read = looks[0], np.stack([block_votes for _, block_votes, *_ in group])
-            else:  # each row its own looks, padded to the longest block
-                looks_read = np.stack([np.pad(row, (0, width - len(row)), mode="edge") for row in looks])
-                votes_read = np.stack([np.pad(block_votes, (0, width - len(block_votes)))
-                                       for _, block_votes, *_ in group])
+            else:  # each row its own looks, padded to the longest block: its last look again, with no more votes
+                looks_read = np.empty((len(group), width), dtype=np.int64)
+                votes_read = np.zeros((len(group), width), dtype=np.int64)
+                for row, (row_looks, (_, block_votes, *_)) in enumerate(zip(looks, group, strict=True)):
+                    looks_read[row, :len(row_looks)] = row_looks
+                    looks_read[row, len(row_looks):] = row_looks[-1]
+                    votes_read[row, :len(block_votes)] = block_votes
             first, successes, outcome, lower, _ = first_outcomes(
                 group[0][0].rule, looks_read, np.array([test.successes for test, *_ in group], dtype=np.int64),
                 votes_read, np.array([test.p_lower for test, *_ in group], dtype=float))
