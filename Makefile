@@ -39,7 +39,7 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_serving --classifier-dir runs/demo/classifier --denoiser-dir runs/demo/denoiser
 
 # Every computing command with --device cuda on small sizes, then the speed benchmarks (scripts/gpu_check.sh);
-# one table and runs/gpu_check/gpu_check.json. Under 5 minutes on one H100/H200; needs no network.
+# one table and runs/gpu_check/gpu_check.json. Its time on an H200: docs/results/gpu.md; needs no network.
 gpu-check: $(STAMP)
 	PYTHON=$(BIN)/python scripts/gpu_check.sh
 

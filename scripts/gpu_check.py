@@ -1,6 +1,6 @@
 """One-command check of every computing command on a device, then the speed benchmarks; one table, one JSON.
 
-    scripts/gpu_check.sh                 # --device cuda: small sizes, then the benchmarks (under 5 min on an H100)
+    scripts/gpu_check.sh                 # --device cuda: small sizes, then the benchmarks (timed: docs/results/gpu.md)
     scripts/gpu_check.sh --quick         # CPU, smallest sizes, the certify benchmark only (under 3 min; in the tests)
     python scripts/gpu_check.py --device cuda --out runs/gpu_check     # the same, without the shell wrapper
 
