@@ -93,29 +93,37 @@ def draw_block_ends(cs: ConfidenceSequence, plan: BlockPlan = BlockPlan()) -> np
 _BLOCKS_KEPT = 64
 
 
-@dataclass
+@dataclass(frozen=True, eq=False)
 class _Blocks:
-    """The blocks of one confidence-sequence object under one plan, shared read-only by every test of it: their ends,
-    and each block's (samples to draw, look segments, look indices) by the sample it starts at, computed when first
-    asked (a server runs a test per adaptive image, with a few rule objects shared by every request)."""
+    """The blocks of one confidence-sequence object under one plan, shared read-only by every stream and test of it:
+    their ends, and each block as (first sample, end, look indices, look segments), with its index by its first
+    sample (a server runs a test per adaptive image, with a few rule objects shared by every request)."""
 
     cs: ConfidenceSequence
     ends: np.ndarray
-    by_start: dict[int, tuple[int, np.ndarray, np.ndarray]] = field(default_factory=dict)
+    blocks: tuple[tuple[int, int, np.ndarray, np.ndarray], ...]
+    by_start: dict[int, int]
 
 
 _blocks_kept: dict[tuple[int, BlockPlan], _Blocks] = {}
 
 
 def _shared_blocks(cs: ConfidenceSequence, plan: BlockPlan) -> _Blocks:
+    """The blocks of ``cs`` under ``plan`` (:func:`draw_block_ends`, then each block's looks), computed once per
+    confidence-sequence object and plan."""
     key = (id(cs), plan)
     kept = _blocks_kept.get(key)
     if kept is None or kept.cs is not cs:  # the object is held while it is kept: its id is not reused meanwhile
         if len(_blocks_kept) >= _BLOCKS_KEPT:
             _blocks_kept.clear()
-        ends = draw_block_ends(cs, plan)
-        ends.flags.writeable = False
-        kept = _blocks_kept[key] = _Blocks(cs, ends)
+        ends, blocks, start = draw_block_ends(cs, plan), [], 0
+        for end in ends:
+            looks = block_looks(cs, start, int(end))
+            segments = np.diff(np.concatenate([[start], cs.looks[looks]]))
+            ends.flags.writeable = looks.flags.writeable = segments.flags.writeable = False
+            blocks.append((start, int(end), looks, segments))
+            start = int(end)
+        kept = _blocks_kept[key] = _Blocks(cs, ends, tuple(blocks), {block[0]: k for k, block in enumerate(blocks)})
     return kept
 
 
@@ -208,11 +216,7 @@ def run_blocks(rule: Rule, draw: BlockDraw, count: int, plan: BlockPlan = BlockP
     outcome = np.full(count, CONTINUE, dtype=np.int8)
     p_lower = np.zeros(count)
     stop_look = np.full(count, -1, dtype=np.int64)
-    blocks, start = [], 0
-    for end in draw_block_ends(cs, plan):
-        looks = block_looks(cs, start, int(end))
-        blocks.append((start, int(end), looks, np.diff(np.concatenate([[start], cs.looks[looks]]))))
-        start = int(end)
+    blocks = _shared_blocks(cs, plan).blocks  # (first sample, end, look indices, look segments)
 
     def launch(b: int, streams: np.ndarray):
         e, evaluated = b + 1, streams.size * int(blocks[b][3].sum())
@@ -320,22 +324,15 @@ class SequentialTest:
         return size, [int(m) for m in segments]
 
     def _next(self) -> tuple[int, np.ndarray, np.ndarray]:
-        """(samples to draw, look segments, the looks' indices) of the next block; (0, [], []) once done. A function
-        of the rule's confidence sequence, the plan and the samples drawn so far: computed once for every test that
-        shares them."""
+        """(samples to draw, look segments, the looks' indices) of the next block; (0, [], []) once done: the block
+        of the rule's confidence sequence and the plan that starts where this test's samples end (computed once for
+        every test and stream that share them)."""
         if self.done:
             return 0, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         if self.samples != self._drawn:
             raise ValueError("blocks and single looks cannot be mixed in one test")
-        block = self._blocks.by_start.get(self._drawn)
-        if block is None:
-            ends = self._blocks.ends
-            end = int(ends[np.searchsorted(ends, self._drawn, side="right")])
-            looks = block_looks(self.rule.cs, self._drawn, end)
-            segments = np.diff(np.concatenate([[self._drawn], self.rule.cs.looks[looks]]))
-            looks.flags.writeable = segments.flags.writeable = False
-            block = self._blocks.by_start[self._drawn] = (end - self._drawn, segments, looks)
-        return block
+        start, end, looks, segments = self._blocks.blocks[self._blocks.by_start[self._drawn]]
+        return end - start, segments, looks
 
     def observe_block(self, votes: list[int] | np.ndarray) -> int:
         """Record the votes in each look segment of :meth:`next_block`, up to the first outcome: the rule evaluated at
