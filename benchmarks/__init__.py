@@ -26,3 +26,22 @@ def write_result(out, record: dict):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2))
     return path
+
+
+COMMIT_ENV = "TRANSDENOISER_COMMIT"  # the commit of a tree that travelled without its .git (the GPU check's machine)
+
+
+def checkout_commit() -> str | None:
+    """The commit of the checkout the benchmarks run from: ``TRANSDENOISER_COMMIT`` where it is set, else git's short
+    HEAD (None without git)."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    if os.environ.get(COMMIT_ENV):
+        return os.environ[COMMIT_ENV]
+    try:
+        return subprocess.run(["git", "-C", str(Path(__file__).resolve().parent.parent), "rev-parse", "--short",
+                               "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from benchmarks import COMMIT_ENV, checkout_commit
 from serving.bundle import write_model_dir
 from serving.process import ServerProcess
 
@@ -158,16 +159,13 @@ def run_record(argv: list[str] | None, module: str) -> dict:
 
     from transdenoiser.runtime import hardware_description
 
-    if os.environ.get("TRANSDENOISER_COMMIT"):  # a tree that travelled without its own .git (the GPU check)
-        commit, dirty = os.environ["TRANSDENOISER_COMMIT"], None
-    else:
+    commit, dirty = checkout_commit(), None
+    if commit is not None and not os.environ.get(COMMIT_ENV):  # a git checkout: its serving code as committed?
         try:
-            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                    check=False).stdout.strip() or None
             dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "serving",
                                          "benchmarks"], capture_output=True, text=True, check=False).stdout.strip())
         except OSError:
-            commit, dirty = None, None
+            dirty = None
     return {"command": f"python -m {module} " + " ".join(sys.argv[1:] if argv is None else argv),
             "hardware": hardware_description(torch.device("cpu")), "cpu_count": os.cpu_count(),
             "load_average_at_start": os.getloadavg(), "commit": commit, "uncommitted_serving_changes": dirty}

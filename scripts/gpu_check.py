@@ -299,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import torch
 
+    from benchmarks import checkout_commit
     from transdenoiser.runtime import hardware_description, resolve_device
 
     try:
@@ -319,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     total = time.perf_counter() - started
     failed = [s["step"] for s in check.steps if s["status"] != "ok"]
     result = {"format": "transdenoiser-gpu-check", "quick": args.quick, "device": str(device), "hardware": hardware,
-              "torch": torch.__version__, "commit": _commit(), "seconds": round(total, 1), "failed": failed,
+              "torch": torch.__version__, "commit": checkout_commit(), "seconds": round(total, 1), "failed": failed,
               "steps": check.steps}
     path = args.out / "gpu_check.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
@@ -331,21 +332,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{len(check.steps) - len(failed)} of {len(check.steps)} steps ok in {total:.0f} s on {hardware}; "
           f"wrote {path}")
     return 1 if failed else 0
-
-
-def _commit() -> str | None:
-    """The checkout's commit, or TRANSDENOISER_COMMIT where the tree travelled without its .git."""
-    import os
-    import subprocess
-
-    if os.environ.get("TRANSDENOISER_COMMIT"):
-        return os.environ["TRANSDENOISER_COMMIT"]
-
-    try:
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 if __name__ == "__main__":
