@@ -45,6 +45,7 @@ from benchmarks.serving_common import (
 from transdenoiser.argtypes import positive_float, positive_int
 
 MODES = ("fixed", "decide")
+DEFAULT_MODEL_DIR = "runs/demo/serve"  # make demo writes it
 # the settings each server gets from the benchmark (its flags), not from --server-setting or --compare
 BENCHMARK_SETTINGS = frozenset({"sigma", "n0", "alpha", "n", "max_n", "max_latency_ms", "max_queued_requests",
                                 "noise_key"})
@@ -162,7 +163,7 @@ def compare_sides(phases: dict[str, dict[str, list[dict]]], answers: dict[str, d
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_serving_adaptive",
                                      description=__doc__.split("\n")[0])
-    parser.add_argument("--model-dir", default="runs/demo/serve", help="model directory (its checkpoints are used)")
+    parser.add_argument("--model-dir", default=DEFAULT_MODEL_DIR, help="model directory (its checkpoints are used)")
     parser.add_argument("--radius", type=positive_float, default=0.5, help="L2 radius to decide at")
     parser.add_argument("--n", type=positive_int, default=10_000, help="fixed n, and the adaptive budget (max_n)")
     parser.add_argument("--clients", type=positive_int, default=16, help="concurrent clients")
@@ -204,7 +205,11 @@ def main(argv: list[str] | None = None) -> int:
     from training.datasets import load_dataset
 
     model_dir = Path(args.model_dir)
-    config = load_config(model_dir)
+    try:
+        config = load_config(model_dir)
+    except UserError as exc:  # the default, runs/demo/serve, is made by `make demo`
+        parser.error(f"--model-dir: {exc}" + ("; run `make demo` first, or give --model-dir DIR"
+                                              if args.model_dir == DEFAULT_MODEL_DIR else ""))
     denoiser = (str(model_dir / config.denoiser) if config.denoiser is not None and not args.no_denoiser
                 else None)
     x, y = load_dataset("mnist10k").test.tensors()

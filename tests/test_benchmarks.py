@@ -358,7 +358,8 @@ def test_bench_serving_adaptive_refuses_a_compared_setting_it_sets_itself_or_a_b
 
     for argv, message in ((["--compare", "noise_key=" + "k" * 40], "--compare noise_key: set by the benchmark itself"),
                           (["--compare", "overlap=maybe"], 'overlap must be true, false or "auto"'),
-                          (["--compare", "overlap"], "'overlap' is not KEY=VALUE")):
+                          (["--compare", "overlap"], "'overlap' is not KEY=VALUE"),
+                          (["--model-dir", "no/such"], "--model-dir: model directory no/such: no such directory")):
         with pytest.raises(SystemExit):
             bench_serving_adaptive.main(argv)
         assert message in capsys.readouterr().err
