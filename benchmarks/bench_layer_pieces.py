@@ -7,10 +7,11 @@ The layer is DnCNN's Conv2d(width -> width, 3x3, padding 1) followed by GroupNor
 examples of ``--size`` x ``--size``. Pieces (ms per call, the mean of ``--iters`` calls after 3 untimed ones):
 the forward convolution, its input gradient, its weight gradient summed over the batch (what non-private SGD
 forms), the per-example weight gradients by one grouped convolution backward (what the ghost engine forms for
-such a layer, ``training.privacy.ghost_clipping``), the same with channels-last inputs, GroupNorm's per-example
-weight and bias gradients three ways (normalise, multiply and sum; batched dot products; torch's GroupNorm
-backward kernel with the rows side by side, the engine's way), and the per-example norms and clipped sum of the
-per-example weight gradients. On CUDA the convolutions are timed with cuDNN's TF32 allowed (its default) and
+such a layer, ``training.privacy.ghost_clipping``), the same with channels-last inputs (already in that layout,
+and with the two copies to it), GroupNorm's per-example weight and bias gradients four ways (normalise, multiply
+and sum; batched dot products; torch's GroupNorm backward kernel with the rows side by side, with the statistics
+recomputed, or with the forward's statistics, the engine's way), and the per-example norms and clipped sum of
+the per-example weight gradients. On CUDA the convolutions are timed with cuDNN's TF32 allowed (its default) and
 not allowed (float32).
 """
 from __future__ import annotations
@@ -78,6 +79,10 @@ def measure(device_name: str, batch: int, width: int, size: int, groups: int, it
                 lambda: backward(side_a, side_b, per_example, batch, [False, True, False]), iters)
             result[f"per-example weight gradients, grouped, channels-last, {tag}"] = timed(
                 lambda: backward(last_a, last_b, per_example, batch, [False, True, False]), iters)
+            result[f"per-example weight gradients, grouped, channels-last with the copies to it, {tag}"] = timed(
+                lambda: backward(side_a.contiguous(memory_format=torch.channels_last),
+                                 side_b.contiguous(memory_format=torch.channels_last), per_example, batch,
+                                 [False, True, False]), iters)
     finally:
         torch.backends.cudnn.allow_tf32 = previous
     norm = nn.GroupNorm(groups, width).to(device)
@@ -86,8 +91,11 @@ def measure(device_name: str, batch: int, width: int, size: int, groups: int, it
     result["GroupNorm per-example gradients: batched dot products"] = timed(
         lambda: (torch.matmul(F.group_norm(a, groups, eps=norm.eps).reshape(batch, width, 1, -1),
                               b.reshape(batch, width, -1, 1)), b.sum((2, 3))), iters)
-    result["GroupNorm per-example gradients: GroupNorm backward kernel (ghost engine)"] = timed(
+    result["GroupNorm per-example gradients: GroupNorm backward kernel, statistics recomputed"] = timed(
         lambda: _group_norm_rows(norm, a, b, batch), iters)
+    _, mean, inv_std = torch.ops.aten.native_group_norm(a, None, None, batch, width, size * size, groups, norm.eps)
+    result["GroupNorm per-example gradients: GroupNorm backward kernel, the forward's statistics (ghost engine)"] = (
+        timed(lambda: _group_norm_rows(norm, a, b, batch, (mean, inv_std)), iters))
     grads = torch.randn(batch, width * width * 9, generator=generator).to(device)
     ones = torch.ones(batch, device=device)
     result["per-example norms and the clipped sum"] = timed(

@@ -253,6 +253,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "native_group_norm_backward(grad, side_by_side, mean,",
            "native_group_norm_backward(grad, grad, mean,", GHOST,
            "GroupNorm's per-example gradient norm from its normalised input"),
+    Mutant("ghost_group_norm_statistics_swapped", "training/privacy/ghost_clipping.py",
+           "_saved_group_norm_statistics", "return mean, inv_std", "return inv_std, mean", GHOST,
+           "GroupNorm's per-example gradients normalise by the forward's own mean and 1/std"),
     Mutant("ghost_layer_missing", "training/privacy/ghost_clipping.py", "GhostClipping.__call__",
            "squares = squares + self._prepare(layer, layer.inputs[0], grad_out, n).to(squares.dtype)",
            "squares = squares + self._prepare(layer, layer.inputs[0], grad_out, n).to(squares.dtype) * (layer is "

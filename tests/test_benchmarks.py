@@ -334,9 +334,11 @@ def test_bench_layer_pieces_quick_times_every_piece(tmp_path, capsys):
     record = json.loads(out.read_text())
     pieces = record["ms_per_call"]
     assert record["layer"] == {"batch": 4, "width": 8, "size": 8, "groups": 2}
-    # on CPU one setting of the convolutions, three ways of GroupNorm's per-example gradients, the norms and sum
-    assert len(pieces) == 9 and all(ms > 0 for ms in pieces.values())
-    assert "GroupNorm per-example gradients: GroupNorm backward kernel (ghost engine)" in pieces
+    # on CPU one setting of the convolutions (four ways of the per-example weight gradients counted), four ways of
+    # GroupNorm's per-example gradients, the norms and sum
+    assert len(pieces) == 11 and all(ms > 0 for ms in pieces.values())
+    assert "GroupNorm per-example gradients: GroupNorm backward kernel, the forward's statistics (ghost engine)" in (
+        pieces)
     with pytest.raises(SystemExit):
         bench_layer_pieces.main(["--width", "10", "--groups", "4"])
     assert "--groups 4 does not divide --width 10" in capsys.readouterr().err

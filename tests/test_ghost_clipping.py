@@ -109,6 +109,35 @@ def test_ghost_clipped_sum_equals_the_per_example_loop(seed, discount, rows, mon
             assert torch.allclose(summed[k], v, rtol=1e-4, atol=1e-6), (model, k)
 
 
+def test_group_norm_rows_use_the_forward_statistics_which_equal_recomputed_ones(monkeypatch):
+    """The engine reads GroupNorm's mean and 1/std from the forward's autograd node (no second pass over the
+    input); they are the side-by-side layout's statistics, so the per-example gradients are the same."""
+    torch.manual_seed(0)
+    norm = nn.GroupNorm(3, 6)
+    a = torch.randn(5, 6, 4, 4, requires_grad=True)
+    out = norm(a)
+    statistics = gc._saved_group_norm_statistics(out, a)
+    assert statistics is not None and statistics[0].shape == (5, 3)
+    b = torch.randn_like(out)
+    reused = gc._group_norm_rows(norm, a.detach(), b, 5, statistics)
+    recomputed = gc._group_norm_rows(norm, a.detach(), b, 5)
+    for k in ("weight", "bias"):
+        assert torch.allclose(reused[k], recomputed[k], rtol=1e-5, atol=1e-6)
+    # an output not made by the GroupNorm kernel has none: they are recomputed
+    assert gc._saved_group_norm_statistics(out * 2, a) is None
+    # a GhostClipping pass hands the saved statistics to the rows (no forward GroupNorm call of its own)
+    calls = []
+    original = gc._group_norm_rows
+    monkeypatch.setattr(gc, "_group_norm_rows", lambda m, a, b, n, stats=None: (calls.append(stats), original(
+        m, a, b, n, stats))[1])
+    model = nn.Sequential(nn.Conv2d(1, 6, 3, padding=1), nn.GroupNorm(3, 6), nn.Conv2d(6, 1, 3, padding=1))
+    z, x = torch.randn(4, 1, 5, 5), torch.randn(4, 1, 5, 5)
+    batch = GhostClipping(model)(z, x)
+    assert len(calls) == 1 and calls[0] is not None
+    norms, _ = reference(model, z, x, 1)
+    assert torch.allclose(batch.norms, norms, rtol=1e-4)
+
+
 def test_layer_kinds_and_unsupported_structures():
     model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.GroupNorm(1, 2), Scale(2), nn.ConvTranspose2d(2, 1, 3))
     assert ghost_layer_kinds(model) == {"0": "conv2d", "1": "group_norm", "2": "vmap", "3": "conv_transpose2d"}

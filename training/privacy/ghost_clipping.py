@@ -89,6 +89,7 @@ class _Layer:
         self.inputs: list[torch.Tensor] = []
         self.outputs: list[torch.Tensor] = []
         self.versions: list[int] = []
+        self.statistics: tuple[torch.Tensor, torch.Tensor] | None = None  # GroupNorm: the forward's mean, 1/std
         # filled by GhostClipping.__call__
         self.pq: tuple[torch.Tensor, torch.Tensor] | None = None  # (n, G, T, d_p), (n, G, T, d_q)
         self.rows: Params = {}  # per-example gradients formed directly: {param name: (n, *shape)}
@@ -170,26 +171,45 @@ def _conv_weight_norms(m: nn.Module, transposed: bool, a: torch.Tensor, b: torch
     return None, per_row.reshape(n, rows // n, *weight.shape).sum(1)
 
 
-def _group_norm_rows(m: nn.GroupNorm, a: torch.Tensor, b: torch.Tensor, n: int) -> Params:
+def _group_norm_rows(m: nn.GroupNorm, a: torch.Tensor, b: torch.Tensor, n: int,
+                     statistics: tuple[torch.Tensor, torch.Tensor] | None = None) -> Params:
     """Per-example gradients of a GroupNorm's weight and bias from its input ``a`` and output gradient ``b``.
 
     torch's own GroupNorm backward kernel, called on the rows laid side by side as ONE example of rows x C
     channels in rows x G groups: each group holds the same channels of the same row as before, so its
     statistics are the forward's, and the kernel's weight and bias gradients per channel are the per-row
     ones (``sum_t b_ct a^_ct`` and ``sum_t b_ct``, a^: ``a`` normalised), summed over each example's rows. One
-    fused pass over ``a`` and ``b`` instead of forming the normalised activation and its product with ``b``."""
+    fused pass over ``a`` and ``b`` instead of forming the normalised activation and its product with ``b``.
+    ``statistics``: the forward's (mean, 1/std) per row and group, (rows, G), in the side-by-side layout's
+    group order already; recomputed from ``a`` when not given."""
     rows, channels = a.shape[:2]
     positions, groups = a[0, 0].numel(), rows * m.num_groups
     side_by_side = a.reshape(1, rows * channels, positions).contiguous()
     grad = b.reshape(1, rows * channels, positions).contiguous()
-    _, mean, inv_std = torch.ops.aten.native_group_norm(side_by_side, None, None, 1, rows * channels, positions,
-                                                        groups, m.eps)
+    if statistics is None:
+        _, mean, inv_std = torch.ops.aten.native_group_norm(side_by_side, None, None, 1, rows * channels,
+                                                            positions, groups, m.eps)
+    else:
+        mean, inv_std = (s.reshape(1, groups) for s in statistics)
     # the weight and bias gradients do not depend on the scale; CUDA's kernel needs one all the same
     scale = torch.ones(rows * channels, device=a.device, dtype=a.dtype)
     _, weight, bias = torch.ops.aten.native_group_norm_backward(grad, side_by_side, mean, inv_std, scale, 1,
                                                                 rows * channels, positions, groups,
                                                                 [False, True, True])
     return {"weight": weight.reshape(n, -1, channels).sum(1), "bias": bias.reshape(n, -1, channels).sum(1)}
+
+
+def _saved_group_norm_statistics(output: torch.Tensor, a: torch.Tensor
+                                 ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The (mean, 1/std) that a GroupNorm's forward kernel saved for its backward, (rows, G), read from its
+    output's autograd node; None where the output did not come from that kernel (then they are recomputed)."""
+    node = output.grad_fn
+    if type(node).__name__ != "NativeGroupNormBackward0":
+        return None
+    mean, inv_std = node._saved_result1, node._saved_result2
+    if mean.dtype != a.dtype or inv_std.dtype != a.dtype or mean.numel() != len(a) * node._saved_group:
+        return None
+    return mean, inv_std
 
 
 @contextmanager
@@ -246,6 +266,8 @@ class GhostClipping:
                 raise GhostUnsupported(f"module {layer.name!r} does not map one tensor to one tensor")
             layer.inputs.append(inputs[0].detach())
             layer.outputs.append(output)
+            if layer.kind == "group_norm":
+                layer.statistics = _saved_group_norm_statistics(output, inputs[0])
             layer.versions.append(output._version)
             if self._copy_outputs:  # the next layer changes it in place (ReLU(inplace=True)): it gets a copy
                 return output.clone()
@@ -261,6 +283,7 @@ class GhostClipping:
         n = len(x) // rows_per_example
         for layer in self.layers:
             layer.inputs, layer.outputs, layer.versions, layer.pq, layer.rows = [], [], [], None, {}
+            layer.statistics = None
         self._capturing = True
         try:
             out = self.model(*inputs)
@@ -281,7 +304,7 @@ class GhostClipping:
         squares = torch.zeros(n, dtype=torch.float32, device=x.device)
         for layer, grad_out in zip(self.layers, grads, strict=True):
             squares = squares + self._prepare(layer, layer.inputs[0], grad_out, n).to(squares.dtype)
-            layer.inputs, layer.outputs = [], []
+            layer.inputs, layer.outputs, layer.statistics = [], [], None
         losses = row_losses.detach().reshape(n, rows_per_example).mean(1)
         return GhostBatch(self, squares.sqrt(), losses)
 
@@ -308,7 +331,7 @@ class GhostClipping:
                 else:
                     rows["weight"] = per_example
         elif kind == "group_norm":
-            rows = _group_norm_rows(m, a, b, n)
+            rows = _group_norm_rows(m, a, b, n, layer.statistics)
         else:
             rows = self._vmap_rows(layer, a, b, n)
         rows = {k: v for k, v in rows.items() if k in layer.params}
