@@ -2,7 +2,8 @@
 
     python -m benchmarks.bench_serving [--classifier-dir runs/classifier] [--n 1000] [--clients 1,16]
 
-For each mode a real server (``transdenoiser serve``) starts on 127.0.0.1 from a model directory built in a
+For each mode a real server (``transdenoiser serve``) starts on 127.0.0.1 (the two start together, then take
+their phases one after the other; the idle one waits for requests) from a model directory built in a
 temporary folder: ``batching = true`` (a forward pass gathers the rounds of several requests) or
 ``batching = false`` (a pass is one request's round; requests take turns, serving.compute.scheduler). Each phase
 sends one-image requests from C concurrent clients,
@@ -64,13 +65,16 @@ def main(argv: list[str] | None = None) -> int:
                "load_average_at_start": os.getloadavg(), "python": platform.python_version(),
                "n": args.n, "n0": 100, "sigma": args.sigma, "modes": {}}
     with tempfile.TemporaryDirectory(prefix="bench_serving_") as tmp:
-        for mode, batching in MODES.items():
-            model_dir = write_model_dir(Path(tmp) / mode, args.classifier_dir, args.denoiser_dir, sigma=args.sigma,
-                                        n0=100, n=args.n, max_n=max(args.n, 10_000), batching=batching,
-                                        max_latency_ms=600_000)
-            server = ServerProcess(model_dir, Path(tmp) / f"{mode}.log", device=args.device)
-            try:
+        servers = {}
+        try:  # both servers start together (a start is mostly imports and warm-up); the phases run one at a time
+            for mode, batching in MODES.items():
+                model_dir = write_model_dir(Path(tmp) / mode, args.classifier_dir, args.denoiser_dir,
+                                            sigma=args.sigma, n0=100, n=args.n, max_n=max(args.n, 10_000),
+                                            batching=batching, max_latency_ms=600_000)
+                servers[mode] = ServerProcess(model_dir, Path(tmp) / f"{mode}.log", device=args.device)
+            for server in servers.values():
                 server.wait_ready(time.monotonic() + START_TIMEOUT_S)
+            for mode, server in servers.items():
                 run_phase(server.url, image, args.n, 1, 1, args.max_seconds)  # warm the HTTP path
                 phases = []
                 for count in clients:
@@ -81,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"req/s={phase['requests_per_s']:.3f} p50={phase['p50_s']:.2f}s p99={phase['p99_s']:.2f}s "
                           f"failures={len(phase['failures'])}", flush=True)
                 results["modes"][mode] = phases
-            finally:
+        finally:
+            for server in servers.values():
                 server.stop()
     for index, count in enumerate(clients):
         ratio = (results["modes"]["adaptive"][index]["requests_per_s"]

@@ -160,7 +160,10 @@ def test_a_small_request_waits_one_round_not_a_large_request_s_work():
     small_seeds = {job_seed(99, SELECTION, 0), job_seed(99, ESTIMATION, 0), job_seed(99, ESTIMATION, 1)}
     small_passes = [i for i, jobs in enumerate(counter.passes) if {j.seed for j in jobs} & small_seeds]
     assert small_passes[0] <= arrived["small"] + 1  # after at most the large request's running pass
-    assert finished["small"] == small_passes[-1] + 1 == small_passes[0] + 1 < large_passes / 2  # one round
+    assert small_passes[-1] == small_passes[0] < large_passes / 2  # one round
+    # answered at once: when the small request resumes, at most the pass after its own has begun (the compute
+    # thread starts the next pass before the event loop resumes the request)
+    assert finished["small"] <= small_passes[-1] + 2
     assert all({j.seed for j in counter.passes[i]} <= small_seeds for i in small_passes)  # one request per pass
     assert finished["large"] == len(counter.passes)  # the large request finished last
 

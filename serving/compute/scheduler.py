@@ -39,7 +39,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import anyio
 import numpy as np
 
 from serving.compute.admission import ADMITTED_MARGIN, Admitted, RateMeter, admission, doomed, fits_alone
@@ -458,9 +457,8 @@ class FairScheduler:
 
     async def _count(self, batch: list[tuple[_Ticket, Any, NoiseJob]], started: float
                      ) -> tuple[list[tuple[_Ticket, Any, NoiseJob]], list, float, float]:
-        """Without ``overlap``: the pass's counts from a worker thread, awaited at once."""
-        return await _InFlight(batch, anyio.to_thread.run_sync(_timed, self.counter, [job for _, _, job in batch]),
-                               started).counts()
+        """Without ``overlap``: the pass's counts from the compute thread, awaited at once."""
+        return await self._launch(batch, started).counts()
 
     def _launch(self, batch: list[tuple[_Ticket, Any, NoiseJob]], started: float) -> _InFlight:
         """Hand ``batch`` to the counter on the scheduler's compute thread (at once: the counter starts before the
