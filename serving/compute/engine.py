@@ -17,9 +17,11 @@ radius under a budget): selection samples, then estimation samples block by bloc
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 import numpy as np
 import torch
@@ -268,6 +270,7 @@ class SequentialWork:
         self.piece_samples = max(1, NOISE_PIECE_ELEMENTS // images[0].numel())
         self.n_max = int(rule.cs.n_max)
         self._generators = [generator_for(seed) for seed in self.image_seeds]
+        self._image_views = list(images.unbind(0))  # each image's view, made once, not at every block
         plan = BlockPlan.for_device(images.device.type if device is None else torch.device(device).type)
         self._tests = SequentialTest.many(rule, plan, len(images))
         self._selection = np.zeros((len(images), num_classes), dtype=np.int64)
@@ -286,16 +289,17 @@ class SequentialWork:
         stream order (pieces past the segments are not drawn), cut at segment ends and in chunks; a job's key is
         (index, segment number) for the estimation blocks, (index, -1) for the selection."""
         jobs, offset = 0, 0
-        ends = np.cumsum(segments)
-        evaluated = int(ends[-1])
+        ends = list(accumulate(segments))  # plain Python: a block has a few segments, numpy's per-call cost dominates
+        evaluated = ends[-1]
+        image = self._image_views[index]
         for size in stream_pieces(total, self.piece_samples):
             if offset >= evaluated:
                 break
-            piece = NoisePiece(self.images[index], size, self._generators[index])
+            piece = NoisePiece(image, size, self._generators[index])
             position = offset
             while position < min(offset + size, evaluated):
-                segment = int(np.searchsorted(ends, position, side="right"))
-                stop = min(offset + size, int(ends[segment]), position + self.chunk_samples)
+                segment = bisect_right(ends, position)
+                stop = min(offset + size, ends[segment], position + self.chunk_samples)
                 key = (index, -1) if phase < 0 else (index, segment)
                 self._ready.append((key, StreamJob(piece, position - offset, stop - position)))
                 jobs += 1
