@@ -125,6 +125,32 @@ def test_an_easy_image_stops_early_and_looks_follow_the_offline_schedule(smooth,
     assert answer.p_lower >= rule.threshold
 
 
+def test_samples_left_kept_between_changes_equals_the_sum_after_every_step(smooth, digits):
+    """``samples_left`` is summed again only after a take or a reading of blocks; stepped by hand through a whole
+    run (an easy image that stops early next to a harder one), it equals the sum over the running images every
+    time, and reaches 0 when both have stopped."""
+    from serving.compute.engine import read_counted_blocks
+
+    rule = sequential_rule("decide", SIGMA, 2000, ALPHA, radius=0.25)
+    work = SequentialWork("decide", digits[0][:2], [5, 6], N0, rule, SIGMA, 10, 50, smooth.generator)
+    counter = VoteCounter(smooth)
+
+    def summed():
+        return sum(N0 + 2000 - int(taken) for taken, test in zip(work._taken, work._tests, strict=True)
+                   if not test.done)
+
+    seen = set()
+    while not work.finished:
+        jobs = work.take(300)
+        assert work.samples_left == summed()
+        for (key, _), counts in zip(jobs, counter([job for _, job in jobs]), strict=True):
+            work.add(key, counts)
+        read_counted_blocks([work])
+        seen.add(work.samples_left)
+        assert work.samples_left == summed()
+    assert work.samples_left == 0 and len(seen) > 2
+
+
 def test_scheduler_budget_counts_the_worst_case(smooth, digits):
     rule = sequential_rule("estimate", SIGMA, 2000, ALPHA)
     work = SequentialWork("estimate", digits[0][:2], [1, 2], N0, rule, SIGMA, 10, 50, smooth.generator)

@@ -281,6 +281,7 @@ class SequentialWork:
         self._ready: deque[tuple[tuple[int, int], StreamJob]] = deque()
         self._counted: list[int] = []  # images whose block is counted and not yet read (``_settled``)
         self.planned_samples = len(images) * (n0 + self.n_max)
+        self._samples_left: int | None = None  # ``samples_left``, until a take or a reading changes it
         for index in range(len(images)):
             self._emit(index, -1, n0, [n0])  # phase -1: selection
 
@@ -315,10 +316,14 @@ class SequentialWork:
 
     @property
     def samples_left(self) -> int:
-        """Samples not yet handed out, at most: nothing for a stopped image, up to n0 + n_max for the others."""
-        budget = self.n0 + self.n_max
-        return int(sum(budget - taken for taken, test in zip(self._taken, self._settled(), strict=True)
-                       if not test.done))
+        """Samples not yet handed out, at most: nothing for a stopped image, up to n0 + n_max for the others. Summed
+        again only after a take or a reading of blocks (the scheduler asks for it several times per pass)."""
+        tests = self._settled()
+        if self._samples_left is None:
+            budget = self.n0 + self.n_max
+            self._samples_left = sum(budget - taken for taken, test in zip(self._taken.tolist(), tests, strict=True)
+                                     if not test.done)
+        return self._samples_left
 
     @property
     def samples_taken(self) -> int:
@@ -335,6 +340,8 @@ class SequentialWork:
             taken.append((key, job))
             total += job.num_samples
             self._taken[key[0]] += job.num_samples
+        if taken:
+            self._samples_left = None
         return taken
 
     def add(self, key: tuple[int, int], counts: np.ndarray) -> None:
@@ -381,6 +388,7 @@ def read_counted_blocks(works: Sequence[object]) -> None:
         return
     for work, _ in pending:
         work._counted = []
+        work._samples_left = None  # a test that stops here frees its image's budget
     SequentialTest.observe_blocks([work._tests[index] for work, index in pending],
                                   [work._votes[index] for work, index in pending])
     for work, index in pending:
