@@ -97,7 +97,7 @@ def run_once(args, rule, p_values: np.ndarray, overlap: bool = False) -> dict:
         seeds = [request * args.images + i for i in range(args.images)]
         works.append(SequentialWork(args.mode, images, seeds, args.n0, rule, args.sigma, NUM_CLASSES,
                                     args.chunk_samples, lambda seed: torch.Generator().manual_seed(seed),
-                                    device="cuda"))
+                                    device="cuda", draw_ahead=overlap))
 
     async def run():
         return await asyncio.gather(*(scheduler.run(work, 3600, 10**12) for work in works))

@@ -38,7 +38,8 @@ class AdaptiveCertificate:
     ``mode``: ``decide`` (certified at ``radius``?) or ``estimate`` (largest radius under the budget).
     ``outcome``: certified / not_certified / budget_spent (decide), estimated (estimate).
     ``n``: estimation samples used (at most ``n_max``); ``samples`` = n0 + n, all noisy samples used.
-    ``computed``: estimation samples evaluated: ``n`` plus the rest of the block the test stopped in.
+    ``computed``: estimation samples evaluated: ``n`` plus the rest of the block the test stopped in (and any block
+    drawn ahead of it and left unread: offline lookahead, the server's ``overlap``).
     ``p_lower``: the anytime-valid lower bound on pA at the stop (decide: Phi(R / sigma) when certified).
     A decide answer keeps the class the n0 selection samples chose, certified or not: ``certified`` says which.
     """

@@ -323,6 +323,21 @@ class SequentialTest:
         size, segments, _ = self._next()
         return size, [int(m) for m in segments]
 
+    def block_after(self, size: int) -> tuple[int, list[int]]:
+        """(samples to draw, look segments) of the block after the next one, whose ``size`` samples are drawn but
+        not yet read: for a caller that draws one block ahead, as :func:`run_blocks` with ``lookahead`` does;
+        (0, []) once done or where the next block is the stream's last. Reading stays block by block, in order."""
+        if self.done:
+            return 0, []
+        first_size, _, _ = self._next()
+        if size != first_size:
+            raise ValueError(f"the next block has {first_size} samples, not {size}")
+        index = self._blocks.by_start.get(self._drawn + size)
+        if index is None:
+            return 0, []
+        start, end, _, segments = self._blocks.blocks[index]
+        return end - start, [int(m) for m in segments]
+
     def _next(self) -> tuple[int, np.ndarray, np.ndarray]:
         """(samples to draw, look segments, the looks' indices) of the next block; (0, [], []) once done: the block
         of the rule's confidence sequence and the plan that starts where this test's samples end (computed once for

@@ -288,7 +288,8 @@ class TransDenoiser:
         rule = self.sequential_rule(request)
         return SequentialWork(request.kind, request.images, self.image_seeds(request, request.kind, rule),
                               self.config.n0, rule, self.config.sigma, self.smooth.num_classes,
-                              self.config.chunk_samples, self.smooth.generator, self.smooth.device)
+                              self.config.chunk_samples, self.smooth.generator, self.smooth.device,
+                              draw_ahead=self.scheduler.overlap)
 
     def _certify_work(self, request: PredictRequest) -> Work:
         return CertifyWork(request.images, self.image_seeds(request, "certify"), self.config.n0, request.n,

@@ -257,16 +257,24 @@ class SequentialWork:
     stream from a generator seeded with its noise seed, drawn in the pieces ``Smooth.decide`` /
     ``Smooth.certify_adaptive`` draw (selection first), so a certificate equals the offline one for that seed,
     however the jobs were grouped into passes. ``device``: where the samples are evaluated (the block plan is the
-    device's, as offline). ``planned_samples`` is the worst case, images x (n0 + n_max)."""
+    device's, as offline). ``planned_samples`` is the worst case, images x (n0 + n_max).
+
+    ``draw_ahead`` (the server's ``overlap``): an image's next block is handed out as soon as its current one has
+    been, before the current one's counts are in (as offline ``run_blocks`` draws a launch ahead), so a pass sent
+    while the host hands out the last one has work. The blocks are drawn in the same order with the same sizes and
+    read in order, so every answer is the same; an image that stops leaves its block drawn ahead unread (its jobs
+    not yet taken are dropped; the samples taken count in the certificate's samples evaluated)."""
 
     def __init__(self, kind: str, images: torch.Tensor, image_seeds: Sequence[int], n0: int, rule, sigma: float,
-                 num_classes: int, chunk_samples: int, generator_for, device: torch.device | str | None = None):
+                 num_classes: int, chunk_samples: int, generator_for, device: torch.device | str | None = None,
+                 draw_ahead: bool = False):
         if kind not in ("decide", "estimate"):
             raise ValueError(f"a sequential kind is 'decide' or 'estimate', got {kind!r}")
         self.kind, self.rule, self.n0, self.sigma = kind, rule, n0, sigma
         self.images = images
         self.image_seeds = list(image_seeds)
         self.chunk_samples = chunk_samples
+        self.draw_ahead = draw_ahead
         self.piece_samples = max(1, NOISE_PIECE_ELEMENTS // images[0].numel())
         self.n_max = int(rule.cs.n_max)
         self._generators = [generator_for(seed) for seed in self.image_seeds]
@@ -275,20 +283,21 @@ class SequentialWork:
         self._tests = SequentialTest.many(rule, plan, len(images))
         self._selection = np.zeros((len(images), num_classes), dtype=np.int64)
         self._top = np.full(len(images), -1, dtype=np.int64)
-        self._votes: list[np.ndarray] = [np.zeros(0, dtype=np.int64) for _ in range(len(images))]  # per look
-        self._waiting = np.zeros(len(images), dtype=np.int64)  # jobs of the current phase not yet counted
+        self._selecting = np.zeros(len(images), dtype=np.int64)  # selection jobs not yet counted
+        self._flight: list[deque[_Block]] = [deque() for _ in range(len(images))]  # blocks handed out, not yet read
+        self._unread_evaluated = np.zeros(len(images), dtype=np.int64)  # samples of blocks drawn ahead, never read
         self._taken = np.zeros(len(images), dtype=np.int64)  # samples handed out, per image
-        self._ready: deque[tuple[tuple[int, int], StreamJob]] = deque()
-        self._counted: list[int] = []  # images whose block is counted and not yet read (``_settled``)
+        self._ready: deque[tuple[tuple, StreamJob]] = deque()
+        self._counted: list[int] = []  # images whose next block is counted and not yet read (``_settled``)
         self.planned_samples = len(images) * (n0 + self.n_max)
         self._samples_left: int | None = None  # ``samples_left``, until a take or a reading changes it
         for index in range(len(images)):
-            self._emit(index, -1, n0, [n0])  # phase -1: selection
+            self._emit(index, None, n0, [n0])  # selection
 
-    def _emit(self, index: int, phase: int, total: int, segments: list[int]) -> None:
+    def _emit(self, index: int, block: _Block | None, total: int, segments: list[int]) -> None:
         """Queue the jobs of the first ``sum(segments)`` of ``total`` fresh samples of image ``index``: pieces in
         stream order (pieces past the segments are not drawn), cut at segment ends and in chunks; a job's key is
-        (index, segment number) for the estimation blocks, (index, -1) for the selection."""
+        (index, segment number, its block) for an estimation block, (index, -1, None) for the selection."""
         jobs, offset = 0, 0
         ends = list(accumulate(segments))  # plain Python: a block has a few segments, numpy's per-call cost dominates
         evaluated = ends[-1]
@@ -301,18 +310,24 @@ class SequentialWork:
             while position < min(offset + size, evaluated):
                 segment = bisect_right(ends, position)
                 stop = min(offset + size, ends[segment], position + self.chunk_samples)
-                key = (index, -1) if phase < 0 else (index, segment)
+                key = (index, -1, None) if block is None else (index, segment, block)
                 self._ready.append((key, StreamJob(piece, position - offset, stop - position)))
                 jobs += 1
                 position = stop
             offset += size
-        self._waiting[index] = jobs
-        if phase >= 0:
-            self._votes[index] = np.zeros(len(segments), dtype=np.int64)
+        if block is None:
+            self._selecting[index] = jobs
+        else:
+            block.waiting = block.untaken = jobs
+            self._flight[index].append(block)
 
     def _emit_block(self, index: int) -> None:
-        size, segments = self._tests[index].next_block()
-        self._emit(index, 0, size, segments)
+        """Queue image ``index``'s next block: the one its test reads next, or, with a block in flight, the one
+        after it (drawn ahead)."""
+        test, flight = self._tests[index], self._flight[index]
+        size, segments = test.block_after(flight[0].size) if flight else test.next_block()
+        if size:
+            self._emit(index, _Block(size, np.zeros(len(segments), dtype=np.int64)), size, segments)
 
     @property
     def samples_left(self) -> int:
@@ -330,34 +345,62 @@ class SequentialWork:
         """Noisy samples handed out so far (an image that stopped early takes no more)."""
         return int(self._taken.sum())
 
-    def take(self, max_samples: int) -> list[tuple[tuple[int, int], StreamJob]]:
+    def take(self, max_samples: int) -> list[tuple[tuple, StreamJob]]:
         """The next ready jobs, at most ``max_samples`` samples (at least one job while any is ready); none while
-        every active image waits for the counts of its current look."""
+        every active image waits for the counts of its current look. With ``draw_ahead``, an image whose block has
+        just been handed out whole gets its next block queued (one block ahead at most)."""
         self._settled()
         taken, total = [], 0
         while self._ready and (not taken or total + self._ready[0][1].num_samples <= max_samples):
             key, job = self._ready.popleft()
+            index, _, block = key
+            if block is not None:
+                block.untaken -= 1
+                if block.dropped:  # drawn ahead for an image that has stopped since: not computed
+                    continue
+                block.taken += job.num_samples
             taken.append((key, job))
             total += job.num_samples
-            self._taken[key[0]] += job.num_samples
+            self._taken[index] += job.num_samples
+            if self.draw_ahead and block is not None and block.untaken == 0 and len(self._flight[index]) == 1:
+                self._emit_block(index)
         if taken:
             self._samples_left = None
         return taken
 
-    def add(self, key: tuple[int, int], counts: np.ndarray) -> None:
-        index, segment = key
-        if segment < 0:
+    def add(self, key: tuple, counts: np.ndarray) -> None:
+        index, segment, block = key
+        if block is None:
             self._selection[index] += counts
-        else:
-            self._votes[index][segment] += int(counts[self._top[index]])
-        self._waiting[index] -= 1
-        if self._waiting[index] > 0:
+            self._selecting[index] -= 1
+            if self._selecting[index] == 0:  # selection done: the class is chosen; the estimation stream starts
+                self._top[index] = int(self._selection[index].argmax())
+                self._emit_block(index)
             return
-        if segment < 0:  # selection done: the class is chosen; the estimation stream starts
-            self._top[index] = int(self._selection[index].argmax())
+        if block.dropped:
+            return
+        block.votes[segment] += int(counts[self._top[index]])
+        block.waiting -= 1
+        if block.waiting == 0 and block is self._flight[index][0]:
+            self._counted.append(index)  # read with the other images' blocks (``_settled``)
+
+    def _read(self, index: int) -> None:
+        """After image ``index``'s first block in flight was read: drop it; if the test stopped, drop the block drawn
+        ahead too (its samples taken count as evaluated); else queue the next read or the next block."""
+        flight, test = self._flight[index], self._tests[index]
+        flight.popleft()
+        if test.done:
+            for block in flight:
+                block.dropped = True
+                self._unread_evaluated[index] += block.taken
+            flight.clear()
+        elif flight:
+            if flight[0].waiting == 0:  # the block drawn ahead is counted already: read at the next reading
+                self._counted.append(index)
+            elif self.draw_ahead and flight[0].untaken == 0:
+                self._emit_block(index)
+        else:
             self._emit_block(index)
-        else:  # the block's samples are all counted: its looks are read with the other images' (``_settled``)
-            self._counted.append(index)
 
     def _settled(self) -> list:
         """The images' tests, after reading the looks of every block counted since the last read
@@ -372,25 +415,41 @@ class SequentialWork:
         return all(test.done for test in self._settled())
 
     def result(self) -> list:
-        """One ``certify.core.AdaptiveCertificate`` per image."""
+        """One ``certify.core.AdaptiveCertificate`` per image (samples evaluated: those of the blocks read, and of
+        any block drawn ahead and left unread)."""
+        tests = self._settled()
         return [adaptive_certificate(self.rule, self.kind, int(top), test.outcome, test.successes, test.samples,
-                                     test.p_lower, self.n0, self.sigma, test.computed)
-                for top, test in zip(self._top, self._settled(), strict=True)]
+                                     test.p_lower, self.n0, self.sigma, test.computed + int(unread))
+                for top, test, unread in zip(self._top, tests, self._unread_evaluated, strict=True)]
+
+
+@dataclass(eq=False)
+class _Block:
+    """One block of an image's estimation stream, queued or handed out and not yet read: its draw size, the votes
+    for the selected class in each look segment, its jobs not yet counted and not yet taken, the samples taken."""
+
+    size: int
+    votes: np.ndarray
+    waiting: int = 0
+    untaken: int = 0
+    taken: int = 0
+    dropped: bool = False  # its image stopped before it was read
 
 
 def read_counted_blocks(works: Sequence[object]) -> None:
     """Read the blocks counted since the last read in every adaptive work of ``works`` (the scheduler: those of one
     pass) together, across images and requests (``SequentialTest.observe_blocks``: one evaluation of each rule per
     reading, or per block where the rule cannot read each image at its own looks; each image's answer unchanged),
-    then queue the next block of each image that goes on. Works of other kinds are left alone."""
-    pending = [(work, index) for work in works if isinstance(work, SequentialWork) for index in work._counted]
-    if not pending:
-        return
-    for work, _ in pending:
-        work._counted = []
-        work._samples_left = None  # a test that stops here frees its image's budget
-    SequentialTest.observe_blocks([work._tests[index] for work, index in pending],
-                                  [work._votes[index] for work, index in pending])
-    for work, index in pending:
-        if not work._tests[index].done:
-            work._emit_block(index)
+    then queue the next block of each image that goes on. A block drawn ahead that is counted already is read in a
+    further reading, in order. Works of other kinds are left alone."""
+    while True:
+        pending = [(work, index) for work in works if isinstance(work, SequentialWork) for index in work._counted]
+        if not pending:
+            return
+        for work, _ in pending:
+            work._counted = []
+            work._samples_left = None  # a test that stops here frees its image's budget
+        SequentialTest.observe_blocks([work._tests[index] for work, index in pending],
+                                      [work._flight[index][0].votes for work, index in pending])
+        for work, index in pending:
+            work._read(index)
