@@ -15,7 +15,8 @@ time minus the counter's is its host time (passes one after another: ``overlap``
 ``--device-us-per-sample`` makes the stand-in counter also sleep that long per sample, as a device computing the
 pass would keep the counter's thread waiting with the host free (1.3: the H200's fixed-n rate for the MNIST pipeline,
 761k samples per second). ``--overlap-ab`` then times the scheduler with ``overlap`` off and on (the host hands a
-pass's counts out while the next pass computes), interleaved: wall time per image, and how much of it the stand-in
+pass's counts out while the next pass computes, and each image's next block is drawn ahead, as the server does),
+interleaved: wall time per image, and how much of it the stand-in
 device was busy (its sleep over the wall time). A stand-in device, not a GPU: the figure says what the scheduler's
 structure allows, with this machine's host.
 

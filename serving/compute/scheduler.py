@@ -430,8 +430,10 @@ class FairScheduler:
     async def _compute_forever(self) -> None:
         """Pass after pass. With ``overlap``, the next pass goes to the counter as soon as the last one's counts are
         in, and the host hands those counts to the requests (reading the adaptive requests' rules, finishing
-        requests) while the counter computes it. That pass holds the jobs ready before the hand-out, so an adaptive
-        image's next block goes one pass later; one pass is computed at a time either way, in the order taken."""
+        requests) while the counter computes it. That pass holds the jobs ready before the hand-out: an adaptive work
+        made for ``overlap`` hands out each image's next block before its current one is read
+        (``SequentialWork(draw_ahead=True)``), so it has work; one pass is computed at a time either way, in the
+        order taken."""
         in_flight: _InFlight | None = None
         while True:
             busy_from = time.perf_counter()  # the loop's own time counts in the measured rate, waiting does not
