@@ -252,12 +252,13 @@ class SequentialWork:
     Per image: ``n0`` selection samples choose the class, then fresh estimation samples are drawn block by block
     (``certify.streams.SequentialTest.next_block``: each block spans several looks of ``rule``, the rule of
     ``certify.core.sequential_rule``), their counts taken per look. The jobs of an image's next block are handed
-    out only once the counts of its previous block are in, and the test reads the block's looks in order up to
-    its first outcome, so an image stops at the very look the offline mode stops at. Each image's noise is one
-    stream from a generator seeded with its noise seed, drawn in the pieces ``Smooth.decide`` /
-    ``Smooth.certify_adaptive`` draw (selection first), so a certificate equals the offline one for that seed,
-    however the jobs were grouped into passes. ``device``: where the samples are evaluated (the block plan is the
-    device's, as offline). ``planned_samples`` is the worst case, images x (n0 + n_max).
+    out once the counts of its previous block are in (or, with ``draw_ahead``, once that block is handed out), and
+    the test reads the blocks in order, each block's looks in order up to its first outcome, so an image stops at
+    the very look the offline mode stops at. Each image's noise is one stream from a generator seeded with its
+    noise seed, drawn in the pieces ``Smooth.decide`` / ``Smooth.certify_adaptive`` draw (selection first), so a
+    certificate equals the offline one for that seed, however the jobs were grouped into passes. ``device``: where
+    the samples are evaluated (the block plan is the device's, as offline). ``planned_samples`` is the worst case,
+    images x (n0 + n_max).
 
     ``draw_ahead`` (the server's ``overlap``): an image's next block is handed out as soon as its current one has
     been, before the current one's counts are in (as offline ``run_blocks`` draws a launch ahead), so a pass sent
