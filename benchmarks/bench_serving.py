@@ -17,21 +17,17 @@ import os
 import platform
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from benchmarks.serving_common import closed_loop, model_args, save_result
-from serving.bundle import write_model_dir
-from serving.process import ServerProcess
+from benchmarks.serving_common import closed_loop, model_args, running_servers, save_result
 from training.datasets import load_dataset
 from transdenoiser.argtypes import positive_float, positive_int
 from transdenoiser.runtime import hardware_description
 
 MODES = {"adaptive": True, "one-at-a-time": False}
-START_TIMEOUT_S = 300
 
 
 def run_phase(url: str, image: list, n: int, clients: int, total: int, max_seconds: float) -> dict:
@@ -64,30 +60,21 @@ def main(argv: list[str] | None = None) -> int:
                "hardware": hardware_description(torch.device(args.device)), "cpu_count": os.cpu_count(),
                "load_average_at_start": os.getloadavg(), "python": platform.python_version(),
                "n": args.n, "n0": 100, "sigma": args.sigma, "modes": {}}
-    with tempfile.TemporaryDirectory(prefix="bench_serving_") as tmp:
-        servers = {}
-        try:  # both servers start together (a start is mostly imports and warm-up); the phases run one at a time
-            for mode, batching in MODES.items():
-                model_dir = write_model_dir(Path(tmp) / mode, args.classifier_dir, args.denoiser_dir,
-                                            sigma=args.sigma, n0=100, n=args.n, max_n=max(args.n, 10_000),
-                                            batching=batching, max_latency_ms=600_000)
-                servers[mode] = ServerProcess(model_dir, Path(tmp) / f"{mode}.log", device=args.device)
-            for server in servers.values():
-                server.wait_ready(time.monotonic() + START_TIMEOUT_S)
-            for mode, server in servers.items():
-                run_phase(server.url, image, args.n, 1, 1, args.max_seconds)  # warm the HTTP path
-                phases = []
-                for count in clients:
-                    total = max(args.min_requests, count * args.requests_per_client)
-                    phases.append(run_phase(server.url, image, args.n, count, total, args.max_seconds))
-                    phase = phases[-1]
-                    print(f"{mode:14s} clients={count:3d} requests={phase['requests']:3d} "
-                          f"req/s={phase['requests_per_s']:.3f} p50={phase['p50_s']:.2f}s p99={phase['p99_s']:.2f}s "
-                          f"failures={len(phase['failures'])}", flush=True)
-                results["modes"][mode] = phases
-        finally:
-            for server in servers.values():
-                server.stop()
+    settings = {mode: {"sigma": args.sigma, "n0": 100, "n": args.n, "max_n": max(args.n, 10_000),
+                       "batching": batching, "max_latency_ms": 600_000} for mode, batching in MODES.items()}
+    with tempfile.TemporaryDirectory(prefix="bench_serving_") as tmp, running_servers(
+            Path(tmp), settings, args.classifier_dir, args.denoiser_dir, args.device) as servers:
+        for mode, server in servers.items():  # the phases one server at a time; the other waits for requests
+            run_phase(server.url, image, args.n, 1, 1, args.max_seconds)  # warm the HTTP path
+            phases = []
+            for count in clients:
+                total = max(args.min_requests, count * args.requests_per_client)
+                phases.append(run_phase(server.url, image, args.n, count, total, args.max_seconds))
+                phase = phases[-1]
+                print(f"{mode:14s} clients={count:3d} requests={phase['requests']:3d} "
+                      f"req/s={phase['requests_per_s']:.3f} p50={phase['p50_s']:.2f}s p99={phase['p99_s']:.2f}s "
+                      f"failures={len(phase['failures'])}", flush=True)
+            results["modes"][mode] = phases
     for index, count in enumerate(clients):
         ratio = (results["modes"]["adaptive"][index]["requests_per_s"]
                  / results["modes"]["one-at-a-time"][index]["requests_per_s"])

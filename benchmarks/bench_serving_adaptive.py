@@ -27,7 +27,6 @@ only when samples are computed, such as ``overlap`` or ``switch_interval_us``).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import tempfile
 from pathlib import Path
@@ -36,7 +35,7 @@ from benchmarks.serving_common import (
     closed_loop,
     percentiles,
     run_record,
-    running_server,
+    running_servers,
     save_result,
     server_figures,
     server_totals,
@@ -231,11 +230,11 @@ def main(argv: list[str] | None = None) -> int:
         record["compare"] = compared
     phases = {name: {mode: [] for mode in MODES} for name in sides}
     answers = {name: {mode: {} for mode in MODES} for name in sides}
-    with tempfile.TemporaryDirectory(prefix="bench_serving_adaptive_") as tmp, contextlib.ExitStack() as stack:
-        servers = {name: stack.enter_context(running_server(
-            Path(tmp) / name, str(model_dir / config.classifier), denoiser, args.device, sigma=config.sigma,
-            n0=config.n0, alpha=config.alpha, n=min(1000, args.n), max_n=args.n, max_latency_ms=900_000,
-            max_queued_requests=max(64, args.clients), **given)) for name, given in sides.items()}
+    shared = {"sigma": config.sigma, "n0": config.n0, "alpha": config.alpha, "n": min(1000, args.n), "max_n": args.n,
+              "max_latency_ms": 900_000, "max_queued_requests": max(64, args.clients)}
+    with tempfile.TemporaryDirectory(prefix="bench_serving_adaptive_") as tmp, running_servers(
+            Path(tmp), {name: {**shared, **given} for name, given in sides.items()},
+            str(model_dir / config.classifier), denoiser, args.device) as servers:
         for server in servers.values():
             run_phase(server.url, images[:1], {"n": 100}, 1, 60, 1)  # warm the HTTP path
         for _ in range(args.repeats):  # the servers in turn, repeat by repeat

@@ -50,17 +50,31 @@ def save_result(out: str, result: dict, prefix: str = "") -> None:
 
 
 @contextlib.contextmanager
+def running_servers(tmp: Path, settings_by_name: dict[str, dict], classifier_dir: str,
+                    denoiser_dir: str | None = None, device: str = "cpu") -> Iterator[dict[str, ServerProcess]]:
+    """{name: a ``transdenoiser serve`` subprocess on 127.0.0.1 for a model directory written with that name's
+    settings (in ``tmp / name``), computing on ``device``}: all started together (a start is mostly imports and
+    warm-up), then each waited for; all stopped at the end."""
+    servers: dict[str, ServerProcess] = {}
+    try:
+        for name, settings in settings_by_name.items():
+            model_dir = write_model_dir(Path(tmp) / name / "model", classifier_dir, denoiser_dir, **settings)
+            servers[name] = ServerProcess(model_dir, Path(tmp) / name / "server.log", device=device)
+        for server in servers.values():
+            server.wait_ready(time.monotonic() + START_TIMEOUT_S)
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+@contextlib.contextmanager
 def running_server(tmp: Path, classifier_dir: str, denoiser_dir: str | None = None, device: str = "cpu",
                    **settings) -> Iterator[ServerProcess]:
     """A ``transdenoiser serve`` subprocess on 127.0.0.1 for a model directory written with ``settings``, computing
-    on ``device``."""
-    model_dir = write_model_dir(Path(tmp) / "model", classifier_dir, denoiser_dir, **settings)
-    server = ServerProcess(model_dir, Path(tmp) / "server.log", device=device)
-    try:
-        server.wait_ready(time.monotonic() + START_TIMEOUT_S)
-        yield server
-    finally:
-        server.stop()
+    on ``device`` (:func:`running_servers` of one)."""
+    with running_servers(tmp, {"": settings}, classifier_dir, denoiser_dir, device) as servers:
+        yield servers[""]
 
 
 def closed_loop(url: str, body_for: Callable[[int], dict], clients: int, max_requests: int, max_seconds: float,

@@ -54,6 +54,11 @@ def noisy_copies(smooth: Smooth, image: torch.Tensor, num_samples: int, generato
     return noise.mul_(smooth.sigma).add_(image)
 
 
+def host_image(job: NoiseJob | StreamJob) -> torch.Tensor:
+    """The image whose noise ``job`` draws, as the request gave it (a ``StreamJob``'s is its piece's)."""
+    return job.piece.image if isinstance(job, StreamJob) else job.image
+
+
 def job_seed(image_seed: int, phase: int, chunk_index: int) -> int:
     """A seed for one job, independent across (phase, chunk) for one image seed (NumPy's SeedSequence hashing)."""
     state = np.random.SeedSequence([image_seed, phase, chunk_index]).generate_state(2, np.uint32)
@@ -81,12 +86,9 @@ class VoteCounter:
         the host image. The same pixels either way; empty where the images are on the device already."""
         host: dict[int, torch.Tensor] = {}
         for job in jobs:
-            if isinstance(job, StreamJob):
-                if job.piece.drawn:
-                    continue
-                image = job.piece.image
-            else:
-                image = job.image
+            if isinstance(job, StreamJob) and job.piece.drawn:
+                continue
+            image = host_image(job)
             if image.device != self.smooth.device:
                 host.setdefault(id(image), image)
         if not host or len({image.shape for image in host.values()}) > 1:
@@ -113,8 +115,7 @@ class VoteCounter:
             images = {}
         for i, job in enumerate(jobs):
             try:
-                host = job.piece.image if isinstance(job, StreamJob) else job.image
-                samples[i] = self.noisy_samples(job, images.get(id(host)))
+                samples[i] = self.noisy_samples(job, images.get(id(host_image(job))))
             except Exception as exc:  # noqa: BLE001 - the failure belongs to this job only
                 results[i] = exc
         if samples:
@@ -286,7 +287,7 @@ class SequentialWork:
         self._top = np.full(len(images), -1, dtype=np.int64)
         self._selecting = np.zeros(len(images), dtype=np.int64)  # selection jobs not yet counted
         self._flight: list[deque[_Block]] = [deque() for _ in range(len(images))]  # blocks handed out, not yet read
-        self._unread_evaluated = np.zeros(len(images), dtype=np.int64)  # samples of blocks drawn ahead, never read
+        self._unread_evaluated = [0] * len(images)  # samples of blocks drawn ahead, never read
         self._taken = np.zeros(len(images), dtype=np.int64)  # samples handed out, per image
         self._ready: deque[tuple[tuple, StreamJob]] = deque()
         self._counted: list[int] = []  # images whose next block is counted and not yet read (``_settled``)
@@ -390,6 +391,7 @@ class SequentialWork:
         ahead too (its samples taken count as evaluated); else queue the next read or the next block."""
         flight, test = self._flight[index], self._tests[index]
         flight.popleft()
+        self._samples_left = None  # a test that stops here frees its image's budget
         if test.done:
             for block in flight:
                 block.dropped = True
@@ -420,7 +422,7 @@ class SequentialWork:
         any block drawn ahead and left unread)."""
         tests = self._settled()
         return [adaptive_certificate(self.rule, self.kind, int(top), test.outcome, test.successes, test.samples,
-                                     test.p_lower, self.n0, self.sigma, test.computed + int(unread))
+                                     test.p_lower, self.n0, self.sigma, test.computed + unread)
                 for top, test, unread in zip(self._top, tests, self._unread_evaluated, strict=True)]
 
 
@@ -449,7 +451,6 @@ def read_counted_blocks(works: Sequence[object]) -> None:
             return
         for work, _ in pending:
             work._counted = []
-            work._samples_left = None  # a test that stops here frees its image's budget
         SequentialTest.observe_blocks([work._tests[index] for work, index in pending],
                                       [work._flight[index][0].votes for work, index in pending])
         for work, index in pending:
