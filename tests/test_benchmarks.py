@@ -305,7 +305,11 @@ def test_the_small_request_client_sends_from_go_until_finish_in_a_process_of_its
         client.start()
         assert bodies == []  # nothing sent before go
         client.go()
-        time.sleep(0.5)
+        # until the second request has arrived, not a fixed 0.5 s: a client process that a loaded machine starts late
+        # (by 0.3 s would do) must not leave the test with one request
+        deadline = time.monotonic() + 60
+        while len(bodies) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
         results = client.finish()
     finally:
         server.shutdown()
