@@ -120,6 +120,19 @@ def logsumexp_last(terms: np.ndarray) -> np.ndarray:
     return out
 
 
+def first_true_counts(predicate, looks: np.ndarray) -> np.ndarray:
+    """Per look t, the smallest count s in [0, t] with ``predicate(s, t)`` (elementwise over arrays of looks; False
+    then True as s grows), t + 1 where none holds: a bisection over the counts of every look at once."""
+    looks = np.asarray(looks, dtype=np.int64)
+    low, high = np.zeros(len(looks), dtype=np.int64), looks + 1
+    while np.any(low < high):
+        mid = (low + high) // 2
+        open_ = low < high
+        hit = np.asarray(predicate(np.minimum(mid, looks), looks)) & (mid <= looks)
+        high, low = np.where(open_ & hit, mid, high), np.where(open_ & ~hit, mid + 1, low)
+    return low
+
+
 def mirror(successes, trials):
     """Failures as successes: a test of pA >= p is a test of 1 - pA <= 1 - p on the failures."""
     return np.asarray(trials) - np.asarray(successes)

@@ -72,6 +72,7 @@ DEFAULT_SPENDING = "uniform"
 DEFAULT_TOLERANCE = 0.05  # estimate mode: stop when the radius cannot grow by more than this (L2, [0,1] pixels)
 DEFAULT_PRIOR = (1.0, 0.1)  # Beta(a, b) of the mixture: mass near 1, where the votes of most images lie
 BISECTION_STEPS = 60
+DECIDE_BOUNDARIES_KEPT = 16  # decide thresholds whose count boundaries one confidence sequence keeps
 
 
 def geometric_looks(n_max: int, first: int = DEFAULT_FIRST_LOOK, ratio: float = DEFAULT_LOOK_RATIO,
@@ -311,6 +312,29 @@ class OneSidedMixture(ConfidenceSequence):
 
         super().__init__(looks, alpha)
         self.tests = OneSidedMixtureTests(self.alpha)
+        self._decide_boundaries: dict[float, tuple[np.ndarray, np.ndarray]] = {}  # threshold -> (certify_at, reject_at)
+
+    def decide_boundaries(self, p: float) -> tuple[np.ndarray, np.ndarray]:
+        """Decide's two tests at threshold ``p`` as count boundaries, per look: the fewest votes for cA with which
+        the test above p shows pA > p (t + 1: none at that look), and the most with which the test below p shows
+        pA < p (-1: none). At a fixed sample count each test's mixture is monotone in the votes (every term is, by
+        at least 0.06 in ln M per vote at p = Phi(2), where rounding moves ln M by about 1e-13), so comparing a
+        count with its look's boundary answers exactly as evaluating the test does (tested at every count of many
+        looks). The boundaries are found once per threshold, by bisection over the counts with the tests
+        themselves (about 4 ms for the 348 looks of a budget of 10,000, on 2 CPU cores); a reading of a block is
+        then two comparisons per look and stream instead of two mixtures of ten alternatives."""
+        from certify.one_sided import first_true_counts
+
+        key = float(p)
+        found = self._decide_boundaries.get(key)
+        if found is None:
+            tests = self.tests
+            certify_at = first_true_counts(lambda s, t: tests.above(s, t, key), self.looks)
+            reject_at = first_true_counts(lambda s, t: ~tests.below(s, t, key), self.looks) - 1
+            if len(self._decide_boundaries) >= DECIDE_BOUNDARIES_KEPT:
+                self._decide_boundaries.pop(next(iter(self._decide_boundaries)))  # the oldest threshold
+            found = self._decide_boundaries[key] = (certify_at, reject_at)
+        return found
 
     def lower(self, successes: np.ndarray, look: int) -> np.ndarray:
         return self.tests.lower(successes, int(self.looks[look]))
@@ -319,11 +343,12 @@ class OneSidedMixture(ConfidenceSequence):
         return self.tests.upper(successes, int(self.looks[look]))
 
     def lower_at_least(self, successes: np.ndarray, look: int, p: float) -> np.ndarray:
-        """pA >= p shown by decide's test at threshold p (its own mixture, not the bounds': see the module)."""
-        return self.tests.above(successes, int(self.looks[look]), p)
+        """pA >= p shown by decide's test at threshold p (its own mixture, not the bounds': see the module), read
+        off its count boundary (:meth:`decide_boundaries`)."""
+        return np.asarray(successes) >= self.decide_boundaries(p)[0][int(look)]
 
     def upper_below(self, successes: np.ndarray, look: int, p: float) -> np.ndarray:
-        return self.tests.below(successes, int(self.looks[look]), p)
+        return np.asarray(successes) <= self.decide_boundaries(p)[1][int(look)]
 
     # Several looks in one vectorised evaluation (the same elementwise arithmetic as one look at a time).
 
@@ -334,10 +359,10 @@ class OneSidedMixture(ConfidenceSequence):
         return self.tests.upper(successes, self._trials(successes, looks))
 
     def lower_at_least_looks(self, successes: np.ndarray, looks: np.ndarray, p: float) -> np.ndarray:
-        return self.tests.above(successes, self._trials(successes, looks), p)
+        return np.asarray(successes) >= self.decide_boundaries(p)[0][np.asarray(looks)]
 
     def upper_below_looks(self, successes: np.ndarray, looks: np.ndarray, p: float) -> np.ndarray:
-        return self.tests.below(successes, self._trials(successes, looks), p)
+        return np.asarray(successes) <= self.decide_boundaries(p)[1][np.asarray(looks)]
 
     def upper_at_most_looks(self, successes: np.ndarray, looks: np.ndarray, p: np.ndarray) -> np.ndarray:
         # The rejected set of pA >= p' is [upper, 1] above S / t (module one_sided): upper <= p iff p is rejected.

@@ -57,25 +57,12 @@ def _first_true(predicate, low: int, high: int) -> int:
     return low
 
 
-def _first_true_all(predicate, looks: np.ndarray) -> np.ndarray:
-    """Per look, the smallest s in [0, t] with predicate(s, t) (monotone in s); t + 1 when none. Vectorised."""
-    low, high = np.zeros(len(looks), dtype=np.int64), looks + 1
-    while np.any(low < high):
-        mid = (low + high) // 2
-        open_ = low < high
-        hit = predicate(np.minimum(mid, looks), looks) & (mid <= looks)
-        high, low = np.where(open_ & hit, mid, high), np.where(open_ & ~hit, mid + 1, low)
-    return low
-
-
 def boundaries(rule) -> Boundaries:
     """The two boundaries of a :class:`certify.sequential.DecideRule`, read off its own threshold tests."""
     cs, p = rule.cs, rule.threshold
     looks = np.asarray(cs.looks, dtype=np.int64)
-    tests = getattr(cs, "tests", None)
-    if tests is not None:  # the one-sided mixture's tests take any sample counts at once
-        certify_at = _first_true_all(lambda s, t: tests.above(s, t, p), looks)
-        reject_at = _first_true_all(lambda s, t: ~tests.below(s, t, p), looks) - 1
+    if hasattr(cs, "decide_boundaries"):  # the one-sided mixture decides by these boundaries itself
+        certify_at, reject_at = cs.decide_boundaries(p)
     else:
         certify_at = np.empty(len(looks), dtype=np.int64)
         reject_at = np.empty(len(looks), dtype=np.int64)

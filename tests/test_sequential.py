@@ -309,6 +309,29 @@ def test_the_mixtures_logsumexp_is_scipys_bit_for_bit():
 
 
 
+@pytest.mark.parametrize("n_max, step", [(10_000, 5), (100_000, 40)])
+def test_decide_boundaries_answer_as_the_tests_at_every_count(n_max, step):
+    """The one-sided mixture decides by per-look count boundaries found once per threshold: at every count of
+    every ``step``-th look (and the last), for thresholds from Phi(0.2) to Phi(4), the boundaries give what
+    evaluating the two tests on that count gives, and the rule's single-look and many-look readings agree."""
+    cs = confidence_sequence("one-sided-mixture", n_max, 0.001)
+    for z in (0.2, 1.0, 2.0, 3.0, 4.0):
+        p = float(norm.cdf(z))
+        certify_at, reject_at = cs.decide_boundaries(p)
+        assert cs.decide_boundaries(p)[0] is certify_at  # found once per threshold
+        assert np.all(reject_at < certify_at) and np.all(np.diff(certify_at) >= 0)
+        for k in [*range(0, len(cs.looks), step), len(cs.looks) - 1]:
+            t = int(cs.looks[k])
+            s = np.arange(t + 1)
+            np.testing.assert_array_equal(cs.lower_at_least(s, k, p), cs.tests.above(s, t, p))
+            np.testing.assert_array_equal(cs.upper_below(s, k, p), cs.tests.below(s, t, p))
+        looks = np.arange(0, len(cs.looks), 3)
+        counts = (cs.looks[looks][None, :] * np.array([[0.5], [p], [1.0]])).astype(np.int64)
+        np.testing.assert_array_equal(cs.lower_at_least_looks(counts, looks, p), cs.tests.above(
+            counts, cs.looks[looks][None, :], p))
+    assert certify_at[0] == cs.looks[0] + 1  # 16 votes of 16 cannot show pA > Phi(4): (1 / Phi(4))^16 < 1 / alpha
+
+
 def test_rules_read_each_row_at_its_own_looks_as_alone():
     """With the one-sided mixture a rule takes looks of shape (streams, m), each stream at its own looks: every
     outcome and bound is the one the stream's looks alone give, bit for bit; the other constructions say they
