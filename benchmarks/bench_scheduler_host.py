@@ -12,8 +12,9 @@ each job's votes for class 0 are Binomial(samples, pA) from a generator keyed by
 its piece starts, its offset and size), so a run's answers depend on the requests alone. The scheduler's wall
 time minus the counter's is its host time (passes one after another: ``overlap`` off).
 
-``--device-us-per-sample`` makes the stand-in counter also sleep that long per sample, as a device computing the
-pass would keep the counter's thread waiting with the host free (1.3: the H200's fixed-n rate for the MNIST pipeline,
+``--device-us-per-sample`` makes a pass of the stand-in counter last at least that long per sample (it sleeps
+for what is left after drawing the votes), as a device computing the pass would keep the counter's thread waiting
+with the host free (1.3: the H200's fixed-n rate for the MNIST pipeline,
 761k samples per second). ``--overlap-ab`` then times the scheduler with ``overlap`` off and on (the host hands a
 pass's counts out while the next pass computes, and each image's next block is drawn ahead, as the server does),
 interleaved: wall time per image, and how much of it the stand-in
@@ -75,8 +76,12 @@ class StandInCounter:
             results.append(counts)
             self.samples += job.num_samples
         if self.device_s_per_sample:
+            # the stand-in device computes from the pass's start, while this thread draws the votes (as a GPU
+            # computes while its host thread launches the kernels): the pass ends when both are done
             device = self.device_s_per_sample * sum(job.num_samples for job in jobs)
-            time.sleep(device)
+            remaining = started + device - time.perf_counter()
+            if remaining > 0:
+                time.sleep(remaining)
             self.device_seconds += device
         self.seconds += time.perf_counter() - started
         return results
