@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import hashlib
 import statistics
 import sys
@@ -87,7 +88,7 @@ class StandInCounter:
         return results
 
 
-def run_once(args, rule, p_values: np.ndarray, overlap: bool = False) -> dict:
+def run_once(args, rule, p_values: np.ndarray, overlap: bool = False, seed_offset: int = 0) -> dict:
     import torch
 
     from serving.compute.engine import SequentialWork
@@ -100,7 +101,7 @@ def run_once(args, rule, p_values: np.ndarray, overlap: bool = False) -> dict:
     for request in range(args.requests):
         p = p_values[request * args.images:(request + 1) * args.images]
         images = torch.as_tensor(p, dtype=torch.float32)[:, None, None, None].expand(-1, 1, 28, 28).contiguous()
-        seeds = [request * args.images + i for i in range(args.images)]
+        seeds = [seed_offset + request * args.images + i for i in range(args.images)]
         works.append(SequentialWork(args.mode, images, seeds, args.n0, rule, args.sigma, NUM_CLASSES,
                                     args.chunk_samples, lambda seed: torch.Generator().manual_seed(seed),
                                     device="cuda", draw_ahead=overlap))
@@ -138,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device-us-per-sample", type=float, default=0.0,
                         help="stand-in device time per sample, microseconds (the counter sleeps)")
     parser.add_argument("--overlap-ab", action="store_true", help="time overlap off and on, interleaved")
+    parser.add_argument("--warm-rule", action="store_true", help="each run starts with the stopping rule as one "
+                        "untimed run of the same requests on other seeds left it (the server keeps one rule per "
+                        "setting, with its boundaries and bounds); by default each run makes a new rule")
     parser.add_argument("--repeats", type=positive_int, default=3)
     parser.add_argument("--quick", action="store_true", help="4 requests, budget 2,000, one repeat (a smoke run)")
     parser.add_argument("--json", type=Path, default=Path("runs/bench/scheduler_host.json"))
@@ -146,19 +150,27 @@ def main(argv: list[str] | None = None) -> int:
         args.requests, args.n_max, args.repeats = 4, 2000, 1
     if not (0 <= args.p_low <= 1 and 0 <= args.p_high <= 1):
         parser.error("--p-low and --p-high must lie in [0, 1]")
+    if args.device_us_per_sample < 0:
+        parser.error("--device-us-per-sample must be >= 0")
     import torch
 
     from certify.core import sequential_rule
     from transdenoiser.runtime import hardware_description
 
-    def make_rule():  # a new rule for every run: each starts with its bounds' cache empty
+    def new_rule():
         return sequential_rule(args.mode, args.sigma, args.n_max, args.alpha,
                                radius=args.radius if args.mode == "decide" else None)
 
     count = args.requests * args.images
     p_values = np.where(np.arange(count) % 2 == 0, args.p_high, args.p_low)
-    if args.device_us_per_sample < 0:
-        parser.error("--device-us-per-sample must be >= 0")
+    warmed = None
+    if args.warm_rule:  # other images of the same pA: the rule as a server's would be after earlier requests
+        warmed = new_rule()
+        run_once(args, warmed, p_values, seed_offset=10 ** 6)
+
+    def make_rule():  # by default a new rule for every run: each starts with nothing kept
+        return copy.deepcopy(warmed) if warmed is not None else new_rule()
+
     sides = (False, True) if args.overlap_ab else (False,)
     by_side: dict[bool, list[dict]] = {side: [] for side in sides}
     for _ in range(args.repeats):

@@ -48,7 +48,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import betainc, betaincc, betaincinv, betaln
+from scipy.special import betainc, betaincc, betaincinv, betaln, ndtr, ndtri
 from scipy.stats import norm
 
 from transdenoiser.errors import UserError
@@ -73,6 +73,7 @@ DEFAULT_TOLERANCE = 0.05  # estimate mode: stop when the radius cannot grow by m
 DEFAULT_PRIOR = (1.0, 0.1)  # Beta(a, b) of the mixture: mass near 1, where the votes of most images lie
 BISECTION_STEPS = 60
 DECIDE_BOUNDARIES_KEPT = 16  # decide thresholds whose count boundaries one confidence sequence keeps
+LOWER_BOUNDS_KEPT = 1 << 16  # (sample count, votes) pairs whose lower bound one confidence sequence keeps
 
 
 def geometric_looks(n_max: int, first: int = DEFAULT_FIRST_LOOK, ratio: float = DEFAULT_LOOK_RATIO,
@@ -99,7 +100,7 @@ def geometric_looks(n_max: int, first: int = DEFAULT_FIRST_LOOK, ratio: float = 
 def radius_of(p_lower: np.ndarray | float, sigma: float) -> np.ndarray:
     """sigma * Phi^-1(p) where p >= 1/2, else 0 (no certificate)."""
     p = np.asarray(p_lower, dtype=float)
-    return np.where(p >= 0.5, sigma * norm.ppf(np.clip(p, 0.5, 1.0)), 0.0)
+    return np.where(p >= 0.5, sigma * ndtri(np.clip(p, 0.5, 1.0)), 0.0)  # norm.ppf's values, without its overhead
 
 
 class ConfidenceSequence:
@@ -313,6 +314,7 @@ class OneSidedMixture(ConfidenceSequence):
         super().__init__(looks, alpha)
         self.tests = OneSidedMixtureTests(self.alpha)
         self._decide_boundaries: dict[float, tuple[np.ndarray, np.ndarray]] = {}  # threshold -> (certify_at, reject_at)
+        self._lower_bounds: dict[int, float] = {}  # t * (n_max + 1) + votes -> the lower bound (``lower_looks``)
 
     def decide_boundaries(self, p: float) -> tuple[np.ndarray, np.ndarray]:
         """Decide's two tests at threshold ``p`` as count boundaries, per look: the fewest votes for cA with which
@@ -353,7 +355,23 @@ class OneSidedMixture(ConfidenceSequence):
     # Several looks in one vectorised evaluation (the same elementwise arithmetic as one look at a time).
 
     def lower_looks(self, successes: np.ndarray, looks: np.ndarray) -> np.ndarray:
-        return self.tests.lower(successes, self._trials(successes, looks))
+        """The lower bounds, each (sample count, votes) pair bisected once and then kept (up to LOWER_BOUNDS_KEPT
+        pairs, then forgotten together): a bound is a function of the pair alone, computed elementwise, so a kept
+        value is the one a new bisection would return, bit for bit. Estimate mode reads a bound at every look of
+        every stream, and streams of similar pA meet the same pairs."""
+        votes = np.asarray(successes, dtype=np.int64)
+        trials = np.asarray(self._trials(successes, looks), dtype=np.int64)
+        keys = (trials * (self.n_max + 1) + votes).ravel().tolist()
+        kept = self._lower_bounds
+        bounds = np.fromiter((kept.get(key, -1.0) for key in keys), dtype=float, count=len(keys))
+        missing = np.flatnonzero(bounds < 0)  # a bound lies in [0, 1]
+        if missing.size:
+            found = self.tests.lower(votes.ravel()[missing], trials.ravel()[missing])
+            bounds[missing] = found
+            if len(kept) + missing.size > LOWER_BOUNDS_KEPT:
+                kept.clear()
+            kept.update(zip([keys[i] for i in missing.tolist()], found.tolist(), strict=True))
+        return bounds.reshape(votes.shape)
 
     def upper_looks(self, successes: np.ndarray, looks: np.ndarray) -> np.ndarray:
         return self.tests.upper(successes, self._trials(successes, looks))
@@ -510,7 +528,7 @@ class EstimateRule(Rule):
                                  self.cs.lower_looks(successes, looks)], axis=1)
         lower = np.maximum.accumulate(bounds, axis=1)[:, 1:]  # the running maximum, look by look
         last = len(self.looks) - 1
-        p_stop = norm.cdf((radius_of(lower, self.sigma) + self.tolerance) / self.sigma)
+        p_stop = ndtr((radius_of(lower, self.sigma) + self.tolerance) / self.sigma)  # norm.cdf's values
         remaining = self.cs.n_max - np.atleast_2d(self.looks[looks])
         done = (self.cs.upper_at_most_looks(successes, looks, p_stop)
                 | self.cs.lower_at_most_looks(successes + remaining, np.full(looks.shape, last), p_stop))

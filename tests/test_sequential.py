@@ -332,6 +332,29 @@ def test_decide_boundaries_answer_as_the_tests_at_every_count(n_max, step):
     assert certify_at[0] == cs.looks[0] + 1  # 16 votes of 16 cannot show pA > Phi(4): (1 / Phi(4))^16 < 1 / alpha
 
 
+def test_kept_lower_bounds_are_the_bisected_ones_bit_for_bit(monkeypatch):
+    """The one-sided mixture keeps each (sample count, votes) pair's lower bound: a second reading, a reading after
+    the kept pairs were forgotten (a small limit) and one pair at a time all give what bisecting gives."""
+    import certify.sequential as sequential
+
+    rng = np.random.default_rng(5)
+    cs = confidence_sequence("one-sided-mixture", 20_000, 0.001)
+    looks = rng.integers(0, len(cs.looks), size=(40, 6))
+    trials = cs.looks[looks]
+    successes = np.minimum(trials, np.round(trials * rng.choice([0.7, 0.98, 0.995, 1.0], size=(40, 1))))
+    successes = successes.astype(np.int64)
+    successes[:4] = np.minimum(trials[:4], 150)  # the same votes at different sample counts: different bounds
+    direct = cs.tests.lower(successes, trials)
+    np.testing.assert_array_equal(cs.lower_looks(successes, looks), direct)
+    assert 0 < len(cs._lower_bounds) <= successes.size
+    np.testing.assert_array_equal(cs.lower_looks(successes, looks), direct)  # read from the kept pairs
+    monkeypatch.setattr(sequential, "LOWER_BOUNDS_KEPT", 50)
+    fresh = confidence_sequence("one-sided-mixture", 20_000, 0.001)
+    for row in range(len(looks)):
+        np.testing.assert_array_equal(fresh.lower_looks(successes[row:row + 1], looks[row]), direct[row:row + 1])
+        assert len(fresh._lower_bounds) <= 50
+
+
 def test_rules_read_each_row_at_its_own_looks_as_alone():
     """With the one-sided mixture a rule takes looks of shape (streams, m), each stream at its own looks: every
     outcome and bound is the one the stream's looks alone give, bit for bit; the other constructions say they
