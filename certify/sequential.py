@@ -334,7 +334,7 @@ class OneSidedMixture(ConfidenceSequence):
             certify_at = first_true_counts(lambda s, t: tests.above(s, t, key), self.looks)
             reject_at = first_true_counts(lambda s, t: ~tests.below(s, t, key), self.looks) - 1
             if len(self._decide_boundaries) >= DECIDE_BOUNDARIES_KEPT:
-                self._decide_boundaries.pop(next(iter(self._decide_boundaries)))  # the oldest threshold
+                self._decide_boundaries.pop(next(iter(self._decide_boundaries)), None)  # the oldest threshold
             found = self._decide_boundaries[key] = (certify_at, reject_at)
         return found
 
