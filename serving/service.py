@@ -39,9 +39,11 @@ from certify.sound_noise import grid_levels
 from serving.auth import ApiKeyMiddleware, api_key_from_env
 from serving.bundle import load_model_dir
 from serving.card import model_card
-from serving.compute.engine import CertifyWork, NoiseJob, SequentialWork, VoteCounter
+from serving.compute.counter import VoteCounter
+from serving.compute.engine import CertifyWork, NoiseJob, SequentialWork
 from serving.compute.noise import NoiseKey, client_image_seed, model_identity
-from serving.compute.scheduler import FairScheduler, SchedulerRefusal, Work
+from serving.compute.refusals import SchedulerRefusal
+from serving.compute.scheduler import FairScheduler, Work
 from serving.config import DEVICE_ENV, model_dir_from_env, served_config
 from serving.front_door import FrontDoor, Readiness
 from serving.http_errors import JsonErrorMiddleware
@@ -223,6 +225,7 @@ class TransDenoiser:
         self.card["runtime"]["forward_nice"] = self.smooth.worker_nice if self.smooth.workers > 1 else 0
         self.card["runtime"]["round_samples"] = round_samples  # a request's round on this device
         self.card["runtime"]["overlap"] = self.scheduler.overlap  # counts handed out while the next pass computes
+        self.card["runtime"]["pipelined"] = self.scheduler.pipelined  # next pass queued on the device before then
         self.card["runtime"]["switch_interval_us"] = round(sys.getswitchinterval() * 1e6)  # the GIL's, as set
         self.card["runtime"]["max_parsing_requests"] = BODY_SLOTS.limit  # large-body slots on this machine
         # the largest passes this device runs: on a GPU one full batch (cuDNN's plans, the memory it takes); on CPU one

@@ -14,12 +14,12 @@ from certify.core import Smooth
 from serving.auth import ApiKeyMiddleware
 from serving.bundle import load_model_dir, write_model_dir
 from serving.card import epsilon_statements
+from serving.compute.counter import VoteCounter
 from serving.compute.engine import (
     CertifyWork,
     NoiseJob,
     NoisePiece,
     StreamJob,
-    VoteCounter,
     job_seed,
     plan_jobs,
 )

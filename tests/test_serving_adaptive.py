@@ -14,8 +14,10 @@ import torch
 
 from certify.core import Smooth, sequential_rule
 from serving.bundle import load_model_dir, write_model_dir
-from serving.compute.engine import SequentialWork, VoteCounter
-from serving.compute.scheduler import BudgetExceeded, FairScheduler
+from serving.compute.counter import VoteCounter
+from serving.compute.engine import SequentialWork
+from serving.compute.refusals import BudgetExceeded
+from serving.compute.scheduler import FairScheduler
 from serving.process import ServerProcess
 from serving.validation import RequestError, form_bool, form_radius, parse_payload
 from tests.conftest import in_process_service
@@ -86,11 +88,12 @@ def test_scheduled_answers_equal_the_offline_adaptive_functions(smooth, digits):
     assert max(scheduler.stats.pass_sizes) > 1  # passes were in fact shared between the two requests
 
 
-@pytest.mark.parametrize("overlap", [False, True])
-def test_blocks_drawn_ahead_give_the_offline_answers_and_count_what_they_evaluate(smooth, digits, overlap):
+@pytest.mark.parametrize("overlap, pipelined", [(False, False), (True, False), (True, True)])
+def test_blocks_drawn_ahead_give_the_offline_answers_and_count_what_they_evaluate(smooth, digits, overlap, pipelined):
     """With ``draw_ahead`` (the server's ``overlap``) each image's next block is handed out before its current one is
     read: every answer is still the offline one for its seed; only the samples evaluated can grow (a block drawn
-    ahead for an image that then stops), and they are counted in ``computed``."""
+    ahead for an image that then stops), and they are counted in ``computed``. The same with a pipelined counter
+    (each pass launched before the last one is collected, as on CUDA; forced here on CPU)."""
     import dataclasses
 
     images = images_easy_and_hard(digits)
@@ -100,8 +103,9 @@ def test_blocks_drawn_ahead_give_the_offline_answers_and_count_what_they_evaluat
              "estimate": sequential_rule("estimate", SIGMA, budget, ALPHA)}
     works = [SequentialWork(kind, images, seeds, N0, rule, SIGMA, 10, 50, smooth.generator, draw_ahead=True)
              for kind, rule in rules.items()]
-    scheduler = FairScheduler(VoteCounter(smooth), round_samples=120, pass_samples=300, share_passes=True,
-                              max_queued=8, overlap=overlap)
+    scheduler = FairScheduler(VoteCounter(smooth, pipelined=pipelined), round_samples=120, pass_samples=300,
+                              share_passes=True, max_queued=8, overlap=overlap)
+    assert scheduler.pipelined is pipelined
 
     async def run():
         return await asyncio.gather(*(scheduler.run(w, 120, 100_000) for w in works))

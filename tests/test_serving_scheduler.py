@@ -11,9 +11,11 @@ import torch
 
 from certify.core import Smooth, certificate_from_counts
 from serving.bundle import load_model_dir, write_model_dir
-from serving.compute.engine import ESTIMATION, SELECTION, CertifyWork, NoiseJob, VoteCounter, job_seed
+from serving.compute.counter import VoteCounter
+from serving.compute.engine import ESTIMATION, SELECTION, CertifyWork, NoiseJob, job_seed
 from serving.compute.noise import NoiseKey, canonical_image_bytes, client_image_seed
-from serving.compute.scheduler import BudgetExceeded, ClientDisconnected, DeadlineExceeded, FairScheduler, QueueFull
+from serving.compute.refusals import BudgetExceeded, ClientDisconnected, DeadlineExceeded, QueueFull
+from serving.compute.scheduler import FairScheduler
 
 SHAPE = (1, 28, 28)
 SETTINGS = {"kind": "certify", "sigma": 0.25, "n0": 20, "n": 200, "alpha": 0.001, "chunk_samples": 50}
@@ -203,6 +205,83 @@ def test_deadline_stops_the_computation():
     computed = sum(job.num_samples for jobs in counter.passes for job in jobs)
     assert computed <= 0.2 / 1e-4 + 2 * 100 and scheduler.stats.dropped == {"deadline": 1}
     assert DeadlineExceeded.status == 504
+
+
+class RecordingCounter:
+    """A pipelined ``VoteCounter`` that records its launches and collects, in order, by pass number."""
+
+    def __init__(self, smooth, fail_launch: int | None = None, fail_collect: int | None = None):
+        self.inner = VoteCounter(smooth, pipelined=True)
+        self.pipelined = True
+        self.log: list[tuple[str, int]] = []
+        self.fail_launch, self.fail_collect = fail_launch, fail_collect
+
+    def launch(self, jobs):
+        number = sum(1 for kind, _ in self.log if kind == "launch")
+        self.log.append(("launch", number))
+        if number == self.fail_launch:
+            raise RuntimeError(f"launch {number} failed")
+        return number, self.inner.launch(jobs)
+
+    def collect(self, launched):
+        number, inner = launched
+        self.log.append(("collect", number))
+        if number == self.fail_collect:
+            raise RuntimeError(f"collect {number} failed")
+        return self.inner.collect(inner)
+
+
+def test_a_pipelined_counter_queues_the_next_pass_before_collecting_the_last(smooth, digits):
+    """With ``overlap`` and a counter that launches a pass before it is collected (``VoteCounter`` on CUDA; forced
+    here on CPU), each step launches pass k + 1, then collects pass k: the device finds the next pass queued. The
+    certificates are those computed directly; without ``overlap`` the counter is called pass by pass."""
+    images = digits[0][:2]
+    assert VoteCounter(smooth).pipelined is False  # a CPU smoother: launching computes
+    for overlap in (True, False):
+        counter = RecordingCounter(smooth)
+        calls: list[int] = []
+
+        def called(jobs, calls=calls):
+            calls.append(len(jobs))
+            return VoteCounter(smooth)(jobs)
+
+        scheduler = FairScheduler(counter if overlap else called, round_samples=60, pass_samples=120,
+                                  share_passes=True, max_queued=8, overlap=overlap)
+        assert scheduler.pipelined is overlap
+
+        async def run(scheduler=scheduler):
+            works = [CertifyWork(images, [10 * k, 10 * k + 1], 20, 200, 0.001, 0.25, 10, 50) for k in range(3)]
+            return await asyncio.gather(*(scheduler.run(w, 60, 10_000) for w in works))
+
+        for k, certificates in enumerate(asyncio.run(run())):
+            assert certificates == direct_certificates(smooth, images, [10 * k, 10 * k + 1], 20, 200, 50)
+        if not overlap:
+            assert len(calls) == scheduler.stats.passes and counter.log == []
+            continue
+        launches = [number for kind, number in counter.log if kind == "launch"]
+        assert launches == list(range(scheduler.stats.passes)) and scheduler.stats.passes > 3
+        for k in range(scheduler.stats.passes - 1):  # pass k + 1 launched before pass k is collected
+            assert counter.log.index(("launch", k + 1)) < counter.log.index(("collect", k))
+        assert [number for kind, number in counter.log if kind == "collect"] == launches
+
+
+@pytest.mark.parametrize("where", ["launch", "collect"])
+def test_a_pipelined_pass_that_fails_as_a_whole_fails_its_own_requests_only(smooth, digits, where):
+    """A launch or a collect that raises fails the requests of that pass (their error), not the next pass's; a
+    request alone in a later pass is answered."""
+    counter = RecordingCounter(smooth, **{f"fail_{where}": 0})
+    scheduler = FairScheduler(counter, round_samples=1000, pass_samples=1000, share_passes=True, max_queued=8,
+                              overlap=True)
+
+    async def run():
+        first = asyncio.ensure_future(scheduler.run(work(1, 100, seed=1), 60, 10_000))
+        await asyncio.sleep(0)
+        second = scheduler.run(CertifyWork(digits[0][:1], [7], 20, 100, 0.001, 0.25, 10, 50), 60, 10_000)
+        return await asyncio.gather(first, second, return_exceptions=True)
+
+    failed, answered = asyncio.run(run())
+    assert isinstance(failed, RuntimeError) and f"{where} 0 failed" in str(failed)
+    assert answered == direct_certificates(smooth, digits[0][:1], [7], 20, 100, 50)
 
 
 def test_the_counters_own_time_is_counted_per_pass():
@@ -461,7 +540,7 @@ def test_overload_keeps_goodput_and_answers_small_requests_or_refuses_them_at_on
 
 
 def test_a_request_that_cannot_finish_alone_is_refused_at_the_door():
-    from serving.compute.scheduler import NeverInTime
+    from serving.compute.refusals import NeverInTime
 
     counter = FakeCounter(seconds_per_sample=1e-4)  # 10,000 samples/s
     scheduler = FairScheduler(counter, round_samples=100, pass_samples=1000, share_passes=False, max_queued=8)

@@ -79,6 +79,7 @@ def test_probes_and_model_card(client):
     assert runtime["forward_workers"] >= 1 and runtime["forward_nice"] == (10 if runtime["forward_workers"] > 1 else 0)
     assert runtime["round_samples"] == 150  # the setting of this model directory (default "auto": 100 on CPU)
     assert runtime["overlap"] is False and "one request's round" in runtime["batching"]  # CPU: passes in turn
+    assert runtime["pipelined"] is False
     assert runtime["switch_interval_us"] == 5000  # CPU: Python's own thread switch interval, left as it is
     assert runtime["max_parsing_requests"] == max(3, available_cores() + 1)  # "auto": cores + 1, at least 3
 

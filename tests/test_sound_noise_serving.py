@@ -7,7 +7,8 @@ import torch
 
 from certify.core import Smooth
 from serving.bundle import load_model_dir
-from serving.compute.engine import NoiseJob, VoteCounter
+from serving.compute.counter import VoteCounter
+from serving.compute.engine import NoiseJob
 from serving.config import load_config
 from tests.conftest import in_process_service
 from transdenoiser.cli import main as cli_main

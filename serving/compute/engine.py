@@ -4,8 +4,9 @@ Each image of a request becomes *noise jobs* of at most ``chunk_samples`` noisy 
 jobs (``n0`` samples in total) and estimation jobs (``n`` samples), never sharing a draw. Every job
 carries its own seed, derived from the image's noise seed (``serving.compute.noise``), the phase and the chunk
 index, so a certificate depends on the image's seed only, never on how the jobs were grouped into forward
-passes or which other requests shared them. ``VoteCounter`` evaluates any list of jobs in shared forward
-passes; a job that fails yields its own exception and never another job's. ``CertifyWork`` is the work of
+passes or which other requests shared them (``serving.compute.counter.VoteCounter`` evaluates any list of jobs
+in shared forward passes; a job that fails yields its own exception and never another job's). ``CertifyWork`` is
+the work of
 one certify request for ``serving.compute.scheduler.FairScheduler``; its certificate is
 ``certify.core.certificate_from_counts`` (Clopper-Pearson lower bound pA, radius sigma * Phi^-1(pA),
 abstain when pA < 1/2), the same rule as ``certify.core.Smooth.certify``.
@@ -63,75 +64,6 @@ def job_seed(image_seed: int, phase: int, chunk_index: int) -> int:
     """A seed for one job, independent across (phase, chunk) for one image seed (NumPy's SeedSequence hashing)."""
     state = np.random.SeedSequence([image_seed, phase, chunk_index]).generate_state(2, np.uint32)
     return (int(state[0]) << 32 | int(state[1])) & MAX_SEED
-
-
-class VoteCounter:
-    """Class counts for a list of noise jobs, evaluated together (forward passes of ``smooth.batch_size``)."""
-
-    def __init__(self, smooth: Smooth):
-        self.smooth = smooth
-
-    def noisy_samples(self, job: NoiseJob | StreamJob, image: torch.Tensor | None = None) -> torch.Tensor:
-        """Same draw as ``Smooth.sample_counts(job.image, job.num_samples, smooth.generator(job.seed))``; for a
-        ``StreamJob``, its slice of its piece of the image's noise stream. ``image``: the job's image already on
-        the smoother's device (``on_device``), if it was copied there."""
-        if isinstance(job, StreamJob):
-            return job.piece.samples(self.smooth, image)[job.start:job.start + job.num_samples]
-        image = job.image.to(self.smooth.device) if image is None else image
-        return noisy_copies(self.smooth, image, job.num_samples, self.smooth.generator(job.seed))
-
-    def on_device(self, jobs: Sequence[NoiseJob | StreamJob]) -> dict[int, torch.Tensor]:
-        """The images whose noise these jobs still draw, copied to the smoother's device together: one copy per
-        pass instead of one per image (on a GPU each copy from pageable memory waits for the device), by ``id`` of
-        the host image. The same pixels either way; empty where the images are on the device already."""
-        host: dict[int, torch.Tensor] = {}
-        for job in jobs:
-            if isinstance(job, StreamJob) and job.piece.drawn:
-                continue
-            image = host_image(job)
-            if image.device != self.smooth.device:
-                host.setdefault(id(image), image)
-        if not host or len({image.shape for image in host.values()}) > 1:
-            return {}
-        return dict(zip(host, torch.stack(list(host.values())).to(self.smooth.device).unbind(0), strict=True))
-
-    def counts(self, predictions: torch.Tensor) -> np.ndarray:
-        return torch.bincount(predictions, minlength=self.smooth.num_classes).cpu().numpy()
-
-    def counts_per_job(self, predictions: torch.Tensor, sizes: list[int]) -> np.ndarray:
-        """Class counts of consecutive runs of ``sizes`` predictions, one row per run: the predictions copied to the
-        host once for the whole pass (on a GPU, one synchronisation instead of one per job) and counted there."""
-        classes = self.smooth.num_classes
-        owner = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
-        table = np.bincount(owner * classes + predictions.cpu().numpy(), minlength=len(sizes) * classes)
-        return table.reshape(len(sizes), classes)
-
-    def __call__(self, jobs: Sequence[NoiseJob | StreamJob]) -> list[np.ndarray | Exception]:
-        results: list[np.ndarray | Exception | None] = [None] * len(jobs)
-        samples: dict[int, torch.Tensor] = {}
-        try:
-            images = self.on_device(jobs)
-        except Exception:  # noqa: BLE001 - copied job by job below, so a failure stays with its job
-            images = {}
-        for i, job in enumerate(jobs):
-            try:
-                samples[i] = self.noisy_samples(job, images.get(id(host_image(job))))
-            except Exception as exc:  # noqa: BLE001 - the failure belongs to this job only
-                results[i] = exc
-        if samples:
-            order = list(samples)
-            try:
-                predicted = self.smooth.classify(torch.cat([samples[i] for i in order]))
-                for i, counts in zip(order, self.counts_per_job(predicted, [jobs[i].num_samples for i in order]),
-                                     strict=True):
-                    results[i] = counts
-            except Exception:  # noqa: BLE001 - isolate: evaluate job by job, so a failure stays with its job
-                for i in order:
-                    try:
-                        results[i] = self.counts(self.smooth.classify(samples[i]))
-                    except Exception as exc:  # noqa: BLE001
-                        results[i] = exc
-        return results  # type: ignore[return-value]
 
 
 def plan_chunks(count: int, n0: int, n: int, chunk_samples: int) -> list[tuple[int, int, int, int]]:

@@ -43,6 +43,15 @@ import numpy as np
 
 from serving.compute.admission import ADMITTED_MARGIN, Admitted, RateMeter, admission, doomed, fits_alone
 from serving.compute.engine import NoiseJob, read_counted_blocks
+from serving.compute.passes import InFlight, advance, timed
+from serving.compute.refusals import (
+    BudgetExceeded,
+    ClientDisconnected,
+    DeadlineExceeded,
+    NeverInTime,
+    QueueFull,
+    SchedulerRefusal,
+)
 
 Disconnected = Callable[[], Awaitable[bool]]
 FINISHING_ROUNDS = 2  # a request with at most this many rounds' samples left computes them in one round
@@ -62,37 +71,6 @@ class Work(Protocol):
     def finished(self) -> bool: ...
 
     def result(self) -> Any: ...
-
-
-class SchedulerRefusal(Exception):
-    """A request the scheduler stops or refuses: HTTP ``status``, a one-line ``message``, extra ``headers``."""
-
-    status = 503
-
-    def __init__(self, message: str, headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.message = message
-        self.headers = headers or {}
-
-
-class QueueFull(SchedulerRefusal):
-    status = 503
-
-
-class DeadlineExceeded(SchedulerRefusal):
-    status = 504
-
-
-class BudgetExceeded(SchedulerRefusal):
-    status = 400
-
-
-class NeverInTime(SchedulerRefusal):
-    status = 400  # retrying the same request cannot help: it must be smaller
-
-
-class ClientDisconnected(SchedulerRefusal):
-    status = 499  # nginx's "client closed request": nobody reads the answer
 
 
 async def _gone(disconnected: Disconnected) -> bool:
@@ -127,32 +105,6 @@ class SchedulerStats:
     rescue_passes: int = 0  # passes begun with an extra round for an admitted request at risk
     counter_seconds: float = 0.0  # the counter's own time on the passes (its thread's wall time): the rest of a
     # pass's time is the host's (the event loop taking jobs and handing out counts)
-
-
-@dataclass(eq=False)
-class _InFlight:
-    """A pass handed to the counter: its jobs (with their tickets and keys), the counter's future (its results and
-    its own seconds, ``_timed``), when the pass began."""
-
-    batch: list[tuple[_Ticket, Any, NoiseJob]]
-    future: Awaitable[tuple[list, float]]  # awaited once
-    started: float
-
-    async def counts(self) -> tuple[list[tuple[_Ticket, Any, NoiseJob]], list, float, float]:
-        """(the jobs, one result per job, seconds from ``started`` until the counts were in, the counter's own
-        seconds); a counter that fails as a whole fails every job of the pass."""
-        try:
-            results, counter_seconds = await self.future
-        except Exception as exc:  # noqa: BLE001 - a counter that fails as a whole fails this pass's requests
-            results, counter_seconds = [exc] * len(self.batch), 0.0
-        return self.batch, results, time.perf_counter() - self.started, counter_seconds
-
-
-def _timed(counter: Callable[[Sequence[NoiseJob]], list], jobs: list[NoiseJob]) -> tuple[list, float]:
-    """``counter(jobs)`` and its wall time, in the thread that runs it."""
-    started = time.perf_counter()
-    results = counter(jobs)
-    return results, time.perf_counter() - started
 
 
 class FairScheduler:
@@ -434,7 +386,9 @@ class FairScheduler:
         made for ``overlap`` hands out each image's next block before its current one is read
         (``SequentialWork(draw_ahead=True)``), so it has work; one pass is computed at a time either way, in the
         order taken."""
-        in_flight: _InFlight | None = None
+        if self.pipelined:
+            return await self._compute_pipelined()
+        in_flight: InFlight | None = None
         while True:
             busy_from = time.perf_counter()  # the loop's own time counts in the measured rate, waiting does not
             await self._prune()
@@ -457,19 +411,57 @@ class FairScheduler:
                 self._hand_out(*computed)
             in_flight = launched
 
+    @property
+    def pipelined(self) -> bool:
+        """Whether each pass is queued on the device before the last one is collected: with ``overlap``, for a
+        counter that can (``VoteCounter`` on CUDA: ``launch`` returns before the device has computed)."""
+        return self.overlap and bool(getattr(self.counter, "pipelined", False))
+
+    async def _compute_pipelined(self) -> None:
+        """``overlap`` with a pipelined counter: each step on the compute thread launches the next pass, then
+        collects the one launched before it, so the device finds the next pass's work queued when it finishes the
+        last; the host hands those counts out while the device computes the pass just launched. A step's wall
+        time (launching one pass, waiting for the other) is the measured rate's time for the pass it collects."""
+        in_flight: tuple[list[tuple[_Ticket, Any, NoiseJob]], Any] | None = None  # launched, not collected
+        while True:
+            await self._prune()
+            if not self._tickets and in_flight is None:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            batch = self._next_pass() if self._tickets else []
+            if not batch and in_flight is None:
+                for ticket in list(self._tickets):
+                    self._finish(ticket)  # works with nothing left to draw
+                await asyncio.sleep(0)
+                continue
+            launched, results, seconds = await self._submit(
+                advance, self.counter, [job for _, _, job in batch], in_flight[1] if in_flight else None)
+            if in_flight is not None:
+                collected = in_flight[0]
+                if isinstance(results, Exception):
+                    results = [results] * len(collected)
+                self._hand_out(collected, results, seconds, seconds)
+            in_flight = (batch, launched) if batch else None
+
+    def _submit(self, function, *args) -> Awaitable:
+        """Run ``function(*args)`` on the scheduler's compute thread (at once: it starts before the event loop next
+        yields)."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="transdenoiser-passes")
+        future = self._loop.run_in_executor(self._executor, function, *args)
+        time.sleep(0)  # release the GIL: the compute thread starts the pass now, not at the next forced switch (5 ms)
+        return future
+
     async def _count(self, batch: list[tuple[_Ticket, Any, NoiseJob]], started: float
                      ) -> tuple[list[tuple[_Ticket, Any, NoiseJob]], list, float, float]:
         """Without ``overlap``: the pass's counts from the compute thread, awaited at once."""
         return await self._launch(batch, started).counts()
 
-    def _launch(self, batch: list[tuple[_Ticket, Any, NoiseJob]], started: float) -> _InFlight:
+    def _launch(self, batch: list[tuple[_Ticket, Any, NoiseJob]], started: float) -> InFlight:
         """Hand ``batch`` to the counter on the scheduler's compute thread (at once: the counter starts before the
         event loop next yields)."""
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="transdenoiser-passes")
-        future = self._loop.run_in_executor(self._executor, _timed, self.counter, [job for _, _, job in batch])
-        time.sleep(0)  # release the GIL: the compute thread starts the pass now, not at the next forced switch (5 ms)
-        return _InFlight(batch, future, started)
+        return InFlight(batch, self._submit(timed, self.counter, [job for _, _, job in batch]), started)
 
     def _hand_out(self, batch: list[tuple[_Ticket, Any, NoiseJob]], results: list, seconds: float,
                   counter_seconds: float) -> None:
