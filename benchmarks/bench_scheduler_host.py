@@ -18,8 +18,10 @@ with the host free (1.3: the H200's fixed-n rate for the MNIST pipeline,
 761k samples per second). ``--overlap-ab`` then times the scheduler with ``overlap`` off and on (the host hands a
 pass's counts out while the next pass computes, and each image's next block is drawn ahead, as the server does),
 interleaved: wall time per image, and how much of it the stand-in
-device was busy (its sleep over the wall time). A stand-in device, not a GPU: the figure says what the scheduler's
-structure allows, with this machine's host.
+device was busy (its sleep over the wall time). With ``--pipelined`` the side with ``overlap`` on runs a pipelined
+stand-in, as the server does on CUDA: each pass is queued on the stand-in device, which computes queued passes one
+after another, before the last one's counts are read. A stand-in device, not a GPU: the figure says what the
+scheduler's structure allows, with this machine's host.
 
 ``--requests`` concurrent requests of ``--images`` images each (pA alternating ``--p-high`` and ``--p-low``),
 all decide at ``--radius`` or all estimate (``--mode``), budget ``--n-max``; the GPU's scheduler settings
@@ -60,8 +62,23 @@ class StandInCounter:
         self._pieces: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # piece -> its place in its stream
         self._next_piece: dict[int, int] = {}
 
+    pipelined = False  # a plain counter; ``QueuedStandIn`` is the pipelined one
+
     def __call__(self, jobs) -> list[np.ndarray]:
         started = time.perf_counter()
+        results = self.votes(jobs)
+        if self.device_s_per_sample:
+            # the stand-in device computes from the pass's start, while this thread draws the votes (as a GPU
+            # computes while its host thread launches the kernels): the pass ends when both are done
+            device = self.device_s_per_sample * sum(job.num_samples for job in jobs)
+            remaining = started + device - time.perf_counter()
+            if remaining > 0:
+                time.sleep(remaining)
+            self.device_seconds += device
+        self.seconds += time.perf_counter() - started
+        return results
+
+    def votes(self, jobs) -> list[np.ndarray]:
         results = []
         for job in jobs:
             piece = job.piece
@@ -76,14 +93,35 @@ class StandInCounter:
             counts[0], counts[1] = votes, job.num_samples - votes
             results.append(counts)
             self.samples += job.num_samples
-        if self.device_s_per_sample:
-            # the stand-in device computes from the pass's start, while this thread draws the votes (as a GPU
-            # computes while its host thread launches the kernels): the pass ends when both are done
-            device = self.device_s_per_sample * sum(job.num_samples for job in jobs)
-            remaining = started + device - time.perf_counter()
-            if remaining > 0:
-                time.sleep(remaining)
-            self.device_seconds += device
+        return results
+
+
+class QueuedStandIn(StandInCounter):
+    """The stand-in as a pipelined counter (``VoteCounter`` on CUDA): ``launch`` draws the votes and queues the
+    pass on the stand-in device, which computes queued passes one after another from when each is launched;
+    ``collect`` waits until the device has finished that pass."""
+
+    pipelined = True
+
+    def __init__(self, device_s_per_sample: float = 0.0):
+        super().__init__(device_s_per_sample)
+        self._device_free_at = 0.0
+
+    def launch(self, jobs):
+        started = time.perf_counter()
+        results = self.votes(jobs)
+        device = self.device_s_per_sample * sum(job.num_samples for job in jobs)
+        done_at = max(self._device_free_at, started) + device
+        self._device_free_at = done_at
+        self.device_seconds += device
+        self.seconds += time.perf_counter() - started
+        return results, done_at
+
+    def collect(self, launched):
+        results, done_at = launched
+        started = time.perf_counter()
+        if done_at > started:
+            time.sleep(done_at - started)
         self.seconds += time.perf_counter() - started
         return results
 
@@ -94,7 +132,7 @@ def run_once(args, rule, p_values: np.ndarray, overlap: bool = False, seed_offse
     from serving.compute.engine import SequentialWork
     from serving.compute.scheduler import FairScheduler
 
-    counter = StandInCounter(args.device_us_per_sample * 1e-6)
+    counter = (QueuedStandIn if overlap and args.pipelined else StandInCounter)(args.device_us_per_sample * 1e-6)
     scheduler = FairScheduler(counter, args.round_samples, args.pass_samples, True, args.requests + 1,
                               overlap=overlap)
     works = []
@@ -139,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device-us-per-sample", type=float, default=0.0,
                         help="stand-in device time per sample, microseconds (the counter sleeps)")
     parser.add_argument("--overlap-ab", action="store_true", help="time overlap off and on, interleaved")
+    parser.add_argument("--pipelined", action="store_true", help="with overlap on, a pipelined stand-in (as "
+                        "VoteCounter on CUDA): each pass queued on the stand-in device before the last is collected")
     parser.add_argument("--warm-rule", action="store_true", help="each run starts with the stopping rule as one "
                         "untimed run of the same requests on other seeds left it (the server keeps one rule per "
                         "setting, with its boundaries and bounds); by default each run makes a new rule")

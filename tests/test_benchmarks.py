@@ -110,14 +110,15 @@ def test_bench_rule_host_quick_gives_the_same_answers_block_by_block(tmp_path):
         assert 100 < mode["mean_samples"] <= 2000
 
 
-def test_bench_scheduler_host_quick_runs_the_real_scheduler(tmp_path):
-    """The scheduler's host-time benchmark: an estimate answer per image, the same in every repeat, and at least
-    n0 + n samples computed for each."""
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_bench_scheduler_host_quick_runs_the_real_scheduler(tmp_path, pipelined):
+    """The scheduler's host-time benchmark: an estimate answer per image, the same in every repeat and on both
+    sides (overlap on with a plain or a pipelined stand-in), and at least n0 + n samples computed for each."""
     from benchmarks import bench_scheduler_host
 
     out = tmp_path / "scheduler_host.json"
     argv = ["--quick", "--overlap-ab", "--device-us-per-sample", "1", "--json", str(out)]
-    assert bench_scheduler_host.main(argv) == 0
+    assert bench_scheduler_host.main(argv + (["--pipelined"] if pipelined else [])) == 0
     record = json.loads(out.read_text())
     assert record["answers_same_every_repeat"] and record["host_ms_per_image"] > 0  # overlap on and off alike
     assert {side: 0 < figures["device_busy_share"] < 1 for side, figures in record["overlap_ab"].items()} == {
