@@ -122,6 +122,35 @@ def test_blocks_drawn_ahead_give_the_offline_answers_and_count_what_they_evaluat
         assert scheduler.stats.samples == sum(c.n0 + c.computed for c in ours)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the GPU check's device calls run it)")
+def test_pipelined_passes_on_cuda_give_the_offline_answers(model_dir, digits):
+    """On CUDA ``VoteCounter`` is pipelined: with ``overlap`` each pass is queued on the device before the last one's
+    counts are read (copied to pinned host memory behind its kernels); the answers are ``Smooth.decide``'s and
+    ``Smooth.certify_adaptive``'s on the same device for the same seeds."""
+    import dataclasses
+
+    pipeline = load_model_dir(model_dir).pipeline
+    smooth = Smooth(pipeline.classifier, pipeline.num_classes, SIGMA, batch_size=100, device="cuda")
+    images, seeds, budget = images_easy_and_hard(digits), [21, 22, 23], 1000
+    works = [SequentialWork("decide", images, seeds, N0, sequential_rule("decide", SIGMA, budget, ALPHA, radius=0.5),
+                            SIGMA, 10, 50, smooth.generator, draw_ahead=True),
+             SequentialWork("estimate", images, seeds, N0, sequential_rule("estimate", SIGMA, budget, ALPHA), SIGMA,
+                            10, 50, smooth.generator, draw_ahead=True)]
+    scheduler = FairScheduler(VoteCounter(smooth), round_samples=120, pass_samples=300, share_passes=True,
+                              max_queued=8, overlap=True)
+    assert scheduler.pipelined
+
+    async def run():
+        return await asyncio.gather(*(scheduler.run(w, 120, 100_000) for w in works))
+
+    decided, estimated = asyncio.run(run())
+    offline = [smooth.decide(image, 0.5, N0, budget, ALPHA, smooth.generator(seed))
+               for image, seed in zip(images, seeds, strict=True)]
+    offline += smooth.certify_adaptive_many(images, N0, budget, ALPHA, [smooth.generator(seed) for seed in seeds])
+    assert [dataclasses.replace(c, computed=0) for c in decided + estimated] == [
+        dataclasses.replace(c, computed=0) for c in offline]
+
+
 def test_an_image_that_stops_drops_the_jobs_of_its_block_drawn_ahead(smooth, digits):
     """Stepped by hand: an easy image's block drawn ahead, not yet handed out when the image stops, is never handed
     out; a job of it counted after the stop changes nothing."""
