@@ -53,6 +53,13 @@ def images_easy_and_hard(digits) -> torch.Tensor:
     return torch.stack([x[0], x[1], 0.5 * (x[2] + x[3])])
 
 
+def offline_decided_and_estimated(smooth, images, seeds, budget: int) -> list:
+    """``Smooth.decide`` at R = 0.5, then ``Smooth.certify_adaptive``, of each image with its seed."""
+    offline = [smooth.decide(image, 0.5, N0, budget, ALPHA, smooth.generator(seed))
+               for image, seed in zip(images, seeds, strict=True)]
+    return offline + smooth.certify_adaptive_many(images, N0, budget, ALPHA, [smooth.generator(seed) for seed in seeds])
+
+
 def scheduled(smooth, works, share_passes: bool, round_samples: int = 120):
     scheduler = FairScheduler(VoteCounter(smooth), round_samples=round_samples, pass_samples=300,
                               share_passes=share_passes, max_queued=8)
@@ -111,9 +118,7 @@ def test_blocks_drawn_ahead_give_the_offline_answers_and_count_what_they_evaluat
         return await asyncio.gather(*(scheduler.run(w, 120, 100_000) for w in works))
 
     decided, estimated = asyncio.run(run())
-    offline = [smooth.decide(image, 0.5, N0, budget, ALPHA, smooth.generator(seed))
-               for image, seed in zip(images, seeds, strict=True)]
-    offline += smooth.certify_adaptive_many(images, N0, budget, ALPHA, [smooth.generator(seed) for seed in seeds])
+    offline = offline_decided_and_estimated(smooth, images, seeds, budget)
     ours = decided + estimated
     assert [dataclasses.replace(c, computed=0) for c in ours] == [dataclasses.replace(c, computed=0) for c in offline]
     assert all(c.computed >= o.computed for c, o in zip(ours, offline, strict=True))
@@ -144,9 +149,7 @@ def test_pipelined_passes_on_cuda_give_the_offline_answers(model_dir, digits):
         return await asyncio.gather(*(scheduler.run(w, 120, 100_000) for w in works))
 
     decided, estimated = asyncio.run(run())
-    offline = [smooth.decide(image, 0.5, N0, budget, ALPHA, smooth.generator(seed))
-               for image, seed in zip(images, seeds, strict=True)]
-    offline += smooth.certify_adaptive_many(images, N0, budget, ALPHA, [smooth.generator(seed) for seed in seeds])
+    offline = offline_decided_and_estimated(smooth, images, seeds, budget)
     assert [dataclasses.replace(c, computed=0) for c in decided + estimated] == [
         dataclasses.replace(c, computed=0) for c in offline]
 

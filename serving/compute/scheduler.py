@@ -391,16 +391,8 @@ class FairScheduler:
         in_flight: InFlight | None = None
         while True:
             busy_from = time.perf_counter()  # the loop's own time counts in the measured rate, waiting does not
-            await self._prune()
-            if not self._tickets and in_flight is None:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            batch = self._next_pass() if self._tickets else []
-            if not batch and in_flight is None:
-                for ticket in list(self._tickets):
-                    self._finish(ticket)  # works with nothing left to draw
-                await asyncio.sleep(0)
+            batch = await self._take_pass(pending=in_flight is not None)
+            if batch is None:
                 continue
             if not self.overlap:
                 self._hand_out(*await self._count(batch, busy_from))
@@ -410,6 +402,23 @@ class FairScheduler:
             if computed is not None:
                 self._hand_out(*computed)
             in_flight = launched
+
+    async def _take_pass(self, pending: bool) -> list[tuple[_Ticket, Any, NoiseJob]] | None:
+        """After dropping the tickets no one waits for, the next pass's jobs (empty: none ready, while a pass is
+        ``pending``), or None when there is nothing to compute now: it waited for a request, or finished the works
+        with nothing left to draw; the loop then goes round again."""
+        await self._prune()
+        if not self._tickets and not pending:
+            self._wake.clear()
+            await self._wake.wait()
+            return None
+        batch = self._next_pass() if self._tickets else []
+        if not batch and not pending:
+            for ticket in list(self._tickets):
+                self._finish(ticket)  # works with nothing left to draw
+            await asyncio.sleep(0)
+            return None
+        return batch
 
     @property
     def pipelined(self) -> bool:
@@ -424,16 +433,8 @@ class FairScheduler:
         time (launching one pass, waiting for the other) is the measured rate's time for the pass it collects."""
         in_flight: tuple[list[tuple[_Ticket, Any, NoiseJob]], Any] | None = None  # launched, not collected
         while True:
-            await self._prune()
-            if not self._tickets and in_flight is None:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            batch = self._next_pass() if self._tickets else []
-            if not batch and in_flight is None:
-                for ticket in list(self._tickets):
-                    self._finish(ticket)  # works with nothing left to draw
-                await asyncio.sleep(0)
+            batch = await self._take_pass(pending=in_flight is not None)
+            if batch is None:
                 continue
             launched, results, seconds = await self._submit(
                 advance, self.counter, [job for _, _, job in batch], in_flight[1] if in_flight else None)
