@@ -47,8 +47,10 @@ class VoteCounter:
 
     def on_device(self, jobs: Sequence[NoiseJob | StreamJob]) -> dict[int, torch.Tensor]:
         """The images whose noise these jobs still draw, copied to the smoother's device together: one copy per
-        pass instead of one per image (on a GPU each copy from pageable memory waits for the device), by ``id`` of
-        the host image. The same pixels either way; empty where the images are on the device already."""
+        pass instead of one per image, by ``id`` of the host image. On CUDA the copy is from pinned memory and
+        queued, so launching a pass never waits for the passes queued before it (torch waits for the device after
+        a copy from pageable memory). The same pixels either way; empty where the images are on the device
+        already."""
         host: dict[int, torch.Tensor] = {}
         for job in jobs:
             if isinstance(job, StreamJob) and job.piece.drawn:
@@ -58,7 +60,12 @@ class VoteCounter:
                 host.setdefault(id(image), image)
         if not host or len({image.shape for image in host.values()}) > 1:
             return {}
-        return dict(zip(host, torch.stack(list(host.values())).to(self.smooth.device).unbind(0), strict=True))
+        stacked = torch.stack(list(host.values()))
+        if self.smooth.device.type == "cuda":  # from pinned memory, queued: a copy from pageable memory would first
+            stacked = stacked.pin_memory().to(self.smooth.device, non_blocking=True)  # wait for the queued passes
+        else:
+            stacked = stacked.to(self.smooth.device)
+        return dict(zip(host, stacked.unbind(0), strict=True))
 
     def counts(self, predictions: torch.Tensor) -> np.ndarray:
         return torch.bincount(predictions, minlength=self.smooth.num_classes).cpu().numpy()
