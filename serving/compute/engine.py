@@ -6,10 +6,9 @@ carries its own seed, derived from the image's noise seed (``serving.compute.noi
 index, so a certificate depends on the image's seed only, never on how the jobs were grouped into forward
 passes or which other requests shared them (``serving.compute.counter.VoteCounter`` evaluates any list of jobs
 in shared forward passes; a job that fails yields its own exception and never another job's). ``CertifyWork`` is
-the work of
-one certify request for ``serving.compute.scheduler.FairScheduler``; its certificate is
-``certify.core.certificate_from_counts`` (Clopper-Pearson lower bound pA, radius sigma * Phi^-1(pA),
-abstain when pA < 1/2), the same rule as ``certify.core.Smooth.certify``.
+the work of one certify request for ``serving.compute.scheduler.FairScheduler``; its certificate is
+``certify.core.certificate_from_counts`` (Clopper-Pearson lower bound pA, radius sigma * Phi^-1(pA), abstain
+when pA < 1/2), the same rule as ``certify.core.Smooth.certify``.
 
 ``SequentialWork`` is the work of an adaptive request (``decide`` at a radius, or ``estimate`` the largest
 radius under a budget): selection samples, then estimation samples block by block of the offline rule
