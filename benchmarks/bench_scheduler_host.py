@@ -23,6 +23,11 @@ stand-in, as the server does on CUDA: each pass is queued on the stand-in device
 after another, before the last one's counts are read. A stand-in device, not a GPU: the figure says what the
 scheduler's structure allows, with this machine's host.
 
+``--client-probe`` gives each request the disconnection probe the scheduler looks at before every pass: by
+default none; ``watch`` is the server's (``serving.disconnect.DisconnectWatch``), ``starlette`` Starlette's
+``Request.is_disconnected`` (one event-loop turn per look), each over an ASGI ``receive`` that waits as uvicorn's
+does once the body has been read.
+
 ``--requests`` concurrent requests of ``--images`` images each (pA alternating ``--p-high`` and ``--p-low``),
 all decide at ``--radius`` or all estimate (``--mode``), budget ``--n-max``; the GPU's scheduler settings
 (passes shared, ``--pass-samples`` per pass, ``--round-samples`` per request and round) and block plan. Repeated
@@ -126,6 +131,26 @@ class QueuedStandIn(StandInCounter):
         return results
 
 
+def client_probe(kind: str):
+    """The disconnection probe a request carries: none, or the server's, over an ASGI ``receive`` that waits as
+    uvicorn's does once the body has been read (until the client goes: never, here)."""
+    if kind == "none":
+        return None
+    from starlette.requests import Request
+
+    never = asyncio.Event()
+
+    async def receive():
+        await never.wait()
+        return {"type": "http.disconnect"}
+
+    request = Request({"type": "http", "method": "POST", "headers": [], "path": "/predict"}, receive)
+    if kind == "starlette":
+        return request.is_disconnected
+    from serving.disconnect import DisconnectWatch
+    return DisconnectWatch(request.receive)
+
+
 def run_once(args, rule, p_values: np.ndarray, overlap: bool = False, seed_offset: int = 0) -> dict:
     import torch
 
@@ -144,8 +169,16 @@ def run_once(args, rule, p_values: np.ndarray, overlap: bool = False, seed_offse
                                     args.chunk_samples, lambda seed: torch.Generator().manual_seed(seed),
                                     device="cuda", draw_ahead=overlap))
 
+    async def one(work):
+        probe = client_probe(args.client_probe)
+        try:
+            return await scheduler.run(work, 3600, 10**12, probe)
+        finally:
+            if hasattr(probe, "close"):
+                probe.close()  # as the server does when a request's computation ends
+
     async def run():
-        return await asyncio.gather(*(scheduler.run(work, 3600, 10**12) for work in works))
+        return await asyncio.gather(*(one(work) for work in works))
 
     started = time.perf_counter()
     results = asyncio.run(run())
@@ -182,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warm-rule", action="store_true", help="each run starts with the stopping rule as one "
                         "untimed run of the same requests on other seeds left it (the server keeps one rule per "
                         "setting, with its boundaries and bounds); by default each run makes a new rule")
+    parser.add_argument("--client-probe", choices=("none", "starlette", "watch"), default="none",
+                        help="each request's disconnection probe: none, Starlette's Request.is_disconnected, or "
+                        "serving.disconnect.DisconnectWatch")
     parser.add_argument("--repeats", type=positive_int, default=3)
     parser.add_argument("--quick", action="store_true", help="4 requests, budget 2,000, one repeat (a smoke run)")
     parser.add_argument("--json", type=Path, default=Path("runs/bench/scheduler_host.json"))

@@ -45,6 +45,7 @@ from serving.compute.noise import NoiseKey, client_image_seed, model_identity
 from serving.compute.refusals import SchedulerRefusal
 from serving.compute.scheduler import FairScheduler, Work
 from serving.config import DEVICE_ENV, model_dir_from_env, served_config
+from serving.disconnect import DisconnectWatch
 from serving.front_door import FrontDoor, Readiness
 from serving.http_errors import JsonErrorMiddleware
 from serving.library_patches import (
@@ -86,7 +87,7 @@ class PredictInput(bentoml.IODescriptor):
     adaptive: bool | None = Field(default=None, description="estimate the largest certifiable radius, stopping "
                                                             "early; n is then the budget (default max_n)")
     parsed: SkipJsonSchema[Any] = None  # the validated request, or the RequestError refusing it
-    disconnected: SkipJsonSchema[Any] = None  # async () -> bool: whether the client has gone
+    disconnected: SkipJsonSchema[Any] = None  # serving.disconnect.DisconnectWatch: whether the client has gone
 
     @classmethod
     async def from_http_request(cls, request, serde) -> PredictInput:
@@ -102,7 +103,7 @@ class PredictInput(bentoml.IODescriptor):
         finally:
             release_body_slot(request.scope)  # parsed: the next body may be read (serving.limits)
         return cls.model_construct(images=[], n=None, seed=None, radius=None, adaptive=None, parsed=parsed,
-                                   disconnected=request.is_disconnected)
+                                   disconnected=DisconnectWatch(request.receive))
 
 
 class _Prediction(BaseModel):
@@ -330,6 +331,9 @@ class TransDenoiser:
                                                     self.config.max_request_samples, disconnected)
         except SchedulerRefusal as exc:
             return error_response(exc.status, exc.message, exc.headers)
+        finally:
+            if disconnected is not None:
+                disconnected.close()
         for certificate in certificates:
             self.metrics.certificates.labels(kind=kind, outcome="abstained" if certificate.abstained
                                              else "not_certified" if getattr(certificate, "certified", True) is not True

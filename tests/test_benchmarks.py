@@ -127,6 +127,19 @@ def test_bench_scheduler_host_quick_runs_the_real_scheduler(tmp_path, pipelined)
     assert record["samples"] >= sum(100 + n for _, _, n, *_ in record["answers"])
 
 
+def test_bench_scheduler_host_probes_change_no_answer(tmp_path):
+    """The requests' disconnection probes (the server's watch, Starlette's) cost host time, never an answer."""
+    from benchmarks import bench_scheduler_host
+
+    digests = {}
+    for probe in ("none", "watch", "starlette"):
+        out = tmp_path / f"{probe}.json"
+        assert bench_scheduler_host.main(["--quick", "--mode", "decide", "--client-probe", probe,
+                                          "--json", str(out)]) == 0
+        digests[probe] = json.loads(out.read_text())["answers_digest"]
+    assert len(set(digests.values())) == 1
+
+
 def test_bench_calibration_quick_times_each_input(tmp_path):
     from benchmarks import bench_calibration
 
