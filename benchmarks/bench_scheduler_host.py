@@ -29,10 +29,10 @@ default none; ``watch`` is the server's (``serving.disconnect.DisconnectWatch``)
 does once the body has been read.
 
 ``--requests`` concurrent requests of ``--images`` images each (pA alternating ``--p-high`` and ``--p-low``),
-all decide at ``--radius`` or all estimate (``--mode``), budget ``--n-max``; the GPU's scheduler settings
-(passes shared, ``--pass-samples`` per pass, ``--round-samples`` per request and round) and block plan. Repeated
-``--repeats`` times, medians; the answers must be the same in every repeat (checked) and are written with a digest,
-so runs of two versions of the library can be compared.
+all decide at ``--radius``, all estimate, or all fixed-n certify (``--mode``), budget (or n) ``--n-max``; the
+GPU's scheduler settings (passes shared, ``--pass-samples`` per pass, ``--round-samples`` per request and round)
+and block plan. Repeated ``--repeats`` times, medians; the answers must be the same in every repeat (checked) and
+are written with a digest, so runs of two versions of the library can be compared.
 """
 from __future__ import annotations
 
@@ -86,6 +86,13 @@ class StandInCounter:
     def votes(self, jobs) -> list[np.ndarray]:
         results = []
         for job in jobs:
+            if not hasattr(job, "piece"):  # a fixed-n job (NoiseJob): keyed by its seed
+                p = float(job.image.flatten()[0])
+                votes = np.random.default_rng([job.seed, job.num_samples]).binomial(job.num_samples, p)
+                results.append(np.bincount([0, 1], weights=[votes, job.num_samples - votes],
+                                           minlength=NUM_CLASSES).astype(np.int64))
+                self.samples += job.num_samples
+                continue
             piece = job.piece
             seed = int(piece.generator.initial_seed())
             if piece not in self._pieces:  # an image's pieces are handed out in stream order
@@ -154,7 +161,7 @@ def client_probe(kind: str):
 def run_once(args, rule, p_values: np.ndarray, overlap: bool = False, seed_offset: int = 0) -> dict:
     import torch
 
-    from serving.compute.engine import SequentialWork
+    from serving.compute.engine import CertifyWork, SequentialWork
     from serving.compute.scheduler import FairScheduler
 
     counter = (QueuedStandIn if overlap and args.pipelined else StandInCounter)(args.device_us_per_sample * 1e-6)
@@ -165,6 +172,10 @@ def run_once(args, rule, p_values: np.ndarray, overlap: bool = False, seed_offse
         p = p_values[request * args.images:(request + 1) * args.images]
         images = torch.as_tensor(p, dtype=torch.float32)[:, None, None, None].expand(-1, 1, 28, 28).contiguous()
         seeds = [seed_offset + request * args.images + i for i in range(args.images)]
+        if args.mode == "certify":  # fixed n: n_max estimation samples per image, jobs of chunk_samples
+            works.append(CertifyWork(images, seeds, args.n0, args.n_max, args.alpha, args.sigma, NUM_CLASSES,
+                                     args.chunk_samples))
+            continue
         works.append(SequentialWork(args.mode, images, seeds, args.n0, rule, args.sigma, NUM_CLASSES,
                                     args.chunk_samples, lambda seed: torch.Generator().manual_seed(seed),
                                     device="cuda", draw_ahead=overlap))
@@ -183,7 +194,8 @@ def run_once(args, rule, p_values: np.ndarray, overlap: bool = False, seed_offse
     started = time.perf_counter()
     results = asyncio.run(run())
     wall = time.perf_counter() - started
-    answers = [(c.prediction, c.outcome, c.n, c.count, float(c.p_lower)) for result in results for c in result]
+    answers = [(c.prediction, getattr(c, "outcome", "certify"), c.n, c.count, float(c.p_lower))
+               for result in results for c in result]
     return {"wall_s": wall, "counter_s": counter.seconds, "host_s": wall - counter.seconds,
             "device_s": counter.device_seconds,
             "samples": counter.samples, "passes": scheduler.stats.passes, "answers": answers}
@@ -192,7 +204,8 @@ def run_once(args, rule, p_values: np.ndarray, overlap: bool = False, seed_offse
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_scheduler_host", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mode", choices=("decide", "estimate"), default="estimate")
+    parser.add_argument("--mode", choices=("decide", "estimate", "certify"), default="estimate",
+                        help="the requests' kind; certify: fixed n = --n-max, the server's jobs of --chunk-samples")
     parser.add_argument("--requests", type=positive_int, default=32, help="concurrent requests")
     parser.add_argument("--images", type=positive_int, default=1, help="images per request")
     parser.add_argument("--p-high", type=float, default=0.995, help="pA of every other image")
@@ -234,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     from transdenoiser.runtime import hardware_description
 
     def new_rule():
+        if args.mode == "certify":
+            return None
         return sequential_rule(args.mode, args.sigma, args.n_max, args.alpha,
                                radius=args.radius if args.mode == "decide" else None)
 

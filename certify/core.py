@@ -6,7 +6,7 @@ The smoothed classifier is g(x) = argmax_c P[f(D(x + e)) = c], e ~ N(0, sigma^2 
 - ``predict``: the top class by n noisy samples, or ABSTAIN unless a two-sided binomial test
   between the two top counts rejects a tie at level alpha (Cohen's PREDICT; the test is scipy's).
 - ``certify``: select the top class with n0 samples, then estimate with n fresh samples a
-  one-sided (1 - alpha) Clopper-Pearson lower bound pA (statsmodels, ``method="beta"``);
+  one-sided (1 - alpha) Clopper-Pearson lower bound pA (statsmodels' ``method="beta"`` bound);
   certified L2 radius sigma * Phi^-1(pA), or ABSTAIN when pA < 1/2 (Cohen's CERTIFY).
 The selection and estimation samples are never shared.
 

@@ -4,8 +4,8 @@ No torch, no model: counts in, a class, a bound and a radius out. :class:`certif
 the server, the runner and the tests call these same functions.
 
 - :func:`certificate_from_counts`: Cohen's CERTIFY: the class from the selection counts, a one-sided (1 - alpha)
-  Clopper-Pearson lower bound pA on its probability from the estimation counts (statsmodels, ``method="beta"``),
-  radius sigma * Phi^-1(pA), ABSTAIN when pA < 1/2.
+  Clopper-Pearson lower bound pA on its probability from the estimation counts (statsmodels' ``method="beta"``
+  bound, bit for bit), radius sigma * Phi^-1(pA), ABSTAIN when pA < 1/2.
 - :func:`prediction_from_counts`: Cohen's PREDICT: the top class unless a two-sided binomial test between the two
   top counts cannot reject a tie at level alpha (scipy's ``binomtest``).
 
@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import binomtest, norm
+from scipy.special import ndtri
+from scipy.stats import binomtest
 
 from transdenoiser.errors import UserError
 from transdenoiser.stats import clopper_pearson_lower
@@ -42,7 +43,7 @@ class Certificate:
 
 def radius_from_p_lower(p_lower: float, sigma: float) -> float:
     """Certified L2 radius sigma * Phi^-1(pA) (Cohen et al., Theorem 1 with pB = 1 - pA)."""
-    return float(sigma * norm.ppf(p_lower))
+    return float(sigma * ndtri(p_lower))  # norm.ppf's values, without its per-call overhead
 
 
 def max_certifiable_radius(sigma: float, n: int, alpha: float) -> float:

@@ -46,14 +46,15 @@ class Mutant:
 MUTANTS: tuple[Mutant, ...] = (
     # ------------------------------------------------------------------ certificates and predictions
     Mutant("cp_two_sided_alpha", "transdenoiser/stats.py", "clopper_pearson_lower",
-           'alpha=2 * alpha, method="beta"', 'alpha=alpha, method="beta"', CERTIFY,
+           "trials - successes + 1, alpha)", "trials - successes + 1, 2 * alpha)", CERTIFY,
            "one-sided Clopper-Pearson bound at level 1 - alpha"),
     Mutant("cp_upper_bound", "transdenoiser/stats.py", "clopper_pearson_lower",
-           'method="beta")[0]', 'method="beta")[1]', CERTIFY, "the bound on pA is a lower bound"),
+           "betaincinv(successes, trials - successes + 1, alpha)",
+           "betaincinv(successes + 1, trials - successes, 1 - alpha)", CERTIFY, "the bound on pA is a lower bound"),
     Mutant("cp_zero_successes", "transdenoiser/stats.py", "clopper_pearson_lower",
            "return 0.0", "return 0.5", CERTIFY, "no votes: bound 0"),
     Mutant("radius_doubled", "certify/decisions.py", "radius_from_p_lower",
-           "sigma * norm.ppf(p_lower)", "2 * sigma * norm.ppf(p_lower)", CERTIFY, "radius sigma * Phi^-1(pA)"),
+           "sigma * ndtri(p_lower)", "2 * sigma * ndtri(p_lower)", CERTIFY, "radius sigma * Phi^-1(pA)"),
     Mutant("comparison_unpaired", "certify/compare.py", "paired_outcomes",
            "(ours[picks] - theirs[picks])", "(ours[picks] - theirs[picks[::-1]])", ("tests/test_compare.py",),
            "a paired comparison resamples the same images for both runs"),

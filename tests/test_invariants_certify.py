@@ -77,6 +77,32 @@ def test_clopper_pearson_bound_solves_the_binomial_tail_equation(k, n, alpha):
     assert binom.sf(k - 1, n, p_lower) == pytest.approx(alpha, rel=1e-6)  # P[Bin(n, pL) >= k] = alpha
 
 
+def test_clopper_pearson_is_statsmodels_bound_bit_for_bit():
+    """The bound is statsmodels' proportion_confint(method="beta") lower end at 2 alpha, to the last bit, over
+    every count at small n and a spread of counts up to n = 10^6 (SciPy's betaincinv without the overhead)."""
+    from statsmodels.stats.proportion import proportion_confint
+
+    rng = np.random.default_rng(0)
+    checked = 0
+    for n in (1, 2, 5, 10, 64, 100, 1000, 1100, 10_000, 100_000, 1_000_000):
+        counts = np.unique(np.concatenate([np.arange(1, min(n, 200) + 1), rng.integers(1, n + 1, size=200), [n]]))
+        for alpha in (1e-5, 1e-3, 0.01, 0.05, 0.25):
+            reference = proportion_confint(counts, n, alpha=2 * alpha, method="beta")[0]
+            ours = np.array([clopper_pearson_lower(int(k), n, alpha) for k in counts])
+            assert np.array_equal(ours, reference), (n, alpha)
+            checked += len(counts)
+    assert checked > 10_000
+
+
+def test_radius_is_sigma_times_scipys_normal_quantile_bit_for_bit():
+    from scipy.stats import norm
+
+    from certify.decisions import radius_from_p_lower
+
+    p = np.concatenate([np.linspace(0.5, 1.0, 20_001), 1 - np.logspace(-15, -1, 2_001)])
+    assert [radius_from_p_lower(x, 0.25) for x in p] == [float(0.25 * norm.ppf(x)) for x in p]
+
+
 # ------------------------------------------------------------------------------------------ CERTIFY boundary
 
 @pytest.mark.parametrize(("n", "alpha"), [(100, 0.001), (1000, 0.001), (1000, 0.05), (10_000, 0.001)])

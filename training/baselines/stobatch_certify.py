@@ -160,7 +160,7 @@ def certified_robustness(model_dir: str | Path, images: torch.Tensor | np.ndarra
     ``model_dir``: a checkpoint written by the ``stobatch`` arm; ``images``: (N, C, H, W), pixels in [0, 1].
     For each image, :meth:`StoBatchModel.certify`: ``n0`` noisy forward passes (fresh Laplace noise at the input,
     scale b_x, and at the first layer, scale b_h, both from the checkpoint's metadata) select the top class; ``n``
-    further passes give its one-sided Clopper-Pearson lower bound p_lower at level 1 - alpha (statsmodels); ABSTAIN
+    further passes give its one-sided Clopper-Pearson lower bound p_lower at level 1 - alpha; ABSTAIN
     unless p_lower > 1/2. The radius is :func:`radius_from_p_lower`'s; L2 and L-infinity radii follow from
     ||delta||_1 <= sqrt(d) ||delta||_2 <= d ||delta||_inf (d pixels). Image i's noise comes from
     :func:`certificate_generator` (``seed``, ``indices[i]``), ``indices`` defaulting to 0, 1, ...: repeatable, and
