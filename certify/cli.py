@@ -115,8 +115,8 @@ def _add_run_args(p: argparse.ArgumentParser, task: str) -> None:
     add_deprecated_spelling(smoothing, "--batch", "--batch-size", "batch_size", type=positive_int)
     smoothing.add_argument("--batch-size", type=positive_int, default=None,
                            help="noisy samples per forward pass; several images share a pass (default: "
-                                f"{DEFAULT_BATCH['cpu']} on CPU, where cache-sized passes are fastest; "
-                                f"{DEFAULT_BATCH['cuda']} on GPU)")
+                                f"{DEFAULT_BATCH['cpu']} on CPU, where cache-sized passes are fastest; on CUDA "
+                                f"the largest that fits in half the free memory, at most {DEFAULT_BATCH['cuda']})")
     smoothing.add_argument("--workers", type=workers_arg, default="auto",
                            help="threads running forward passes side by side, torch's CPU threads shared out among "
                                 "them; counts do not depend on it (default: auto = one per torch thread, at most "

@@ -114,9 +114,10 @@ def model_card(bundle: ModelBundle, device: str, batching: str, as_run: str | No
                 "decide": "send \"radius\": R to ask whether the prediction is certified at L2 radius R",
                 "estimate": "send \"adaptive\": true for the largest certifiable radius under the budget",
                 "default_budget": config.max_n,
-                "method": "anytime-valid: union of one-sided Clopper-Pearson bounds over a geometric schedule of "
-                          "looks (alpha split over the looks); stops as soon as the answer is settled "
-                          "(docs/CERTIFY.md, 'Adaptive certification (anytime-valid)')",
+                "method": "anytime-valid: the one-sided-mixture confidence sequence (mixtures of one-sided "
+                          "likelihood ratios, Ville's inequality), each answer valid at whatever look it stops; "
+                          "stops as soon as the answer is settled (docs/CERTIFY.md, 'Adaptive certification "
+                          "(anytime-valid)')",
             },
         },
         "limits": {"max_images": config.max_images, "max_payload_bytes": config.max_payload_bytes,

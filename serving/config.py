@@ -46,7 +46,7 @@ class ServingConfig:
     batch_size: int = 1000  # most noisy samples in one shared pass (batching on)
     chunk_samples: int = 100  # noisy samples per batching unit; a pass holds batch_size // chunk_samples units
     # noisy samples per forward pass of the models: "auto" is 64 on CPU (cache-sized passes, run side by side
-    # in worker threads) and batch_size elsewhere
+    # in worker threads) and on a GPU the largest pass that fits in half the free memory, at most batch_size
     forward_batch: int | str = "auto"
     # niceness added to the forward-pass worker threads (0-19): "auto" is 10 on CPU, where they share the cores with
     # the event loop that reads requests and answers probes (which then goes first), and 0 elsewhere

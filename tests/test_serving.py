@@ -397,6 +397,10 @@ def test_service_metadata_card(service_client):
     assert card["limits"]["max_request_samples"] > 0 and card["limits"]["max_queued_requests"] > 0
     assert "HMAC" in card["certification"]["noise"] and "cannot shop" in card["certification"]["guarantee"]
     assert card["certification"]["adaptive_requests"]["default_budget"] == 500  # the server's max_n
+    from serving.service import shared_rule  # the card names the confidence sequence the server's rules use
+    served = {shared_rule(kind, 0.25, 500, 0.001, radius).cs.name for kind, radius in (("decide", 0.5),
+                                                                                        ("estimate", None))}
+    assert len(served) == 1 and served.pop() in card["certification"]["adaptive_requests"]["method"]
 
 
 def test_epsilon_statements_name_their_analysis():
