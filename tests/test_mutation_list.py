@@ -27,10 +27,10 @@ def test_a_missing_snippet_is_reported_not_applicable():
     ghost = mutate.Mutant("ghost", "transdenoiser/stats.py", "clopper_pearson_lower", "no such text", "x",
                           ("tests/test_invariants_certify.py",), "none")
     wrong_function = mutate.Mutant("elsewhere", "certify/decisions.py", "radius_from_p_lower",
-                                   'alpha=2 * alpha, method="beta"', "alpha=alpha", (), "none")
+                                   "trials - successes + 1, alpha)", "alpha", (), "none")
     problems = mutate.check_snippets(ROOT, (ghost, wrong_function))
     assert len(problems) == 2 and "found 0 times" in problems[0] and "found 0 times" in problems[1]
     source = (ROOT / "transdenoiser/stats.py").read_text()
     assert mutate.apply(source, ghost)[0] is None
     mutated, _ = mutate.apply(source, mutate.MUTANTS[0])
-    assert mutated != source and mutated.count('alpha=alpha, method="beta"') == 1
+    assert mutated != source and mutated.count("trials - successes + 1, 2 * alpha)") == 1
