@@ -34,8 +34,9 @@ import torch
 
 from benchmarks import prepare_process
 from certify.cli import DEFAULT_BATCH, workers_arg
+from certify.confidence import DEFAULT_METHOD
 from certify.core import ABSTAIN, Smooth
-from certify.sequential import DEFAULT_METHOD, DEFAULT_TOLERANCE
+from certify.sequential import DEFAULT_TOLERANCE
 from transdenoiser.runtime import hardware_description
 
 DEMO = Path("runs/demo")

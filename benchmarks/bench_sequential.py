@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import binomtest, norm
 
-from certify.sequential import CERTIFIED, DecideRule, UnionClopperPearson, confidence_sequence
+from certify.confidence import UnionClopperPearson, confidence_sequence
+from certify.sequential import CERTIFIED, DecideRule
 from certify.streams import run_streams
 
 SIGMA, RADIUS = 0.25, 0.5
@@ -103,7 +104,7 @@ N0 = 100  # the default selection samples
 
 
 def exact_table(args) -> int:
-    from certify.sequential import DEFAULT_METHOD, METHODS
+    from certify.confidence import DEFAULT_METHOD, METHODS
     from certify.sequential_exact import boundaries, operating
 
     threshold = float(norm.cdf(RADIUS / SIGMA))

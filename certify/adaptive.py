@@ -16,17 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from certify.confidence import DEFAULT_METHOD, confidence_sequence
 from certify.decisions import ABSTAIN, validate_sampling
-from certify.sequential import (
-    CERTIFIED,
-    DEFAULT_METHOD,
-    DEFAULT_TOLERANCE,
-    OUTCOME_NAMES,
-    DecideRule,
-    EstimateRule,
-    confidence_sequence,
-    radius_of,
-)
+from certify.sequential import CERTIFIED, DEFAULT_TOLERANCE, OUTCOME_NAMES, DecideRule, EstimateRule, radius_of
 from certify.streams import BlockPlan, run_blocks
 from transdenoiser.errors import UserError
 

@@ -15,8 +15,8 @@ from transdenoiser.errors import UserError
 MEMORY_FORMATS = ("auto", "channels_last", "contiguous")  # certify.core.MEMORY_FORMATS
 PRECISIONS = ("fp32", "bf16", "fp16")  # certify.numerics.PRECISION_CHOICES
 SPLITS = ("public", "private", "test")  # training.datasets.SPLITS
-SEQUENTIAL_METHODS = ("one-sided-mixture", "beta-mixture", "union-cp")  # certify.sequential.METHODS
-DEFAULT_SEQUENTIAL = "one-sided-mixture"  # certify.sequential.DEFAULT_METHOD
+SEQUENTIAL_METHODS = ("one-sided-mixture", "beta-mixture", "union-cp")  # certify.confidence.METHODS
+DEFAULT_SEQUENTIAL = "one-sided-mixture"  # certify.confidence.DEFAULT_METHOD
 DEFAULT_TOLERANCE = 0.05  # certify.sequential.DEFAULT_TOLERANCE
 
 

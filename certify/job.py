@@ -202,7 +202,8 @@ def _run_locked(job: CertifyJob, mode: str | None, shard, track: Track, warn: Ca
         pack = adaptive_pack_size(n0, batch) if mode else pack_size((n0 or 0) + n, batch)
         extra: dict[str, Any] = {}
         if mode:
-            from certify.sequential import DEFAULT_TOLERANCE, look_settings
+            from certify.confidence import look_settings
+            from certify.sequential import DEFAULT_TOLERANCE
             from certify.streams import BlockPlan
 
             extra = {"mode": mode, "radius": job.radius, "sequential_method": job.sequential,

@@ -85,7 +85,7 @@ def iter_certify_adaptive(smooth: Smooth, images: torch.Tensor, labels: torch.Te
 
 def adaptive_pack_size(n0: int, batch: int) -> int:
     """Images per unit of an adaptive run: sized by the selection and the first look (most images stop early)."""
-    from certify.sequential import DEFAULT_FIRST_LOOK
+    from certify.confidence import DEFAULT_FIRST_LOOK
 
     return pack_size(n0 + DEFAULT_FIRST_LOOK, batch)
 

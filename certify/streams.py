@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from certify.sequential import CONTINUE, ConfidenceSequence, Rule, geometric_looks
+from certify.confidence import ConfidenceSequence, geometric_looks
+from certify.sequential import CONTINUE, Rule
 
 DRAW_BLOCK_RATIO = 1.125  # each block of noise ends at the last look at most this many times the previous end ...
 MIN_BLOCK_SAMPLES = {"cpu": 8}  # ... or at most this many samples after it, per device type (others: the default)

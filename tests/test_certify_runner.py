@@ -271,10 +271,11 @@ def rows_but_time(path):
 
 def test_cli_choices_match_the_sequential_library():
     import certify.cli
+    import certify.confidence
     import certify.sequential
 
-    assert certify.cli.SEQUENTIAL_METHODS == certify.sequential.METHODS
-    assert certify.cli.DEFAULT_SEQUENTIAL == certify.sequential.DEFAULT_METHOD
+    assert certify.cli.SEQUENTIAL_METHODS == certify.confidence.METHODS
+    assert certify.cli.DEFAULT_SEQUENTIAL == certify.confidence.DEFAULT_METHOD
     assert certify.cli.DEFAULT_TOLERANCE == certify.sequential.DEFAULT_TOLERANCE
 
 

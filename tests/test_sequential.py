@@ -9,21 +9,17 @@ import numpy as np
 import pytest
 from scipy.stats import betabinom, binom, binomtest, norm
 
-from certify.core import clopper_pearson_lower
-from certify.sequential import (
-    CERTIFIED,
+from certify.confidence import (
     DEFAULT_METHOD,
-    ESTIMATED,
     METHODS,
     BetaBinomialMixture,
-    DecideRule,
-    EstimateRule,
     OneSidedMixture,
     UnionClopperPearson,
     confidence_sequence,
     geometric_looks,
-    radius_of,
 )
+from certify.core import clopper_pearson_lower
+from certify.sequential import CERTIFIED, ESTIMATED, DecideRule, EstimateRule, radius_of
 from certify.sequential_exact import boundaries, operating, union_boundary
 from certify.streams import run_streams
 from transdenoiser.errors import UserError
@@ -335,7 +331,7 @@ def test_decide_boundaries_answer_as_the_tests_at_every_count(n_max, step):
 def test_kept_lower_bounds_are_the_bisected_ones_bit_for_bit(monkeypatch):
     """The one-sided mixture keeps each (sample count, votes) pair's lower bound: a second reading, a reading after
     the kept pairs were forgotten (a small limit) and one pair at a time all give what bisecting gives."""
-    import certify.sequential as sequential
+    import certify.confidence as confidence
 
     rng = np.random.default_rng(5)
     cs = confidence_sequence("one-sided-mixture", 20_000, 0.001)
@@ -348,7 +344,7 @@ def test_kept_lower_bounds_are_the_bisected_ones_bit_for_bit(monkeypatch):
     np.testing.assert_array_equal(cs.lower_looks(successes, looks), direct)
     assert 0 < len(cs._lower_bounds) <= successes.size
     np.testing.assert_array_equal(cs.lower_looks(successes, looks), direct)  # read from the kept pairs
-    monkeypatch.setattr(sequential, "LOWER_BOUNDS_KEPT", 50)
+    monkeypatch.setattr(confidence, "LOWER_BOUNDS_KEPT", 50)
     fresh = confidence_sequence("one-sided-mixture", 20_000, 0.001)
     for row in range(len(looks)):
         np.testing.assert_array_equal(fresh.lower_looks(successes[row:row + 1], looks[row]), direct[row:row + 1])

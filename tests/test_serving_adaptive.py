@@ -197,7 +197,7 @@ def test_one_image_requests_with_one_rule_are_read_together(smooth, digits, monk
 
 
 def test_an_easy_image_stops_early_and_looks_follow_the_offline_schedule(smooth, digits):
-    from certify.sequential import geometric_looks
+    from certify.confidence import geometric_looks
 
     rule = sequential_rule("decide", SIGMA, 2000, ALPHA, radius=0.25)
     work = SequentialWork("decide", digits[0][:1], [5], N0, rule, SIGMA, 10, 50, smooth.generator)

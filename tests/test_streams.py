@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from certify.sequential import CONTINUE, DEFAULT_METHOD, METHODS, DecideRule, EstimateRule, confidence_sequence
+from certify.confidence import DEFAULT_METHOD, METHODS, confidence_sequence
+from certify.sequential import CONTINUE, DecideRule, EstimateRule
 from certify.streams import BlockPlan, SequentialTest, draw_block_ends, run_blocks, run_streams, shared_block_ends
 
 SIGMA = 0.25
