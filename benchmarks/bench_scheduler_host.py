@@ -57,7 +57,8 @@ NUM_CLASSES = 10
 class StandInCounter:
     """Counts without a model: a job's votes for class 0 are Binomial(samples, pA of its image), the rest class 1,
     drawn from a generator keyed by (image seed, the piece's place in the image's stream, the job's offset and
-    size): the same votes for the same job whichever pass computes it."""
+    size), or for a fixed-n job by (its seed, its size): the same votes for the same job whichever pass computes
+    it."""
 
     def __init__(self, device_s_per_sample: float = 0.0):
         self.device_s_per_sample = device_s_per_sample
@@ -86,21 +87,16 @@ class StandInCounter:
     def votes(self, jobs) -> list[np.ndarray]:
         results = []
         for job in jobs:
-            if not hasattr(job, "piece"):  # a fixed-n job (NoiseJob): keyed by its seed
-                p = float(job.image.flatten()[0])
-                votes = np.random.default_rng([job.seed, job.num_samples]).binomial(job.num_samples, p)
-                results.append(np.bincount([0, 1], weights=[votes, job.num_samples - votes],
-                                           minlength=NUM_CLASSES).astype(np.int64))
-                self.samples += job.num_samples
-                continue
-            piece = job.piece
-            seed = int(piece.generator.initial_seed())
-            if piece not in self._pieces:  # an image's pieces are handed out in stream order
-                self._pieces[piece] = self._next_piece.get(seed, 0)
-                self._next_piece[seed] = self._pieces[piece] + 1
-            p = float(piece.image.flatten()[0])
-            votes = np.random.default_rng([seed, self._pieces[piece], job.start, job.num_samples]).binomial(
-                job.num_samples, p)
+            if hasattr(job, "piece"):  # an adaptive job: keyed by its place in its image's stream
+                piece = job.piece
+                seed = int(piece.generator.initial_seed())
+                if piece not in self._pieces:  # an image's pieces are handed out in stream order
+                    self._pieces[piece] = self._next_piece.get(seed, 0)
+                    self._next_piece[seed] = self._pieces[piece] + 1
+                image, key = piece.image, [seed, self._pieces[piece], job.start, job.num_samples]
+            else:  # a fixed-n job (NoiseJob): keyed by its seed
+                image, key = job.image, [job.seed, job.num_samples]
+            votes = np.random.default_rng(key).binomial(job.num_samples, float(image.flatten()[0]))
             counts = np.zeros(NUM_CLASSES, dtype=np.int64)
             counts[0], counts[1] = votes, job.num_samples - votes
             results.append(counts)
