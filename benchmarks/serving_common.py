@@ -20,9 +20,10 @@ from serving.bundle import write_model_dir
 from serving.process import ServerProcess
 
 START_TIMEOUT_S = 300
+DEMO_CLASSIFIER = "runs/demo/classifier"  # make demo writes it
 
 
-def model_args(parser, classifier_default: str = "runs/demo/classifier") -> None:
+def model_args(parser, classifier_default: str = DEMO_CLASSIFIER) -> None:
     """``--classifier-dir`` and ``--denoiser-dir``: the checkpoints the benchmark's server serves."""
     parser.add_argument("--classifier-dir", default=classifier_default, help="classifier checkpoint directory")
     parser.add_argument("--denoiser-dir", default=None, help="optional denoiser checkpoint directory")
@@ -31,7 +32,9 @@ def model_args(parser, classifier_default: str = "runs/demo/classifier") -> None
 def check_classifier_dir(parser, args) -> None:
     """Refuse (argparse's one-line error) a ``--classifier-dir`` that is not a classifier checkpoint."""
     if not (Path(args.classifier_dir) / "metadata.json").is_file():
-        parser.error(f"--classifier-dir {args.classifier_dir}: not a classifier checkpoint (no metadata.json)")
+        hint = ("; run `make demo` first, or give --classifier-dir DIR" if args.classifier_dir == DEMO_CLASSIFIER
+                else "")
+        parser.error(f"--classifier-dir {args.classifier_dir}: not a classifier checkpoint (no metadata.json){hint}")
 
 
 def mnist_test_images(count: int = 32) -> np.ndarray:

@@ -236,6 +236,10 @@ def test_bench_gc_pause_quick_times_collections_with_timers_kept_and_cancelled(t
     ("bench_round_size", ["--sizes", "100", "0"], "--sizes"),
     ("bench_round_size", ["--rounds", "0"], "--rounds"),
     ("bench_round_size", ["--quick", "--classifier-dir", "{tmp}"], "not a classifier checkpoint"),
+    ("bench_serving", ["--clients", "1,x"], "--clients '1,x': comma-separated whole numbers"),
+    ("bench_serving", ["--clients", "0"], "--clients '0'"),
+    ("bench_serving", ["--warmup-seconds", "-1"], "--warmup-seconds"),
+    ("bench_serving", ["--classifier-dir", "{tmp}"], "not a classifier checkpoint"),
 ])
 def test_two_server_benchmarks_refuse_bad_arguments(module, argv, message, tmp_path, capsys):
     """Only their argument checks: a run starts two real servers and takes minutes (their figures are measured by
@@ -383,3 +387,37 @@ def test_bench_serving_adaptive_refuses_a_compared_setting_it_sets_itself_or_a_b
         with pytest.raises(SystemExit):
             bench_serving_adaptive.main(argv)
         assert message in capsys.readouterr().err
+
+
+def test_bench_serving_warms_each_server_then_takes_their_phases_in_turn(monkeypatch):
+    """bench_serving's phases: one discarded warm-up per server at the measured client count, then the servers
+    ABBA, repeat by repeat; the speed-up is the ratio of the medians, and each repeat's ratio is kept."""
+    from benchmarks import bench_serving
+
+    calls, rates = [], {"a": iter([4.0, 9.0, 5.0, 6.0]), "b": iter([2.0, 3.0, 1.0, 3.0])}
+
+    def phase(url, image, n, clients, max_seconds, max_requests):
+        calls.append((url, max_seconds))
+        return {"requests": 5, "failures": [], "requests_per_s": 99.0 if max_seconds == 0.5 else next(rates[url])}
+
+    monkeypatch.setattr(bench_serving, "run_phase", phase)
+    result = bench_serving.measure({"adaptive": "a", "one-at-a-time": "b"}, [], n=10, clients=4, seconds=2.0,
+                                   repeats=4, warmup_seconds=0.5)
+    assert calls == [("a", 0.5), ("b", 0.5), ("a", 2.0), ("b", 2.0), ("b", 2.0), ("a", 2.0), ("a", 2.0),
+                     ("b", 2.0), ("b", 2.0), ("a", 2.0)]
+    assert result["median_requests_per_s"] == {"adaptive": 5.5, "one-at-a-time": 2.5}
+    assert result["speedup"] == pytest.approx(5.5 / 2.5)
+    assert result["speedup_per_repeat"] == pytest.approx([4 / 2, 9 / 3, 5 / 1, 6 / 3])
+    calls.clear()
+    rates = {"a": iter([4.0]), "b": iter([2.0])}
+    bench_serving.measure({"adaptive": "a", "one-at-a-time": "b"}, [], n=10, clients=1, seconds=2.0, repeats=1,
+                          warmup_seconds=0)  # no warm-up asked: none
+    assert calls == [("a", 2.0), ("b", 2.0)]
+
+    def unanswered(url, image, n, clients, max_seconds, max_requests):
+        return {"requests": 0, "failures": ["503: busy"], "requests_per_s": 0.0}
+
+    monkeypatch.setattr(bench_serving, "run_phase", unanswered)
+    with pytest.raises(RuntimeError, match=r"no adaptive request was answered: \['503: busy'\]"):
+        bench_serving.measure({"adaptive": "a", "one-at-a-time": "b"}, [], n=10, clients=1, seconds=1.0, repeats=1,
+                              warmup_seconds=0)

@@ -421,6 +421,29 @@ def test_the_adaptive_api_benchmark_runs_against_a_server(server, digits):
 
 
 @pytest.mark.server
+def test_the_serving_benchmark_measures_against_a_server(server, digits):
+    """benchmarks.bench_serving's measuring code, tiny, on this module's server (as both modes): fixed-n requests
+    answered in every phase, and the server's passes over each phase from its /metrics."""
+    from benchmarks.bench_serving import measure
+
+    x, _ = digits
+    result = measure({"adaptive": server.url, "one-at-a-time": server.url}, x[0].tolist(), n=200, clients=2,
+                     seconds=0.5, repeats=2, warmup_seconds=0.2, max_requests=4)
+    for mode in ("adaptive", "one-at-a-time"):
+        assert len(result["phases"][mode]) == 2
+        for phase in result["phases"][mode]:
+            assert 1 <= phase["requests"] <= 4 and not phase["failures"] and phase["requests_per_s"] > 0
+            assert phase["p50_s"] <= phase["p99_s"]
+            # the phase's passes computed n0 + n samples for each of its requests, nothing else
+            server_side, samples = phase["server"], phase["requests"] * (N0 + 200)
+            assert server_side["passes"] * server_side["samples_per_pass"] == pytest.approx(samples)
+            assert server_side["passes_per_request"] == server_side["passes"] / phase["requests"]
+            assert 0 < server_side["counter_busy_fraction"] <= 1
+    assert result["speedup"] == pytest.approx(
+        result["median_requests_per_s"]["adaptive"] / result["median_requests_per_s"]["one-at-a-time"])
+
+
+@pytest.mark.server
 def test_the_adaptive_api_benchmark_compares_two_servers_phase_by_phase(server, digits):
     """``--compare``'s measuring code: phases of two sides in turn, the second's decide requests per second over the
     first's per repeat, and every answer of one side against the other's. One server as both sides here: the same
