@@ -1,20 +1,27 @@
-"""Load test of the prediction API: requests/s and p50/p99 latency, shared passes vs one request's round per pass.
+"""Load test of the prediction API: requests/s and p50/p99 latency, shared passes vs one request at a time.
 
     python -m benchmarks.bench_serving [--classifier-dir runs/demo/classifier] [--denoiser-dir DIR] [--n 1000]
         [--clients 1,16] [--seconds 10] [--repeats 3] [--warmup-seconds 3] [--device cpu] [--quick]
 
-Two real servers (``transdenoiser serve``, 127.0.0.1 only) start together from model directories built in a
-temporary folder: ``batching = true`` (*adaptive*: a forward pass gathers the rounds of several requests) and
-``batching = false`` (*one-at-a-time*: a pass is one request's round; requests take turns,
-serving.compute.scheduler). For each client count C, each server first gets a warm-up phase of
-``--warmup-seconds`` at C clients, discarded (the passes' sizes at that load are met for the first time there:
-allocations, kernel selection), then the two servers take ``--repeats`` phases each, in turn, the order reversed
-every other repeat (ABBA). A phase sends one-image fixed-n requests (``{"images": [x], "n": N}``, n0 = 100) from C
-client threads, no new request after ``--seconds`` (and at most ``--max-requests``); its throughput is completed
-requests over its wall time, which includes the requests still running at the cut-off. The speed-up at C clients
-is the median of adaptive's phases over the median of one-at-a-time's; each repeat's ratio is kept too. From the
-server's ``/metrics`` around each phase: passes per request, noisy samples per pass, and the fraction of the phase
-the passes took to compute (the rest: the host's work, or waiting for requests).
+Three real servers (``transdenoiser serve``, 127.0.0.1 only) start together from model directories built in a
+temporary folder, one per mode:
+
+- *adaptive*: ``batching = true``, a forward pass gathers the rounds of several requests (the GPU default);
+- *one-at-a-time*: ``batching = false``, a pass is one request's round of ``round_samples`` (the device's
+  default), requests take turns (serving.compute.scheduler; the CPU default);
+- *whole-requests*: ``batching = false`` with ``round_samples = n0 + n``: a request's samples all go in its one
+  round, as a server that computes each request whole before the next would (the stronger baseline when passes
+  have a fixed cost, as on a GPU).
+
+For each client count C, each server first gets a warm-up phase of ``--warmup-seconds`` at C clients, discarded
+(the passes' sizes at that load are met for the first time there: allocations, kernel selection), then the servers
+take ``--repeats`` phases each, in turn, the order reversed every other repeat (ABC, CBA, ...). A phase sends
+one-image fixed-n requests (``{"images": [x], "n": N}``, n0 = 100) from C client threads, no new request after
+``--seconds`` (and at most ``--max-requests``); its throughput is completed requests over its wall time, which
+includes the requests still running at the cut-off. The speed-up over a baseline at C clients is adaptive's median
+requests per second over the baseline's; each repeat's ratio is kept too. From the server's ``/metrics`` around
+each phase: passes per request, noisy samples per pass, and the fraction of the phase the passes took to compute
+(the rest: the host's work, or waiting for requests).
 """
 from __future__ import annotations
 
@@ -37,8 +44,14 @@ from benchmarks.serving_common import (
 )
 from transdenoiser.argtypes import nonnegative_float, positive_float, positive_int
 
-MODES = {"adaptive": True, "one-at-a-time": False}  # mode -> the server's ``batching``
+MODES = ("adaptive", "one-at-a-time", "whole-requests")  # the first against each of the others
 N0 = 100
+
+
+def mode_settings(n: int) -> dict[str, dict]:
+    """Each mode's serving settings beyond those the modes share (module docstring)."""
+    return {"adaptive": {"batching": True}, "one-at-a-time": {"batching": False},
+            "whole-requests": {"batching": False, "round_samples": N0 + n}}
 
 
 def run_phase(url: str, image: list, n: int, clients: int, max_seconds: float, max_requests: int) -> dict:
@@ -57,8 +70,8 @@ def run_phase(url: str, image: list, n: int, clients: int, max_seconds: float, m
 def measure(urls: dict[str, str], image: list, n: int, clients: int, seconds: float, repeats: int,
             warmup_seconds: float, max_requests: int = 100_000) -> dict:
     """At ``clients`` clients: a discarded warm-up phase per server, then ``repeats`` phases per server, the servers
-    in turn (ABBA: the order reversed every other repeat). ``urls``: mode -> its server; the speed-up is the first
-    mode's median requests per second over the second's."""
+    in turn (the order reversed every other repeat). ``urls``: mode -> its server; the speed-ups are the first mode's
+    median requests per second over each other mode's."""
     modes = list(urls)
     for url in urls.values():
         if warmup_seconds > 0:
@@ -71,11 +84,12 @@ def measure(urls: dict[str, str], image: list, n: int, clients: int, seconds: fl
                 raise RuntimeError(f"no {mode} request was answered: {phase['failures'][:1]}")
             phases[mode].append(phase)
     medians = {mode: statistics.median(p["requests_per_s"] for p in phases[mode]) for mode in modes}
-    first, second = modes
+    first, *others = modes
     return {"clients": clients, "phases": phases, "median_requests_per_s": medians,
-            "speedup": medians[first] / medians[second],
-            "speedup_per_repeat": [a["requests_per_s"] / b["requests_per_s"]
-                                   for a, b in zip(phases[first], phases[second], strict=True)]}
+            "speedup": {other: medians[first] / medians[other] for other in others},
+            "speedup_per_repeat": {other: [a["requests_per_s"] / b["requests_per_s"]
+                                           for a, b in zip(phases[first], phases[other], strict=True)]
+                                   for other in others}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,9 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         from transdenoiser.runtime import hardware_description
 
         record["hardware"] = hardware_description(torch.device(args.device))
-    settings = {mode: {"sigma": args.sigma, "n0": N0, "n": args.n, "max_n": max(args.n, 10_000),
-                       "batching": batching, "max_latency_ms": 600_000, "max_queued_requests": max(64, *clients)}
-                for mode, batching in MODES.items()}
+    shared = {"sigma": args.sigma, "n0": N0, "n": args.n, "max_n": max(args.n, 10_000), "max_latency_ms": 600_000,
+              "max_queued_requests": max(64, *clients)}
+    settings = {mode: {**shared, **own} for mode, own in mode_settings(args.n).items()}
     with tempfile.TemporaryDirectory(prefix="bench_serving_") as tmp, running_servers(
             Path(tmp), settings, args.classifier_dir, args.denoiser_dir, args.device) as servers:
         urls = {mode: servers[mode].url for mode in MODES}
@@ -136,9 +150,10 @@ def main(argv: list[str] | None = None) -> int:
                           f"{100 * server['counter_busy_fraction']:.0f}% of the time", flush=True)
     record["speedup"] = {count: result["speedup"] for count, result in record["by_clients"].items()}
     for count, result in record["by_clients"].items():
-        per_repeat = ", ".join(f"{ratio:.2f}" for ratio in result["speedup_per_repeat"])
-        print(f"adaptive / one-at-a-time throughput at {count} clients: {result['speedup']:.2f}x "
-              f"(medians of {args.repeats} interleaved phases; per repeat: {per_repeat})")
+        for baseline, ratio in result["speedup"].items():
+            per_repeat = ", ".join(f"{r:.2f}" for r in result["speedup_per_repeat"][baseline])
+            print(f"adaptive / {baseline} throughput at {count} clients: {ratio:.2f}x "
+                  f"(medians of {args.repeats} interleaved phases; per repeat: {per_repeat})")
     save_result(args.out, record, f"hardware: {record['hardware']}; ")
     return 0
 

@@ -390,24 +390,28 @@ def test_bench_serving_adaptive_refuses_a_compared_setting_it_sets_itself_or_a_b
 
 
 def test_bench_serving_warms_each_server_then_takes_their_phases_in_turn(monkeypatch):
-    """bench_serving's phases: one discarded warm-up per server at the measured client count, then the servers
-    ABBA, repeat by repeat; the speed-up is the ratio of the medians, and each repeat's ratio is kept."""
+    """bench_serving's phases: one discarded warm-up per server at the measured client count, then the servers in
+    turn, the order reversed every other repeat; each speed-up is the ratio of the medians, and each repeat's ratio
+    is kept."""
     from benchmarks import bench_serving
 
-    calls, rates = [], {"a": iter([4.0, 9.0, 5.0, 6.0]), "b": iter([2.0, 3.0, 1.0, 3.0])}
+    calls = []
+    rates = {"a": iter([4.0, 9.0, 5.0, 6.0]), "b": iter([2.0, 3.0, 1.0, 3.0]), "c": iter([4.0, 4.0, 4.0, 8.0])}
 
     def phase(url, image, n, clients, max_seconds, max_requests):
         calls.append((url, max_seconds))
         return {"requests": 5, "failures": [], "requests_per_s": 99.0 if max_seconds == 0.5 else next(rates[url])}
 
     monkeypatch.setattr(bench_serving, "run_phase", phase)
-    result = bench_serving.measure({"adaptive": "a", "one-at-a-time": "b"}, [], n=10, clients=4, seconds=2.0,
-                                   repeats=4, warmup_seconds=0.5)
-    assert calls == [("a", 0.5), ("b", 0.5), ("a", 2.0), ("b", 2.0), ("b", 2.0), ("a", 2.0), ("a", 2.0),
-                     ("b", 2.0), ("b", 2.0), ("a", 2.0)]
-    assert result["median_requests_per_s"] == {"adaptive": 5.5, "one-at-a-time": 2.5}
-    assert result["speedup"] == pytest.approx(5.5 / 2.5)
-    assert result["speedup_per_repeat"] == pytest.approx([4 / 2, 9 / 3, 5 / 1, 6 / 3])
+    result = bench_serving.measure({"adaptive": "a", "one-at-a-time": "b", "whole-requests": "c"}, [], n=10,
+                                   clients=4, seconds=2.0, repeats=4, warmup_seconds=0.5)
+    assert [url for url, _ in calls] == list("abc" + "abc" + "cba" + "abc" + "cba")
+    assert [seconds for _, seconds in calls] == [0.5] * 3 + [2.0] * 12
+    assert result["median_requests_per_s"] == {"adaptive": 5.5, "one-at-a-time": 2.5, "whole-requests": 4.0}
+    assert result["speedup"] == pytest.approx({"one-at-a-time": 5.5 / 2.5, "whole-requests": 5.5 / 4.0})
+    assert result["speedup_per_repeat"]["one-at-a-time"] == pytest.approx([4 / 2, 9 / 3, 5 / 1, 6 / 3])
+    assert result["speedup_per_repeat"]["whole-requests"] == pytest.approx([1, 9 / 4, 5 / 4, 6 / 8])
+    assert bench_serving.mode_settings(1000)["whole-requests"] == {"batching": False, "round_samples": 1100}
     calls.clear()
     rates = {"a": iter([4.0]), "b": iter([2.0])}
     bench_serving.measure({"adaptive": "a", "one-at-a-time": "b"}, [], n=10, clients=1, seconds=2.0, repeats=1,

@@ -113,8 +113,6 @@ def default_classifier_for(image_shape: tuple[int, int, int]) -> str:
     raise UserError(f"no default classifier for images of shape {image_shape}; pass --arch torchvision:NAME")
 
 
-
-
 def build_classifier(architecture: str, **kwargs) -> nn.Module:
     """A registered classifier, or ``torchvision:NAME`` for any torchvision classification model."""
     if architecture.startswith("torchvision:"):
