@@ -13,7 +13,7 @@ and bf16 compiled; fp32 compiled is left out: it took 26 s of the check on an H2
 bench_adaptive (decide at R = 0.25, 0.5 and 0.75 against fixed n = 10,000 on 500 images with make demo's models
 where present, else a 200-image smoke run: samples per second and samples per image),
 bench_training (3 interleaved repeats), bench_layer_pieces (one DnCNN layer's pieces of a DP step, each timed
-alone), bench_serving at 16 clients (after a 2 s warm-up, three 4 s phases per mode, interleaved), and
+alone), bench_serving at 16 clients (after a 1 s warm-up, three 3 s phases per mode, interleaved), and
 bench_serving_adaptive (one-image decide requests at R = 0.5 against
 fixed n = 10,000 from 16 clients: the API's noisy samples per second, and the server's passes per request,
 samples per pass and busy time). Needs no network. A failing step is recorded and the check goes on; the exit
@@ -236,8 +236,8 @@ def run_benchmarks(check: Check, args) -> None:
 
     check.step("bench_serving (16 clients)", lambda: _json_figures(
         bench_serving.main(["--classifier-dir", str(out / "classifier"), "--denoiser-dir", str(out / "denoiser"),
-                            "--clients", "16", "--device", device, "--seconds", "4", "--repeats", "3",
-                            "--warmup-seconds", "2",
+                            "--clients", "16", "--device", device, "--seconds", "3", "--repeats", "3",
+                            "--warmup-seconds", "1",
                             "--out", str(out / "bench_serving.json")]),
         out / "bench_serving.json", ("speedup",)))
     from benchmarks import bench_serving_adaptive

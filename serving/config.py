@@ -54,7 +54,7 @@ class ServingConfig:
     max_images: int = 16  # images per request
     max_payload_bytes: int = 2 * 1024 * 1024  # request body limit
     # adaptive batching across requests (true), one request at a time (false), or "auto": adaptive on a GPU only,
-    # because on CPU it measured no faster than one at a time (0.91x-1.34x, docs/RESULTS.md, section 6)
+    # because on CPU it measured no faster than one at a time (0.98x-1.04x, docs/RESULTS.md, section 6)
     batching: bool | str = "auto"
     # the host hands out a pass's counts while the next pass computes (true), or passes one after another (false,
     # the default: on an H200 adaptive requests were answered 15-20% faster without it, docs/results/gpu.md);
