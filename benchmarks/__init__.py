@@ -18,10 +18,16 @@ def prepare_process(threads: int | None, device_name: str):
 
 
 def write_result(out, record: dict):
-    """Write a benchmark's JSON record to ``out`` (parents created); return the path."""
+    """Write a benchmark's JSON record to ``out`` (parents created), stamped with the commit it ran at and whether
+    the checkout's tracked files differed from it (:func:`checkout_commit`, :func:`tracked_changes`) where the record
+    does not say; return the path."""
     import json
     from pathlib import Path
 
+    record = dict(record)
+    record.setdefault("commit", checkout_commit())
+    if "uncommitted_serving_changes" not in record:  # the serving benchmarks' own, narrower flag
+        record.setdefault("uncommitted_changes", tracked_changes())
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2))
@@ -45,3 +51,20 @@ def checkout_commit() -> str | None:
                                "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def tracked_changes() -> bool | None:
+    """Whether the checkout's tracked files differ from its commit (``git status``; untracked files aside), or None
+    where that is not known: no git, or a tree that travelled without its .git (``TRANSDENOISER_COMMIT`` set)."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    if os.environ.get(COMMIT_ENV):
+        return None
+    try:
+        result = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent.parent), "status", "--porcelain",
+                                 "--untracked-files=no"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(result.stdout.strip()) if result.returncode == 0 else None

@@ -425,3 +425,22 @@ def test_bench_serving_warms_each_server_then_takes_their_phases_in_turn(monkeyp
     with pytest.raises(RuntimeError, match=r"no adaptive request was answered: \['503: busy'\]"):
         bench_serving.measure({"adaptive": "a", "one-at-a-time": "b"}, [], n=10, clients=1, seconds=1.0, repeats=1,
                               warmup_seconds=0)
+
+
+def test_every_benchmark_record_names_the_commit_it_ran_at(tmp_path, monkeypatch):
+    """write_result stamps the commit and whether tracked files had changed, unless the record says itself."""
+    from benchmarks import COMMIT_ENV, write_result
+
+    monkeypatch.setenv(COMMIT_ENV, "abc1234")
+    record = json.loads(write_result(tmp_path / "a.json", {"figure": 1.0}).read_text())
+    assert record == {"figure": 1.0, "commit": "abc1234", "uncommitted_changes": None}  # no .git: not known
+    kept = json.loads(write_result(tmp_path / "b.json", {"commit": "def5678", "uncommitted_serving_changes": False})
+                      .read_text())
+    assert kept == {"commit": "def5678", "uncommitted_serving_changes": False}
+    monkeypatch.delenv(COMMIT_ENV)
+    record = json.loads(write_result(tmp_path / "c.json", {}).read_text())
+    from benchmarks import checkout_commit
+
+    in_git = checkout_commit() is not None  # a checkout with git: its HEAD, and a known answer
+    assert record["commit"] == checkout_commit() != "abc1234"
+    assert isinstance(record["uncommitted_changes"], bool) if in_git else record["uncommitted_changes"] is None
