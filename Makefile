@@ -36,7 +36,7 @@ bench: $(STAMP)
 	@test -f runs/demo/denoiser/metadata.json || { echo "make bench measures the demo's models: run 'make demo' first"; exit 2; }
 	$(BIN)/python -m benchmarks.bench_certify --repeats 3 --precision fp32,bf16 --classifier runs/demo/classifier --denoiser runs/demo/denoiser
 	$(BIN)/python -m benchmarks.bench_training
-	$(BIN)/python -m benchmarks.bench_serving --classifier-dir runs/demo/classifier --denoiser-dir runs/demo/denoiser
+	$(BIN)/python -m benchmarks.bench_serving --classifier-dir runs/demo/classifier --denoiser-dir runs/demo/denoiser --clients 16 --seconds 5
 
 # Every computing command with --device cuda on small sizes, then the speed benchmarks (scripts/gpu_check.sh);
 # one table and runs/gpu_check/gpu_check.json. Its time on an H200: docs/results/gpu.md; needs no network.

@@ -2,12 +2,14 @@
 
     python -m benchmarks.bench_serving_adaptive [--model-dir runs/demo/serve] [--no-denoiser] [--clients 16]
         [--radius 0.5] [--n 10000] [--seconds 60] [--fixed-waves 1] [--repeats 2] [--device cpu]
-        [--server-setting KEY=VALUE ...] [--compare KEY=VALUE ...] [--quick]
+        [--server-setting KEY=VALUE ...] [--compare KEY=VALUE ...] [--estimate] [--quick]
 
 One real server (``transdenoiser serve``, 127.0.0.1 only) starts from a copy of the model directory's checkpoints
 with ``max_n = --n``. Phases alternate, ``--repeats`` times: *fixed* sends ``{"images": [x], "n": N}`` (Cohen's
 CERTIFY, n0 + N samples) and counts an image certified at R when ``certified_radius >= R``; *decide* sends
-``{"images": [x], "radius": R}`` (budget N, the server's max_n) and counts ``certified == true``. C client
+``{"images": [x], "radius": R}`` (budget N, the server's max_n) and counts ``certified == true``; with
+``--estimate``, a third phase in each repeat, *estimate*, sends ``{"images": [x], "adaptive": true}`` (budget N)
+and counts an image certified when ``certified_radius >= R``. C client
 threads send one-image requests, cycling through the first ``--images`` mnist10k test images; no new request
 after ``--seconds``, and a fixed phase sends at most ``--fixed-waves`` x C requests (the scheduler serves
 requests round robin, so C fixed requests finish together: one wave is a steady-state measurement); a phase's
@@ -44,6 +46,7 @@ from benchmarks.serving_common import (
 from transdenoiser.argtypes import positive_float, positive_int
 
 MODES = ("fixed", "decide")
+WITH_ESTIMATE = (*MODES, "estimate")  # --estimate: estimate requests too, against the same fixed n
 DEFAULT_MODEL_DIR = "runs/demo/serve"  # make demo writes it
 # the settings each server gets from the benchmark (its flags), not from --server-setting or --compare
 BENCHMARK_SETTINGS = frozenset({"sigma", "n0", "alpha", "n", "max_n", "max_latency_ms", "max_queued_requests",
@@ -70,18 +73,19 @@ def run_phase(url: str, images: list, body: dict, clients: int, max_seconds: flo
 
 
 def certified(mode: str, prediction: dict, radius: float) -> bool:
-    if mode == "fixed":
+    if mode in ("fixed", "estimate"):  # a radius certified at least as large as R
         return prediction["label"] is not None and prediction["certified_radius"] >= radius
     return prediction["certified"] is True
 
 
 def run_repeat(url: str, images: list, radius: float, n: int, clients: int, seconds: float, max_requests: int,
-               fixed_requests: int | None = None) -> tuple[dict[str, dict], dict[str, dict[int, dict]]]:
+               fixed_requests: int | None = None, modes: tuple[str, ...] = MODES
+               ) -> tuple[dict[str, dict], dict[str, dict[int, dict]]]:
     """One phase of each mode on one server: (mode -> the phase's figures, with the server's side from its
     ``/metrics`` around it; mode -> the answers by image)."""
-    bodies = {"fixed": {"n": n}, "decide": {"radius": radius}}
+    bodies = {"fixed": {"n": n}, "decide": {"radius": radius}, "estimate": {"adaptive": True}}
     phases, answers = {}, {}
-    for mode in MODES:
+    for mode in modes:
         limit = min(max_requests, fixed_requests or max_requests) if mode == "fixed" else max_requests
         before = server_totals(url)
         phase = run_phase(url, images, bodies[mode], clients, seconds, limit)
@@ -92,18 +96,20 @@ def run_repeat(url: str, images: list, radius: float, n: int, clients: int, seco
 
 
 def measure(url: str, images: list, labels: list[int], radius: float, n: int, clients: int, seconds: float,
-            repeats: int, max_requests: int = 100_000, fixed_requests: int | None = None) -> dict:
-    """Interleaved phases of both modes on one server; the median throughput ratio and the certified fractions."""
-    phases: dict[str, list[dict]] = {mode: [] for mode in MODES}
-    answers: dict[str, dict[int, dict]] = {mode: {} for mode in MODES}
+            repeats: int, max_requests: int = 100_000, fixed_requests: int | None = None,
+            modes: tuple[str, ...] = MODES) -> dict:
+    """Interleaved phases of the modes on one server; the median throughput ratio and the certified fractions."""
+    phases: dict[str, list[dict]] = {mode: [] for mode in modes}
+    answers: dict[str, dict[int, dict]] = {mode: {} for mode in modes}
     for _ in range(repeats):
-        collect(phases, answers, *run_repeat(url, images, radius, n, clients, seconds, max_requests, fixed_requests))
+        collect(phases, answers, *run_repeat(url, images, radius, n, clients, seconds, max_requests, fixed_requests,
+                                             modes))
     return summarize(phases, answers, labels, radius)
 
 
 def collect(phases: dict[str, list[dict]], answers: dict[str, dict[int, dict]], repeat_phases: dict[str, dict],
             repeat_answers: dict[str, dict[int, dict]]) -> None:
-    for mode in MODES:
+    for mode in repeat_phases:
         phases[mode].append(repeat_phases[mode])
         answers[mode].update(repeat_answers[mode])
 
@@ -111,8 +117,9 @@ def collect(phases: dict[str, list[dict]], answers: dict[str, dict[int, dict]], 
 def summarize(phases: dict[str, list[dict]], answers: dict[str, dict[int, dict]], labels: list[int],
               radius: float) -> dict:
     """The phases of one server: medians over repeats, the ratios decide / fixed, the certified fractions on the
-    images both modes answered, and the server's side of each mode."""
-    for mode in MODES:
+    images both modes answered, and the server's side of each mode; with estimate phases, the same figures of
+    estimate against fixed n under ``estimate``."""
+    for mode in phases:
         if not answers[mode]:
             failures = [f for p in phases[mode] for f in p["failures"]]
             raise RuntimeError(f"no {mode} request was answered" + (f": {failures[0]}" if failures else ""))
@@ -128,7 +135,7 @@ def summarize(phases: dict[str, list[dict]], answers: dict[str, dict[int, dict]]
                                             if p["mean_samples"] is not None) for mode in MODES}
     per_repeat = [d["requests_per_s"] / f["requests_per_s"] if f["requests_per_s"] > 0 else None
                   for f, d in zip(phases["fixed"], phases["decide"], strict=True)]
-    return {"phases": phases, "median_requests_per_s": rates,
+    record = {"phases": {mode: phases[mode] for mode in MODES}, "median_requests_per_s": rates,
             "speedup": rates["decide"] / rates["fixed"] if rates["fixed"] > 0 else None,
             "median_samples_per_s": sample_rates,
             "samples_per_second_vs_fixed": (sample_rates["decide"] / sample_rates["fixed"]
@@ -142,6 +149,28 @@ def summarize(phases: dict[str, list[dict]], answers: dict[str, dict[int, dict]]
             "server": {mode: {key: statistics.median(p["server"][key] for p in phases[mode])
                               for key in ("passes_per_request", "samples_per_pass", "counter_busy_fraction")
                               if all(p["server"][key] is not None for p in phases[mode])} for mode in MODES}}
+    if "estimate" in phases:
+        record["estimate"] = summarize_estimate(phases, answers, radius, sample_rates["fixed"])
+    return record
+
+
+def summarize_estimate(phases: dict[str, list[dict]], answers: dict[str, dict[int, dict]], radius: float,
+                       fixed_samples_per_s: float) -> dict:
+    """Estimate's phases against fixed n's: its noisy samples per second over fixed n's (medians over repeats),
+    and on the images both answered, the fractions certified at ``radius`` or more."""
+    own = phases["estimate"]
+    rate = statistics.median(p["requests_per_s"] for p in own)
+    samples = [p for p in own if p["mean_samples"] is not None]
+    sample_rate = statistics.median(p["requests_per_s"] * p["mean_samples"] for p in samples)
+    common = sorted(set(answers["fixed"]) & set(answers["estimate"]))
+    return {"phases": own, "median_requests_per_s": rate, "median_samples_per_s": sample_rate,
+            "samples_per_second_vs_fixed": sample_rate / fixed_samples_per_s if fixed_samples_per_s > 0 else None,
+            "mean_samples": statistics.fmean(p["mean_samples"] for p in samples), "images_compared": len(common),
+            "certified_fraction": {mode: (sum(certified(mode, answers[mode][i], radius) for i in common)
+                                          / len(common) if common else None) for mode in ("fixed", "estimate")},
+            "server": {key: statistics.median(p["server"][key] for p in own)
+                       for key in ("passes_per_request", "samples_per_pass", "counter_busy_fraction")
+                       if all(p["server"][key] is not None for p in own)}}
 
 
 def compare_sides(phases: dict[str, dict[str, list[dict]]], answers: dict[str, dict[str, dict[int, dict]]]) -> dict:
@@ -151,7 +180,7 @@ def compare_sides(phases: dict[str, dict[str, list[dict]]], answers: dict[str, d
     per_repeat = [second["requests_per_s"] / first["requests_per_s"] if first["requests_per_s"] > 0 else None
                   for first, second in zip(phases["first"]["decide"], phases["second"]["decide"], strict=True)]
     known = [ratio for ratio in per_repeat if ratio is not None]
-    pairs = [(mode, image) for mode in MODES
+    pairs = [(mode, image) for mode in answers["first"]
              for image in sorted(set(answers["first"][mode]) & set(answers["second"][mode]))]
     differing = [f"{mode} image {image}" for mode, image in pairs
                  if answers["first"][mode][image] != answers["second"][mode][image]]
@@ -180,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="a second server, with this setting on top of the first's (repeatable): the two servers' "
                              "phases alternate, repeat by repeat, and the record gives the second's decide requests "
                              "per second over the first's, per repeat and their median, e.g. overlap=true")
+    parser.add_argument("--estimate", action="store_true",
+                        help='estimate requests too ({"adaptive": true}, budget --n), a phase of them in each repeat: '
+                             "their noisy samples per second against fixed n's, and the fraction certified at R")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: n = 200, R = 0.25, 2 clients, 4 images, 3 s phases")
     parser.add_argument("--out", default="runs/bench_serving_adaptive.json", help="JSON results file")
@@ -228,8 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     if compared:  # one noise key for both: the same noise for the same image, so their answers can be compared
         sides = {name: {"noise_key": COMPARE_NOISE_KEY, **given} for name, given in sides.items()}
         record["compare"] = compared
-    phases = {name: {mode: [] for mode in MODES} for name in sides}
-    answers = {name: {mode: {} for mode in MODES} for name in sides}
+    modes = WITH_ESTIMATE if args.estimate else MODES
+    phases = {name: {mode: [] for mode in modes} for name in sides}
+    answers = {name: {mode: {} for mode in modes} for name in sides}
     shared = {"sigma": config.sigma, "n0": config.n0, "alpha": config.alpha, "n": min(1000, args.n), "max_n": args.n,
               "max_latency_ms": 900_000, "max_queued_requests": max(64, args.clients)}
     with tempfile.TemporaryDirectory(prefix="bench_serving_adaptive_") as tmp, running_servers(
@@ -241,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, server in servers.items():
                 collect(phases[name], answers[name], *run_repeat(
                     server.url, images, args.radius, args.n, args.clients, args.seconds, 100_000,
-                    args.fixed_waves * args.clients))
+                    args.fixed_waves * args.clients, modes))
     record.update(summarize(phases["first"], answers["first"], labels, args.radius))
     if compared:
         record["second"] = {"settings": sides["second"] | {"noise_key": "(the benchmark's own)"},
@@ -257,6 +290,17 @@ def main(argv: list[str] | None = None) -> int:
                   f"{server['samples_per_pass']:.0f} samples per pass, passes computing "
                   f"{100 * server['counter_busy_fraction']:.0f}% of the time")
     print(f"decide / fixed noisy samples per second: {record['samples_per_second_vs_fixed']:.2f}")
+    if args.estimate:
+        estimate = record["estimate"]
+        server = estimate["server"]
+        print(f"estimate / fixed noisy samples per second: {estimate['samples_per_second_vs_fixed']:.2f} "
+              f"({estimate['median_requests_per_s']:.3f} requests/s, mean samples/request "
+              f"{estimate['mean_samples']:.0f}; certified fraction at R = {args.radius}: "
+              f"{estimate['certified_fraction']['estimate']} against fixed n's "
+              f"{estimate['certified_fraction']['fixed']} on {estimate['images_compared']} images)"
+              + (f"; server: {server['passes_per_request']:.2f} passes per request, {server['samples_per_pass']:.0f} "
+                 f"samples per pass, passes computing {100 * server['counter_busy_fraction']:.0f}% of the time"
+                 if len(server) == 3 else ""))
     print(f"decide / fixed requests per second at {args.clients} clients: {record['speedup']:.2f}x "
           f"(median of {args.repeats} interleaved phases; {record['images_compared']} images compared, "
           f"{len(record['disagreements'])} certified differently)")

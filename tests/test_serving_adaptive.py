@@ -421,6 +421,27 @@ def test_the_adaptive_api_benchmark_runs_against_a_server(server, digits):
 
 
 @pytest.mark.server
+def test_the_adaptive_api_benchmark_measures_estimate_requests_too(server, digits):
+    """``--estimate``: a phase of estimate requests in each repeat, against the same fixed-n phases; the decide
+    figures stay where they were."""
+    from benchmarks.bench_serving_adaptive import WITH_ESTIMATE, measure
+
+    x, y = digits
+    result = measure(server.url, x[:2].tolist(), y[:2].tolist(), radius=0.25, n=300, clients=2, seconds=1, repeats=1,
+                     max_requests=3, modes=WITH_ESTIMATE)
+    assert set(result["phases"]) == {"fixed", "decide"} and result["speedup"] > 0
+    estimate = result["estimate"]
+    (phase,) = estimate["phases"]
+    assert phase["requests"] >= 1 and not phase["failures"]
+    assert estimate["median_samples_per_s"] == pytest.approx(phase["requests_per_s"] * phase["mean_samples"])
+    assert estimate["samples_per_second_vs_fixed"] == pytest.approx(
+        estimate["median_samples_per_s"] / result["median_samples_per_s"]["fixed"])
+    assert N0 < estimate["mean_samples"] <= N0 + 2000  # the server's max_n is the estimate budget
+    assert estimate["images_compared"] >= 1 and set(estimate["certified_fraction"]) == {"fixed", "estimate"}
+    assert 0 < estimate["server"]["counter_busy_fraction"] <= 1
+
+
+@pytest.mark.server
 def test_the_serving_benchmark_measures_against_a_server(server, digits):
     """benchmarks.bench_serving's measuring code, tiny, on this module's server (as both modes): fixed-n requests
     answered in every phase, and the server's passes over each phase from its /metrics."""
