@@ -53,9 +53,10 @@ def checkout_commit() -> str | None:
         return None
 
 
-def tracked_changes() -> bool | None:
-    """Whether the checkout's tracked files differ from its commit (``git status``; untracked files aside), or None
-    where that is not known: no git, or a tree that travelled without its .git (``TRANSDENOISER_COMMIT`` set)."""
+def tracked_changes(*paths: str) -> bool | None:
+    """Whether the checkout's tracked files (those under ``paths``, folders of the checkout; all by default) differ
+    from its commit (``git status``; untracked files aside), or None where that is not known: no git, or a tree that
+    travelled without its .git (``TRANSDENOISER_COMMIT`` set)."""
     import os
     import subprocess
     from pathlib import Path
@@ -64,7 +65,7 @@ def tracked_changes() -> bool | None:
         return None
     try:
         result = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent.parent), "status", "--porcelain",
-                                 "--untracked-files=no"], capture_output=True, text=True, timeout=10)
+                                 "--untracked-files=no", "--", *paths], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
     return bool(result.stdout.strip()) if result.returncode == 0 else None

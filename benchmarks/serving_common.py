@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -15,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from benchmarks import COMMIT_ENV, checkout_commit
+from benchmarks import checkout_commit, tracked_changes
 from serving.bundle import write_model_dir
 from serving.process import ServerProcess
 
@@ -176,16 +175,11 @@ def run_record(argv: list[str] | None, module: str) -> dict:
 
     from transdenoiser.runtime import hardware_description
 
-    commit, dirty = checkout_commit(), None
-    if commit is not None and not os.environ.get(COMMIT_ENV):  # a git checkout: its serving code as committed?
-        try:
-            dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "serving",
-                                         "benchmarks"], capture_output=True, text=True, check=False).stdout.strip())
-        except OSError:
-            dirty = None
     return {"command": f"python -m {module} " + " ".join(sys.argv[1:] if argv is None else argv),
             "hardware": hardware_description(torch.device("cpu")), "cpu_count": os.cpu_count(),
-            "load_average_at_start": os.getloadavg(), "commit": commit, "uncommitted_serving_changes": dirty}
+            "load_average_at_start": os.getloadavg(), "commit": checkout_commit(),
+            # a git checkout: its serving code as committed?
+            "uncommitted_serving_changes": tracked_changes("serving", "benchmarks")}
 
 
 def setting(text: str) -> tuple[str, object]:
