@@ -16,7 +16,7 @@ import psutil
 
 from benchmarks import checkout_commit, tracked_changes
 from serving.bundle import write_model_dir
-from serving.process import ServerProcess
+from serving.process import ServerProcess, stop_on_terminate
 
 START_TIMEOUT_S = 300
 DEMO_CLASSIFIER = "runs/demo/classifier"  # make demo writes it
@@ -58,16 +58,17 @@ def running_servers(tmp: Path, settings_by_name: dict[str, dict], classifier_dir
     settings (in ``tmp / name``), computing on ``device``}: all started together (a start is mostly imports and
     warm-up), then each waited for; all stopped at the end."""
     servers: dict[str, ServerProcess] = {}
-    try:
-        for name, settings in settings_by_name.items():
-            model_dir = write_model_dir(Path(tmp) / name / "model", classifier_dir, denoiser_dir, **settings)
-            servers[name] = ServerProcess(model_dir, Path(tmp) / name / "server.log", device=device)
-        for server in servers.values():
-            server.wait_ready(time.monotonic() + START_TIMEOUT_S)
-        yield servers
-    finally:
-        for server in servers.values():
-            server.stop()
+    with stop_on_terminate():  # terminated (timeout, a job runner): the servers are stopped all the same
+        try:
+            for name, settings in settings_by_name.items():
+                model_dir = write_model_dir(Path(tmp) / name / "model", classifier_dir, denoiser_dir, **settings)
+                servers[name] = ServerProcess(model_dir, Path(tmp) / name / "server.log", device=device)
+            for server in servers.values():
+                server.wait_ready(time.monotonic() + START_TIMEOUT_S)
+            yield servers
+        finally:
+            for server in servers.values():
+                server.stop()
 
 
 @contextlib.contextmanager

@@ -325,9 +325,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gpu_check{' --quick' if args.quick else ''}: {hardware}; runs in {args.out}", file=sys.stderr)
     check = Check(args.out, args.device, quiet=not args.verbose)
     started = time.perf_counter()
-    run_commands(check, args)
-    if not args.skip_benchmarks:
-        run_benchmarks(check, args)
+    from serving.process import stop_on_terminate
+
+    with stop_on_terminate():  # stopped by a time limit: the servers of the step running are stopped too
+        run_commands(check, args)
+        if not args.skip_benchmarks:
+            run_benchmarks(check, args)
     total = time.perf_counter() - started
     failed = [s["step"] for s in check.steps if s["status"] != "ok"]
     result = {"format": "transdenoiser-gpu-check", "quick": args.quick, "device": str(device), "hardware": hardware,

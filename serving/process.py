@@ -5,12 +5,15 @@ then kills by pid whatever of the process and its descendants is still alive.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -19,6 +22,26 @@ import psutil
 from serving.auth import API_KEY_ENV
 
 HOST = "127.0.0.1"
+
+
+@contextlib.contextmanager
+def stop_on_terminate() -> Iterator[None]:
+    """While inside, SIGTERM (from ``timeout`` or a job runner) raises KeyboardInterrupt in this process, as Ctrl-C
+    does, so the ``finally`` clauses that stop its servers run. A server starts in a session of its own
+    (``start_new_session``), so the signal does not reach it, and it would outlive the process that started it.
+    Only from the main thread, where Python runs signal handlers; elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def free_port() -> int:

@@ -63,3 +63,73 @@ def test_a_server_that_exits_for_another_reason_is_reported_at_once(tmp_path):
     with pytest.raises(RuntimeError, match="exited with status 2:\n.*no model directory"):
         server.wait_ready(time.monotonic() + 30)
     assert server.attempts == 1
+
+
+TERMINATED = """
+import contextlib, sys, time
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from test_serving_process import StandIn
+from serving.process import stop_on_terminate
+
+with (stop_on_terminate() if {handled!r} else contextlib.nullcontext()):
+    server = StandIn(Path({model!r}), Path({log!r}))
+    try:
+        server.wait_ready(time.monotonic() + 30)
+        print(server.process.pid, flush=True)
+        time.sleep(60)
+    finally:
+        server.stop()
+"""
+
+
+@pytest.mark.parametrize("handled", [True, False], ids=["stop_on_terminate", "without"])
+def test_a_process_terminated_while_it_runs_a_server_stops_the_server(tmp_path, handled):
+    """SIGTERM (``timeout``, a job runner) to a process inside ``stop_on_terminate`` stops the servers it started;
+    without it they outlive it, as they run in sessions of their own (the control: the check can fail)."""
+    import os
+    import signal
+    import subprocess
+    from pathlib import Path
+
+    import psutil
+
+    script = TERMINATED.format(tests=str(Path(__file__).parent), model=str(tmp_path), log=str(tmp_path / "log"),
+                               handled=handled)
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).parent.parent)
+    server = None
+    try:
+        server = psutil.Process(int(parent.stdout.readline()))
+        os.kill(parent.pid, signal.SIGTERM)
+        parent.wait(timeout=30)
+        assert parent.returncode != 0
+        _, alive = psutil.wait_procs([server], timeout=10 if handled else 1)  # stopped at once, or never
+        assert (alive == []) is handled
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        if server is not None and server.is_running():
+            server.kill()
+
+
+def test_outside_the_main_thread_the_signal_handling_is_left_alone():
+    import signal
+    import threading
+
+    from serving.process import stop_on_terminate
+
+    before = signal.getsignal(signal.SIGTERM)
+    seen = []
+
+    def inside():
+        with stop_on_terminate():
+            seen.append(signal.getsignal(signal.SIGTERM))
+
+    thread = threading.Thread(target=inside)
+    thread.start()
+    thread.join()
+    assert seen == [before]
+    with stop_on_terminate():
+        assert signal.getsignal(signal.SIGTERM) is not before
+    assert signal.getsignal(signal.SIGTERM) is before
