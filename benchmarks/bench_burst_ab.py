@@ -35,7 +35,7 @@ from benchmarks.serving_common import (
     worker_process,
 )
 from serving.bundle import write_model_dir
-from serving.process import ServerProcess
+from serving.process import ServerProcess, stop_on_terminate
 from transdenoiser.argtypes import positive_float, positive_int
 
 PHASES = ("quiet", "at_once", "looping")
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     check_classifier_dir(parser, args)
     record = run_record(argv, "benchmarks.bench_burst_ab")
     runs: dict[str, list[dict]] = {"before": [], "after": []}
-    with tempfile.TemporaryDirectory(prefix="bench_burst_ab_") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench_burst_ab_") as tmp, stop_on_terminate():  # stopped: servers too
         model_dirs = {name: write_model_dir(Path(tmp) / f"model_{name}", args.classifier_dir, args.denoiser_dir,
                                             sigma=0.25, max_latency_ms=int(deadline_s * 1000), **settings)
                       for name, settings in (("before", dict(args.before_setting)), ("after", {}))}

@@ -26,6 +26,7 @@ import httpx
 from benchmarks.bench_burst_ab import code_checkout, start
 from benchmarks.serving_common import check_classifier_dir, model_args, run_record, save_result, worker_process
 from serving.bundle import write_model_dir
+from serving.process import stop_on_terminate
 from transdenoiser.argtypes import positive_float, positive_int
 
 KINDS = {"livez": ("GET", "/livez", None), "readyz": ("GET", "/readyz", None),
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     rounds, seconds = (1, 1.0) if args.quick else (args.rounds, args.seconds)
     record = run_record(argv, "benchmarks.bench_probe_cost")
     runs: dict[str, list[dict]] = {"before": [], "after": []}
-    with tempfile.TemporaryDirectory(prefix="bench_probe_cost_") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench_probe_cost_") as tmp, stop_on_terminate():  # stopped: servers too
         model_dir = write_model_dir(Path(tmp) / "model", args.classifier_dir, args.denoiser_dir, sigma=0.25)
         servers = {}
         try:
