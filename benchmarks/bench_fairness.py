@@ -22,7 +22,15 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.serving_common import model_args, percentiles, phase_summary, run_record, running_server, save_result
+from benchmarks.serving_common import (
+    check_classifier_dir,
+    model_args,
+    percentiles,
+    phase_summary,
+    run_record,
+    running_server,
+    save_result,
+)
 from transdenoiser.argtypes import positive_int
 
 TARGET_RATIO = 3.0
@@ -99,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a 4-image n = 2,000 large request, 1 repeat")
     parser.add_argument("--out", default="runs/bench/fairness.json", help="JSON results file")
     args = parser.parse_args(argv)
+    check_classifier_dir(parser, args)
     from training.datasets import load_dataset
 
     x, _ = load_dataset("mnist10k").test.tensors()

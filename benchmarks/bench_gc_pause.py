@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.serving_common import model_args, run_record, save_result
+from benchmarks.serving_common import check_classifier_dir, model_args, run_record, save_result
 from transdenoiser.argtypes import positive_int
 
 TIMER_MODES = ("timers_kept", "timers_cancelled")
@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="1 repeat, 200 probes: a smoke run")
     parser.add_argument("--out", default="runs/bench/gc_pause.json", help="JSON results file")
     args = parser.parse_args(argv)
+    check_classifier_dir(parser, args)
     repeats, probes = (1, 200) if args.quick else (args.repeats, args.probes)
     from starlette.testclient import TestClient
 

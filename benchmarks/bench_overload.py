@@ -38,6 +38,7 @@ import httpx
 
 from benchmarks.prober import PATHS as PROBE_PATHS
 from benchmarks.serving_common import (
+    check_classifier_dir,
     mnist_test_images,
     model_args,
     percentiles,
@@ -376,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="also probe from a thread of the load's own process (for comparison: those probes "
                              "wait for the load threads' turn at the interpreter lock)")
     args = parser.parse_args(argv)
+    check_classifier_dir(parser, args)
     deadline_s = 10.0 if args.quick else args.deadline_s
     record = run_record(argv, "benchmarks.bench_overload")
     with tempfile.TemporaryDirectory(prefix="bench_overload_") as tmp, \

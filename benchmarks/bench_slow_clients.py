@@ -22,7 +22,15 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.serving_common import model_args, percentiles, phase_summary, run_record, running_server, save_result
+from benchmarks.serving_common import (
+    check_classifier_dir,
+    model_args,
+    percentiles,
+    phase_summary,
+    run_record,
+    running_server,
+    save_result,
+)
 from transdenoiser.argtypes import positive_int
 
 TARGET_RATIO = 3.0
@@ -135,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="200 stalled connections, 1 repeat, 10 requests")
     parser.add_argument("--out", default="runs/bench/slow_clients.json", help="JSON results file")
     args = parser.parse_args(argv)
+    check_classifier_dir(parser, args)
     if args.quick:
         args.stalled, args.repeats, args.requests = 200, 1, 10
     if nginx_binary() is None:

@@ -36,7 +36,15 @@ import httpx
 import numpy as np
 from PIL import Image
 
-from benchmarks.serving_common import model_args, percentiles, run_record, running_server, save_result, worker_process
+from benchmarks.serving_common import (
+    check_classifier_dir,
+    model_args,
+    percentiles,
+    run_record,
+    running_server,
+    save_result,
+    worker_process,
+)
 from transdenoiser.argtypes import positive_float, positive_int
 
 SMALL_N, BATCH_N, BATCH_IMAGES = 100, 500, 4
@@ -197,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="4 clients for 20 s")
     parser.add_argument("--out", default="runs/bench/soak.json", help="JSON results file")
     args = parser.parse_args(argv)
+    check_classifier_dir(parser, args)
     if args.quick:
         args.clients, args.seconds = 4, 20.0
     if args.url is not None and not args.url.startswith(("http://127.0.0.1:", "http://localhost:")):

@@ -29,11 +29,15 @@ def model_args(parser, classifier_default: str = DEMO_CLASSIFIER) -> None:
 
 
 def check_classifier_dir(parser, args) -> None:
-    """Refuse (argparse's one-line error) a ``--classifier-dir`` that is not a classifier checkpoint."""
+    """Refuse (argparse's one-line error) a ``--classifier-dir`` that is not a classifier checkpoint, or a
+    ``--denoiser-dir`` given that is not a denoiser checkpoint."""
     if not (Path(args.classifier_dir) / "metadata.json").is_file():
         hint = ("; run `make demo` first, or give --classifier-dir DIR" if args.classifier_dir == DEMO_CLASSIFIER
                 else "")
         parser.error(f"--classifier-dir {args.classifier_dir}: not a classifier checkpoint (no metadata.json){hint}")
+    denoiser = getattr(args, "denoiser_dir", None)
+    if denoiser is not None and not (Path(denoiser) / "metadata.json").is_file():
+        parser.error(f"--denoiser-dir {denoiser}: not a denoiser checkpoint (no metadata.json)")
 
 
 def mnist_test_images(count: int = 32) -> np.ndarray:

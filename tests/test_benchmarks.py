@@ -240,6 +240,7 @@ def test_bench_gc_pause_quick_times_collections_with_timers_kept_and_cancelled(t
     ("bench_serving", ["--clients", "0"], "--clients '0'"),
     ("bench_serving", ["--warmup-seconds", "-1"], "--warmup-seconds"),
     ("bench_serving", ["--classifier-dir", "{tmp}"], "not a classifier checkpoint"),
+    ("bench_serving", ["--quick", "--denoiser-dir", "{missing}"], "not a denoiser checkpoint"),
 ])
 def test_two_server_benchmarks_refuse_bad_arguments(module, argv, message, tmp_path, capsys):
     """Only their argument checks: a run starts two real servers and takes minutes (their figures are measured by
