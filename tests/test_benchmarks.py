@@ -240,7 +240,6 @@ def test_bench_gc_pause_quick_times_collections_with_timers_kept_and_cancelled(t
     ("bench_serving", ["--clients", "0"], "--clients '0'"),
     ("bench_serving", ["--warmup-seconds", "-1"], "--warmup-seconds"),
     ("bench_serving", ["--classifier-dir", "{tmp}"], "not a classifier checkpoint"),
-    ("bench_serving", ["--quick", "--denoiser-dir", "{missing}"], "not a denoiser checkpoint"),
 ])
 def test_two_server_benchmarks_refuse_bad_arguments(module, argv, message, tmp_path, capsys):
     """Only their argument checks: a run starts two real servers and takes minutes (their figures are measured by
@@ -445,3 +444,13 @@ def test_every_benchmark_record_names_the_commit_it_ran_at(tmp_path, monkeypatch
     in_git = checkout_commit() is not None  # a checkout with git: its HEAD, and a known answer
     assert record["commit"] == checkout_commit() != "abc1234"
     assert isinstance(record["uncommitted_changes"], bool) if in_git else record["uncommitted_changes"] is None
+
+
+def test_a_serving_benchmark_refuses_a_denoiser_dir_that_is_not_a_checkpoint(tmp_path, random_classifier_dir, capsys):
+    from benchmarks import bench_serving
+
+    with pytest.raises(SystemExit) as info:
+        bench_serving.main(["--quick", "--classifier-dir", str(random_classifier_dir), "--denoiser-dir",
+                            str(tmp_path / "missing")])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and f"--denoiser-dir {tmp_path / 'missing'}: not a denoiser checkpoint" in err, err
