@@ -50,6 +50,9 @@ BOUND_WEIGHT_ONE = 0.2  # the bound mixture's weight on q = 1 (all votes for cA)
 BISECTION_STEPS = 60  # the decide alternatives (computed once per threshold)
 BOUND_BISECTION_STEPS = 36  # the bounds: to 2^-36 of S / t (a radius to about 1e-7), the conservative end
 ROUNDING_MARGIN_ULPS = 1024.0  # GridMixture answers alone only this far from the threshold (see its docstring)
+GUESS_STEPS = 8  # at most this many Newton steps for the lower bound's guess (GridMixture.crossing) ...
+GUESS_TOLERANCE = 2.0 ** -44  # ... fewer once every step moves p by less than this share of it
+PYTHON_PATH_COUNTS = 32  # up to this many counts, the guessed bisection path is followed in plain Python
 
 
 def bernoulli_kl(q: float, p: float) -> float:
@@ -240,9 +243,11 @@ class GridMixture:
             return self._rejects(np.asarray(p, dtype=float), log_threshold)
 
     def _rejects(self, p: np.ndarray, log_threshold: float) -> np.ndarray:
-        """:meth:`rejects` for a float array ``p`` of the counts' shape, under the caller's ``np.errstate``."""
+        """:meth:`rejects` for a float array ``p`` of the counts' shape, or of that shape after a leading axis (several
+        points per count, each answered as alone), under the caller's ``np.errstate``."""
         index = self.rest.searchsorted(p, side=self._side)
-        kept = self._rows[self._row_index, index.reshape(-1)].reshape(index.shape)
+        lead = index.shape[:index.ndim - self.s.ndim]  # () or (points per count,)
+        kept = self._rows[self._row_index, index.reshape(lead + (self._row_index.size,))].reshape(index.shape)
         successes_term = self.s * np.log(p)
         if not self._all_successes:
             successes_term = np.where(self.some_successes, successes_term, 0.0)
@@ -257,9 +262,38 @@ class GridMixture:
         if not sure.all():
             unsure = ~sure
             qs, weights = self.grid
-            rejected[unsure] = log_mixture(self.s[unsure], self.t[unsure], p[unsure], qs, weights,
-                                           above=self.above) >= log_threshold
+            counts = np.broadcast_to(self.s, p.shape)[unsure], np.broadcast_to(self.t, p.shape)[unsure]
+            rejected[unsure] = log_mixture(*counts, p[unsure], qs, weights, above=self.above) >= log_threshold
         return rejected
+
+    def crossing(self, low: np.ndarray, high: np.ndarray, log_threshold: float) -> np.ndarray:
+        """Where the lower bound's test changes answer, near enough for :func:`bisect_bound` to predict its steps:
+        Newton's method on ln M_t(p) = ln(1/alpha) from the normal approximation S/t - sqrt(2 ln(1/alpha) S/t
+        (1 - S/t) / t) (or the middle of [``low``, ``high``] where that is not inside), at most GUESS_STEPS steps,
+        fewer once none moves p by more than GUESS_TOLERANCE of it. Within a piece of the grid ln M_t(p) = kept - S
+        ln p - F ln(1 - p), whose derivative in p is F / (1 - p) - S / p; the bracket [``low``, ``high``] narrows
+        with each step's answer, and a step that would leave it (or is not a number) halves it instead. Any value
+        is safe: only the bisection's speed depends on it."""
+        estimate = np.where(self.t > 0, self.s / np.maximum(self.t, 1), 0.0)
+        p = estimate - np.sqrt(2 * log_threshold * estimate * (1 - estimate) / np.maximum(self.t, 1))
+        p = np.where((p > low) & (p < high), p, (low + high) / 2)  # no votes, or all: the middle
+        for _ in range(GUESS_STEPS):
+            index = self.rest.searchsorted(p, side=self._side)
+            kept = self._rows[self._row_index, index.reshape(-1)].reshape(index.shape)
+            successes_term, failures_term = self.s * np.log(p), self.f * np.log1p(-p)
+            if not self._all_successes:
+                successes_term = np.where(self.some_successes, successes_term, 0.0)
+            if not self._all_failures:
+                failures_term = np.where(self.some_failures, failures_term, 0.0)
+            excess = kept - successes_term - failures_term - log_threshold
+            rejected = excess >= 0
+            low, high = np.where(rejected, p, low), np.where(rejected, high, p)
+            newton = p - excess / (self.f / (1 - p) - self.s / p)
+            step = np.where((newton >= low) & (newton <= high), newton, (low + high) / 2)  # NaN, or outside: halve
+            if np.all(np.abs(step - p) <= GUESS_TOLERANCE * p):
+                return step
+            p = step
+        return p
 
 
 def bisect_bound(s: np.ndarray, t: np.ndarray, grid: tuple[np.ndarray, np.ndarray], log_threshold: float,
@@ -267,18 +301,78 @@ def bisect_bound(s: np.ndarray, t: np.ndarray, grid: tuple[np.ndarray, np.ndarra
     """The lower bound (``above``: the largest p with the mixture of the q_j above p' rejecting every p' < p, 0
     when there is none) or the upper bound (the smallest p with the mixture of the q_j below p' rejecting every
     p' > p, 1 when there is none), by BOUND_BISECTION_STEPS bisection steps from S / t, returning the conservative
-    end. Each step's test is :meth:`GridMixture.rejects`: the answers of :func:`log_mixture` at every step."""
+    end. Each step's test is :meth:`GridMixture.rejects`: the answers of :func:`log_mixture` at every step.
+
+    The lower bound's steps (estimate mode bisects one at every look) are taken together: a guess of where the test
+    changes answer (:meth:`GridMixture.crossing`) predicts each step's answer, the bisection's path under those
+    answers is followed, and the test is evaluated at every point of that path in one call. Up to the first step
+    whose test answers otherwise than predicted, that path is the bisection's; from there the steps are taken one
+    by one. Every step's answer is its test's either way, so the bound is the step-by-step bisection's, bit for bit
+    (tested); the guess decides only how many steps are left to take one by one."""
     mixture = GridMixture(s, t, grid, above, margin_ulps)
     estimate = np.where(t > 0, s / np.maximum(t, 1), 0.0 if above else 1.0)
     low, high = (np.zeros_like(s), estimate) if above else (estimate, np.ones_like(s))
     with np.errstate(divide="ignore", invalid="ignore"):
-        for _ in range(BOUND_BISECTION_STEPS):
-            mid = (low + high) / 2
+        if not above or not low.size:
+            return _bisect_steps(mixture, low, high, log_threshold, above)
+        guess = mixture.crossing(low, high, log_threshold)
+        path, followed_low = _predicted_path(low, high, guess)
+        answers = mixture._rejects(path, log_threshold)
+        wrong = answers != (path < guess)
+        redo = wrong.any(axis=0) & (low < high)  # low == high (no votes): every path ends there
+        if redo.any():  # from each count's first wrong prediction, step by step
+            first = wrong[:, redo].argmax(axis=0)
+            followed_low[redo] = _bisect_steps(GridMixture(s[redo], t[redo], grid, above, margin_ulps), low[redo],
+                                               high[redo], log_threshold, above, answers[:, redo], first)
+    return followed_low
+
+
+def _predicted_path(low: np.ndarray, high: np.ndarray, guess: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The lower bound's bisection if every step's test rejected exactly below ``guess``: the midpoint of each step
+    (computed as the steps compute it, (low + high) / 2 in float64) and the low end it ends with. Plain Python
+    floats for a few counts (their per-call cost is lower than numpy's), numpy for many."""
+    if low.size <= PYTHON_PATH_COUNTS:
+        columns, ends = [], []
+        for lo, hi, g in zip(low.ravel().tolist(), high.ravel().tolist(), guess.ravel().tolist(), strict=True):
+            column = []
+            for _ in range(BOUND_BISECTION_STEPS):
+                mid = (lo + hi) / 2
+                column.append(mid)
+                if mid < g:
+                    lo = mid
+                else:
+                    hi = mid
+            columns.append(column)
+            ends.append(lo)
+        path = np.array(columns, dtype=float).T.reshape((BOUND_BISECTION_STEPS,) + low.shape)
+        return path, np.array(ends, dtype=float).reshape(low.shape)
+    path = np.empty((BOUND_BISECTION_STEPS,) + low.shape)
+    followed_low, followed_high = low.copy(), high.copy()
+    for mid in path:
+        np.add(followed_low, followed_high, out=mid)
+        np.divide(mid, 2, out=mid)
+        below = mid < guess
+        np.copyto(followed_low, mid, where=below)
+        np.copyto(followed_high, mid, where=~below)
+    return path, followed_low
+
+
+def _bisect_steps(mixture: GridMixture, low: np.ndarray, high: np.ndarray, log_threshold: float, above: bool,
+                  known: np.ndarray | None = None, known_until: np.ndarray | None = None) -> np.ndarray:
+    """:func:`bisect_bound`'s bisection step by step, under the caller's ``np.errstate``. ``known[k]`` holds the
+    answer of step k for the steps k <= ``known_until`` (each count's own), whose tests were evaluated already."""
+    for step in range(BOUND_BISECTION_STEPS):
+        mid = (low + high) / 2
+        if known is not None and step <= known_until.min():
+            rejected = known[step]
+        elif known is not None:
+            rejected = np.where(step <= known_until, known[step], mixture._rejects(mid, log_threshold))
+        else:
             rejected = mixture._rejects(mid, log_threshold)
-            if above:
-                low, high = np.where(rejected, mid, low), np.where(rejected, high, mid)
-            else:
-                low, high = np.where(rejected, low, mid), np.where(rejected, mid, high)
+        if above:
+            low, high = np.where(rejected, mid, low), np.where(rejected, high, mid)
+        else:
+            low, high = np.where(rejected, low, mid), np.where(rejected, mid, high)
     return low if above else high  # rejected (or 0 / 1): conservative
 
 

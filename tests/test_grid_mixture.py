@@ -112,3 +112,44 @@ def test_a_grid_out_of_order_is_refused():
     qs, weights = GRID
     with pytest.raises(ValueError, match="grid"):
         GridMixture(np.array([1.0]), np.array([2.0]), (qs[::-1].copy(), weights))
+
+
+@pytest.mark.parametrize("guess", ["zero", "one", "nan", "random", "off by a little"])
+def test_the_lower_bound_is_the_bisections_whatever_the_guess(guess, monkeypatch):
+    """The guess only predicts the bisection's steps: every prediction is checked against the step's own test, and
+    from the first wrong one the steps are taken one by one, so even a useless guess gives the same bound."""
+    rng = np.random.default_rng(11)
+    s, t = random_counts(rng, 5_000)
+    threshold = float(np.log(1e3))
+    right = GridMixture.crossing
+
+    def wrong(self, low, high, log_threshold):
+        shape = np.shape(low)
+        return {"zero": lambda: np.zeros(shape), "one": lambda: np.ones(shape), "nan": lambda: np.full(shape, np.nan),
+                "random": lambda: rng.random(shape),
+                "off by a little": lambda: right(self, low, high, log_threshold) * (1 + 1e-9)}[guess]()
+
+    monkeypatch.setattr(GridMixture, "crossing", wrong)
+    np.testing.assert_array_equal(bisect_bound(s, t, GRID, threshold, True), reference_bisection(s, t, threshold, True))
+
+
+def test_the_guess_predicts_every_step_in_estimate_modes_range(monkeypatch):
+    """Speed, not correctness: for counts as estimate mode meets them (up to 10,000 samples, pA from 0.9), the guess
+    predicts every bisection step, so no count is bisected step by step (the bounds are the reference's still)."""
+    import certify.one_sided as one_sided
+
+    redone = []
+    original = one_sided._bisect_steps
+
+    def counted(mixture, low, *args, **kwargs):
+        redone.append(low.size)
+        return original(mixture, low, *args, **kwargs)
+
+    monkeypatch.setattr(one_sided, "_bisect_steps", counted)
+    rng = np.random.default_rng(12)
+    t = np.exp(rng.uniform(np.log(10), np.log(10_000), 20_000)).round()
+    s = rng.binomial(t.astype(np.int64), rng.uniform(0.9, 1.0, t.size)).astype(float)
+    threshold = float(np.log(1e3))
+    bounds = bisect_bound(s, t, GRID, threshold, True)
+    assert sum(redone) <= 0.001 * s.size
+    np.testing.assert_array_equal(bounds, reference_bisection(s, t, threshold, True))
