@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import prepare_process
+from benchmarks import prepare_process, write_result
 from certify.cli import DEFAULT_BATCH, workers_arg
 from certify.confidence import DEFAULT_METHOD
 from certify.core import ABSTAIN, Smooth
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         result = summary()
         result["wall_seconds"] = round(time.perf_counter() - started, 1)
         result["complete"] = position + args.chunk >= len(indices)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        write_result(args.json, result)
         print(f"{min(position + args.chunk, len(indices))}/{len(indices)} images, "
               f"{result['wall_seconds']:.0f} s: " + ", ".join(f"{k} {v:.1f}x" for k, v in result["ratios"].items()),
               flush=True)

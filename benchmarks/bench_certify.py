@@ -27,7 +27,6 @@ Everything runs in one process after the CLI's allocator set-up.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import time
@@ -37,7 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from benchmarks import prepare_process
+from benchmarks import prepare_process, write_result
 from certify.cli import DEFAULT_BATCH, workers_arg
 from certify.core import Smooth, certificate_from_counts
 from certify.runner import certify_dataset
@@ -300,8 +299,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name}: " + ", ".join(f"{k} {v:.0%}" for k, v in row["fraction_of_fp32_peak"].items())
                   + f" of it; 3x {row['speedup_vs']} needs {needed:.4f} TFLOP/s = {needed / peak:.0%} of it")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        write_result(args.json, results)
         print(f"\nwrote {args.json}")
     return 0
 

@@ -17,11 +17,12 @@ not allowed (float32).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from benchmarks import write_result
 
 
 def _timer(device) -> Callable[[Callable[[], object], int], float]:
@@ -134,8 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, ms in pieces.items():
         print(f"{name:<{width}}  {ms:9.4f} ms")
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(record, indent=1) + "\n")
+        write_result(args.json, record)
     return 0
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import prepare_process
+from benchmarks import prepare_process, write_result
 from training.arms import SepDPArm, TransDenoiserArm
 from training.models import build_model, count_parameters
 from training.privacy.dp import standard_normal
@@ -406,10 +406,9 @@ def main(argv: list[str] | None = None) -> int:
         study = {"hardware": hardware_description(device),
                  "activation_study": activation_study(args.activation_study, ["relu", "silu", "tanh", "softplus"],
                                                       device)}
-        text = json.dumps(study, indent=2)
         if args.out:
-            args.out.write_text(text + "\n")
-        print(text)
+            study = json.loads(write_result(args.out, study).read_text())  # stamped with the commit
+        print(json.dumps(study, indent=2))
         return 0
     result = {"hardware": hardware_description(device), "allocator": allocator, "device": str(device),
               "command": "python -m benchmarks.bench_training " + " ".join(
@@ -417,10 +416,9 @@ def main(argv: list[str] | None = None) -> int:
               "grid": throughput_grid(args, device)}
     if args.smin:
         result["smin_cost"] = bench_smin([int(w) for w in args.smin_widths.split(",")], args.smin_examples, device)
-    text = json.dumps(result, indent=2)
     if args.out:
-        args.out.write_text(text + "\n")
-    print(text)
+        result = json.loads(write_result(args.out, result).read_text())  # stamped with the commit
+    print(json.dumps(result, indent=2))
     print(format_table(result["grid"]), file=sys.stderr)
     return 0
 
