@@ -136,19 +136,19 @@ def summarize(phases: dict[str, list[dict]], answers: dict[str, dict[int, dict]]
     per_repeat = [d["requests_per_s"] / f["requests_per_s"] if f["requests_per_s"] > 0 else None
                   for f, d in zip(phases["fixed"], phases["decide"], strict=True)]
     record = {"phases": {mode: phases[mode] for mode in MODES}, "median_requests_per_s": rates,
-            "speedup": rates["decide"] / rates["fixed"] if rates["fixed"] > 0 else None,
-            "median_samples_per_s": sample_rates,
-            "samples_per_second_vs_fixed": (sample_rates["decide"] / sample_rates["fixed"]
-                                            if sample_rates["fixed"] > 0 else None),
-            "speedup_per_repeat": per_repeat, "images_compared": len(common),
-            "certified_fraction": fractions, "certified_accuracy": accuracy, "disagreements": disagree,
-            "mean_samples": {mode: statistics.fmean(p["mean_samples"] for p in phases[mode]
-                                                    if p["mean_samples"] is not None) for mode in MODES},
-            # the server's side of each mode, medians over phases: passes per request, samples per pass, and how
-            # much of the time the passes took to compute
-            "server": {mode: {key: statistics.median(p["server"][key] for p in phases[mode])
-                              for key in ("passes_per_request", "samples_per_pass", "counter_busy_fraction")
-                              if all(p["server"][key] is not None for p in phases[mode])} for mode in MODES}}
+              "speedup": rates["decide"] / rates["fixed"] if rates["fixed"] > 0 else None,
+              "median_samples_per_s": sample_rates,
+              "samples_per_second_vs_fixed": (sample_rates["decide"] / sample_rates["fixed"]
+                                              if sample_rates["fixed"] > 0 else None),
+              "speedup_per_repeat": per_repeat, "images_compared": len(common),
+              "certified_fraction": fractions, "certified_accuracy": accuracy, "disagreements": disagree,
+              "mean_samples": {mode: statistics.fmean(p["mean_samples"] for p in phases[mode]
+                                                      if p["mean_samples"] is not None) for mode in MODES},
+              # the server's side of each mode, medians over phases: passes per request, samples per pass, and how
+              # much of the time the passes took to compute
+              "server": {mode: {key: statistics.median(p["server"][key] for p in phases[mode])
+                                for key in ("passes_per_request", "samples_per_pass", "counter_busy_fraction")
+                                if all(p["server"][key] is not None for p in phases[mode])} for mode in MODES}}
     if "estimate" in phases:
         record["estimate"] = summarize_estimate(phases, answers, radius, sample_rates["fixed"])
     return record
