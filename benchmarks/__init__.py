@@ -17,20 +17,26 @@ def prepare_process(threads: int | None, device_name: str):
     return allocator, resolve_device(device_name)
 
 
+def stamped(record: dict) -> dict:
+    """``record`` with the commit it ran at and whether the checkout's tracked files differed from it
+    (:func:`checkout_commit`, :func:`tracked_changes`), where it does not say itself (the serving benchmarks say
+    ``uncommitted_serving_changes``)."""
+    record = dict(record)
+    if "commit" not in record:
+        record["commit"] = checkout_commit()
+    if "uncommitted_changes" not in record and "uncommitted_serving_changes" not in record:
+        record["uncommitted_changes"] = tracked_changes()
+    return record
+
+
 def write_result(out, record: dict):
-    """Write a benchmark's JSON record to ``out`` (parents created), stamped with the commit it ran at and whether
-    the checkout's tracked files differed from it (:func:`checkout_commit`, :func:`tracked_changes`) where the record
-    does not say; return the path."""
+    """Write a benchmark's JSON record to ``out`` (parents created), :func:`stamped`; return the path."""
     import json
     from pathlib import Path
 
-    record = dict(record)
-    record.setdefault("commit", checkout_commit())
-    if "uncommitted_serving_changes" not in record:  # the serving benchmarks' own, narrower flag
-        record.setdefault("uncommitted_changes", tracked_changes())
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2))
+    path.write_text(json.dumps(stamped(record), indent=2))
     return path
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import prepare_process, write_result
+from benchmarks import prepare_process, stamped, write_result
 from certify.cli import DEFAULT_BATCH, workers_arg
 from certify.confidence import DEFAULT_METHOD
 from certify.core import ABSTAIN, Smooth
@@ -228,10 +228,11 @@ def main(argv: list[str] | None = None) -> int:
     warm = indices[:2]  # untimed: the first passes on a device pay for kernel selection and allocation
     smooth.certify_many(images[warm], args.n0, 1000, args.alpha, generators(warm))
     smooth.decide_many(images[warm], args.radii[0], args.n0, 1000, args.alpha, generators(warm), args.method)
+    provenance = stamped({})  # once: the JSON is rewritten after every chunk
     started = time.perf_counter()
     for position in range(0, len(indices), args.chunk):
         run_chunk(indices[position:position + args.chunk])
-        result = summary()
+        result = {**summary(), **provenance}
         result["wall_seconds"] = round(time.perf_counter() - started, 1)
         result["complete"] = position + args.chunk >= len(indices)
         write_result(args.json, result)

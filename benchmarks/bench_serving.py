@@ -73,8 +73,8 @@ def measure(urls: dict[str, str], image: list, n: int, clients: int, seconds: fl
     in turn (the order reversed every other repeat). ``urls``: mode -> its server; the speed-ups are the first mode's
     median requests per second over each other mode's."""
     modes = list(urls)
-    for url in urls.values():
-        if warmup_seconds > 0:
+    if warmup_seconds > 0:
+        for url in urls.values():
             run_phase(url, image, n, clients, warmup_seconds, max_requests)
     phases: dict[str, list[dict]] = {mode: [] for mode in modes}
     for repeat in range(repeats):

@@ -144,11 +144,7 @@ def summarize(phases: dict[str, list[dict]], answers: dict[str, dict[int, dict]]
               "certified_fraction": fractions, "certified_accuracy": accuracy, "disagreements": disagree,
               "mean_samples": {mode: statistics.fmean(p["mean_samples"] for p in phases[mode]
                                                       if p["mean_samples"] is not None) for mode in MODES},
-              # the server's side of each mode, medians over phases: passes per request, samples per pass, and how
-              # much of the time the passes took to compute
-              "server": {mode: {key: statistics.median(p["server"][key] for p in phases[mode])
-                                for key in ("passes_per_request", "samples_per_pass", "counter_busy_fraction")
-                                if all(p["server"][key] is not None for p in phases[mode])} for mode in MODES}}
+              "server": {mode: server_medians(phases[mode]) for mode in MODES}}
     if "estimate" in phases:
         record["estimate"] = summarize_estimate(phases, answers, radius, sample_rates["fixed"])
     return record
@@ -168,9 +164,15 @@ def summarize_estimate(phases: dict[str, list[dict]], answers: dict[str, dict[in
             "mean_samples": statistics.fmean(p["mean_samples"] for p in samples), "images_compared": len(common),
             "certified_fraction": {mode: (sum(certified(mode, answers[mode][i], radius) for i in common)
                                           / len(common) if common else None) for mode in ("fixed", "estimate")},
-            "server": {key: statistics.median(p["server"][key] for p in own)
-                       for key in ("passes_per_request", "samples_per_pass", "counter_busy_fraction")
-                       if all(p["server"][key] is not None for p in own)}}
+            "server": server_medians(own)}
+
+
+def server_medians(phases: list[dict]) -> dict[str, float]:
+    """The server's side of one mode's phases, medians: passes per request, samples per pass, and how much of the
+    time the passes took to compute (each where every phase has it)."""
+    return {key: statistics.median(p["server"][key] for p in phases)
+            for key in ("passes_per_request", "samples_per_pass", "counter_busy_fraction")
+            if all(p["server"][key] is not None for p in phases)}
 
 
 def compare_sides(phases: dict[str, dict[str, list[dict]]], answers: dict[str, dict[str, dict[int, dict]]]) -> dict:

@@ -52,7 +52,6 @@ BOUND_BISECTION_STEPS = 36  # the bounds: to 2^-36 of S / t (a radius to about 1
 ROUNDING_MARGIN_ULPS = 1024.0  # GridMixture answers alone only this far from the threshold (see its docstring)
 GUESS_STEPS = 8  # at most this many Newton steps for the lower bound's guess (GridMixture.crossing) ...
 GUESS_TOLERANCE = 2.0 ** -44  # ... fewer once every step moves p by less than this share of it
-PYTHON_PATH_COUNTS = 32  # up to this many counts, the guessed bisection path is followed in plain Python
 
 
 def bernoulli_kl(q: float, p: float) -> float:
@@ -245,6 +244,20 @@ class GridMixture:
     def _rejects(self, p: np.ndarray, log_threshold: float) -> np.ndarray:
         """:meth:`rejects` for a float array ``p`` of the counts' shape, or of that shape after a leading axis (several
         points per count, each answered as alone), under the caller's ``np.errstate``."""
+        value, common = self._value(p)
+        margin = self._margin_per_size * (self.scale - common)  # common <= 0, so -common is its size
+        sure = np.isfinite(value) & (np.abs(value - log_threshold) > margin) & (p < 1)
+        rejected = value >= log_threshold
+        if not sure.all():
+            unsure = ~sure
+            qs, weights = self.grid
+            counts = np.broadcast_to(self.s, p.shape)[unsure], np.broadcast_to(self.t, p.shape)[unsure]
+            rejected[unsure] = log_mixture(*counts, p[unsure], qs, weights, above=self.above) >= log_threshold
+        return rejected
+
+    def _value(self, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """ln M_t(p) from the grid's partial sums, and the common factor S ln p + F ln(1 - p) (<= 0) taken off
+        them, for ``p`` as :meth:`_rejects` takes it."""
         index = self.rest.searchsorted(p, side=self._side)
         lead = index.shape[:index.ndim - self.s.ndim]  # () or (points per count,)
         kept = self._rows[self._row_index, index.reshape(lead + (self._row_index.size,))].reshape(index.shape)
@@ -254,17 +267,8 @@ class GridMixture:
         failures_term = self.f * np.log1p(-p)
         if not self._all_failures:
             failures_term = np.where(self.some_failures, failures_term, 0.0)
-        common = successes_term + failures_term  # <= 0: both terms are ...
-        value = kept - common
-        margin = self._margin_per_size * (self.scale - common)  # ... so -common is their size
-        sure = np.isfinite(value) & (np.abs(value - log_threshold) > margin) & (p < 1)
-        rejected = value >= log_threshold
-        if not sure.all():
-            unsure = ~sure
-            qs, weights = self.grid
-            counts = np.broadcast_to(self.s, p.shape)[unsure], np.broadcast_to(self.t, p.shape)[unsure]
-            rejected[unsure] = log_mixture(*counts, p[unsure], qs, weights, above=self.above) >= log_threshold
-        return rejected
+        common = successes_term + failures_term
+        return kept - common, common
 
     def crossing(self, low: np.ndarray, high: np.ndarray, log_threshold: float) -> np.ndarray:
         """Where the lower bound's test changes answer, near enough for :func:`bisect_bound` to predict its steps:
@@ -278,14 +282,7 @@ class GridMixture:
         p = estimate - np.sqrt(2 * log_threshold * estimate * (1 - estimate) / np.maximum(self.t, 1))
         p = np.where((p > low) & (p < high), p, (low + high) / 2)  # no votes, or all: the middle
         for _ in range(GUESS_STEPS):
-            index = self.rest.searchsorted(p, side=self._side)
-            kept = self._rows[self._row_index, index.reshape(-1)].reshape(index.shape)
-            successes_term, failures_term = self.s * np.log(p), self.f * np.log1p(-p)
-            if not self._all_successes:
-                successes_term = np.where(self.some_successes, successes_term, 0.0)
-            if not self._all_failures:
-                failures_term = np.where(self.some_failures, failures_term, 0.0)
-            excess = kept - successes_term - failures_term - log_threshold
+            excess = self._value(p)[0] - log_threshold
             rejected = excess >= 0
             low, high = np.where(rejected, p, low), np.where(rejected, high, p)
             newton = p - excess / (self.f / (1 - p) - self.s / p)
@@ -329,23 +326,7 @@ def bisect_bound(s: np.ndarray, t: np.ndarray, grid: tuple[np.ndarray, np.ndarra
 
 def _predicted_path(low: np.ndarray, high: np.ndarray, guess: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The lower bound's bisection if every step's test rejected exactly below ``guess``: the midpoint of each step
-    (computed as the steps compute it, (low + high) / 2 in float64) and the low end it ends with. Plain Python
-    floats for a few counts (their per-call cost is lower than numpy's), numpy for many."""
-    if low.size <= PYTHON_PATH_COUNTS:
-        columns, ends = [], []
-        for lo, hi, g in zip(low.ravel().tolist(), high.ravel().tolist(), guess.ravel().tolist(), strict=True):
-            column = []
-            for _ in range(BOUND_BISECTION_STEPS):
-                mid = (lo + hi) / 2
-                column.append(mid)
-                if mid < g:
-                    lo = mid
-                else:
-                    hi = mid
-            columns.append(column)
-            ends.append(lo)
-        path = np.array(columns, dtype=float).T.reshape((BOUND_BISECTION_STEPS,) + low.shape)
-        return path, np.array(ends, dtype=float).reshape(low.shape)
+    (computed as the steps compute it, (low + high) / 2 in float64) and the low end it ends with."""
     path = np.empty((BOUND_BISECTION_STEPS,) + low.shape)
     followed_low, followed_high = low.copy(), high.copy()
     for mid in path:
