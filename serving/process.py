@@ -54,11 +54,15 @@ class ServerProcess:
     """``transdenoiser serve --model-dir MODEL_DIR`` on a free loopback port, logging to ``log``.
 
     A free port is found by binding port 0 and closing it, so another process may take it before the server binds
-    it (any outgoing connection's ephemeral port can). A server that exits because it could not bind its port is
-    started again on another one (``BIND_ATTEMPTS`` in all), the log appended: ``url`` is final once
-    :meth:`wait_ready` returns."""
+    it (any outgoing connection's ephemeral port can). BentoML's process manager (circus) reserves two more loopback
+    ports the same way for its ZMQ control sockets, with the same race. A server that exits at start-up because one
+    of its ports was taken is started again on other ports (``BIND_ATTEMPTS`` in all), the log appended: ``url`` is
+    final once :meth:`wait_ready` returns. Any other exit is reported at once, with the log's tail."""
 
     BIND_ATTEMPTS = 3
+    # what a start-up that lost a port race leaves in the log: circus's message for the HTTP socket, and the
+    # OSError / ZMQError text (errno EADDRINUSE) for any socket, the ZMQ control sockets included
+    PORT_TAKEN = ("Could not bind", "Address already in use")
 
     def __init__(self, model_dir: Path, log: Path, api_key: str | None = None, device: str = "cpu"):
         self.model_dir, self.log, self.api_key, self.device = model_dir, Path(log), api_key, device
@@ -75,6 +79,7 @@ class ServerProcess:
         if self.api_key:
             env[API_KEY_ENV] = self.api_key
         with self.log.open("wb" if self.attempts == 1 else "ab") as handle:
+            self.log_start = handle.tell()  # where this attempt's part of the log begins
             self.process = subprocess.Popen(self.command(), env=env, stdout=handle, stderr=subprocess.STDOUT,
                                             start_new_session=True)
 
@@ -85,13 +90,19 @@ class ServerProcess:
     def log_tail(self, chars: int = 3000) -> str:
         return self.log.read_text(errors="replace")[-chars:]
 
+    def lost_port_race(self) -> bool:
+        """Whether this attempt's part of the log says a port it reserved was taken before it could bind it."""
+        with self.log.open("rb") as handle:
+            handle.seek(self.log_start)
+            text = handle.read().decode(errors="replace")
+        return any(marker in text for marker in self.PORT_TAKEN)
+
     def wait_ready(self, deadline: float) -> None:
         """Poll /readyz until it answers 200; ``deadline`` is a ``time.monotonic()`` value."""
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                log = self.log.read_text(errors="replace")
-                if f"Could not bind {HOST}:{self.port}" in log and self.attempts < self.BIND_ATTEMPTS:
-                    self._start()  # the port was taken between finding it free and binding it: another one
+                if self.lost_port_race() and self.attempts < self.BIND_ATTEMPTS:
+                    self._start()  # a port was taken between finding it free and binding it: other ones
                     continue
                 raise RuntimeError(f"server exited with status {self.process.returncode}:\n{self.log_tail()}")
             try:

@@ -21,7 +21,8 @@ def test_gpu_check_quick_runs_every_command_on_cpu(tmp_path):
     result = subprocess.run([str(ROOT / "scripts" / "gpu_check.sh"), "--quick", "--out", str(out)], env=env,
                             capture_output=True, text=True, timeout=900)
     record = json.loads((out / "gpu_check.json").read_text())
-    failed = {s["step"]: s.get("error") for s in record["steps"] if s["status"] != "ok"}
+    # a failed step's whole traceback (a server's exit carries its log's tail) says why, not only its first line
+    failed = {s["step"]: (s.get("error"), s.get("traceback")) for s in record["steps"] if s["status"] != "ok"}
     assert result.returncode == 0 and not failed, (failed, result.stderr[-3000:])
     steps = {s["step"]: s for s in record["steps"]}
     assert record["quick"] and record["device"] == "cpu" and len(steps) >= 17

@@ -58,6 +58,45 @@ def test_a_port_taken_before_the_server_binds_it_is_replaced(tmp_path, monkeypat
         taken.close()
 
 
+LOSES_A_CONTROL_PORT_ONCE = """
+import pathlib, sys
+marker = pathlib.Path(sys.argv[2])
+if not marker.exists():  # the first start: circus's ZMQ control socket lost its port, as BentoML reports it
+    marker.write_text("lost")
+    print("zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:36725')", flush=True)
+    sys.exit(1)
+""" + STAND_IN
+
+
+class LosesAControlPortOnce(ServerProcess):
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", LOSES_A_CONTROL_PORT_ONCE, str(self.port), str(self.log.parent / "lost")]
+
+
+def test_a_server_whose_control_port_was_taken_starts_again(tmp_path):
+    server = LosesAControlPortOnce(tmp_path / "model", tmp_path / "server.log")
+    try:
+        server.wait_ready(time.monotonic() + 30)
+        assert server.attempts == 2 and (tmp_path / "lost").exists()
+        assert server.url == f"http://{HOST}:{server.port}"
+        assert "Address already in use (addr='tcp://" in server.log.read_text()  # the first attempt's log kept
+    finally:
+        server.stop()
+
+
+def test_a_port_race_of_an_earlier_attempt_does_not_hide_a_real_failure(tmp_path):
+    """Only the latest attempt's part of the log decides: a first start that lost its port, then a second that
+    fails for another reason, is reported, not started a third time."""
+    server = FailsAtOnce.__new__(FailsAtOnce)
+    server.log = tmp_path / "server.log"
+    server.log.write_text("[ERROR] [cli] Could not bind 127.0.0.1:1\n")
+    server.model_dir, server.api_key, server.device, server.attempts = tmp_path / "model", None, "cpu", 1
+    server._start()  # the second attempt, appended to the first one's log
+    with pytest.raises(RuntimeError, match="exited with status 2:\n(.|\n)*no model directory"):
+        server.wait_ready(time.monotonic() + 30)
+    assert server.attempts == 2
+
+
 def test_a_server_that_exits_for_another_reason_is_reported_at_once(tmp_path):
     server = FailsAtOnce(tmp_path / "model", tmp_path / "server.log")
     with pytest.raises(RuntimeError, match="exited with status 2:\n.*no model directory"):
