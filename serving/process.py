@@ -60,9 +60,10 @@ class ServerProcess:
     final once :meth:`wait_ready` returns. Any other exit is reported at once, with the log's tail."""
 
     BIND_ATTEMPTS = 3
-    # what a start-up that lost a port race leaves in the log: circus's message for the HTTP socket, and the
-    # OSError / ZMQError text (errno EADDRINUSE) for any socket, the ZMQ control sockets included
-    PORT_TAKEN = ("Could not bind", "Address already in use")
+    # what a start-up that lost a port race leaves in the log: circus's message for the HTTP socket; the OSError /
+    # ZMQError text of errno EADDRINUSE, "Address already in use", for any socket, the ZMQ control sockets included;
+    # `transdenoiser serve`'s own check, "port N on HOST is already in use"
+    PORT_TAKEN = ("Could not bind", "already in use")
 
     def __init__(self, model_dir: Path, log: Path, api_key: str | None = None, device: str = "cpu"):
         self.model_dir, self.log, self.api_key, self.device = model_dir, Path(log), api_key, device

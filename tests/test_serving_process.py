@@ -1,6 +1,6 @@
-"""``serving.process.ServerProcess``: a server whose free port was taken before it could bind it starts again on
-another port; any other early exit is reported at once. A stand-in server (a few lines of Python that bind the port
-as BentoML does, then answer /readyz) keeps the test to a second."""
+"""``serving.process.ServerProcess``: a server whose free port (or one of BentoML's control ports) was taken before it
+could bind it starts again on other ports; any other early exit is reported at once. A stand-in server (a few lines
+of Python that bind the port as BentoML does, then answer /readyz) keeps the test to a second."""
 from __future__ import annotations
 
 import socket
@@ -58,28 +58,39 @@ def test_a_port_taken_before_the_server_binds_it_is_replaced(tmp_path, monkeypat
         taken.close()
 
 
-LOSES_A_CONTROL_PORT_ONCE = """
+LOSES_A_PORT_ONCE = """
 import pathlib, sys
 marker = pathlib.Path(sys.argv[2])
-if not marker.exists():  # the first start: circus's ZMQ control socket lost its port, as BentoML reports it
+if not marker.exists():  # the first start lost a port race; argv[3] is what the server said
     marker.write_text("lost")
-    print("zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:36725')", flush=True)
-    sys.exit(1)
+    print(sys.argv[3], flush=True)
+    sys.exit(int(sys.argv[4]))
 """ + STAND_IN
 
 
-class LosesAControlPortOnce(ServerProcess):
+class LosesAPortOnce(ServerProcess):
+    message, status = "", 1
+
     def command(self) -> list[str]:
-        return [sys.executable, "-c", LOSES_A_CONTROL_PORT_ONCE, str(self.port), str(self.log.parent / "lost")]
+        return [sys.executable, "-c", LOSES_A_PORT_ONCE, str(self.port), str(self.log.parent / "lost"), self.message,
+                str(self.status)]
 
 
-def test_a_server_whose_control_port_was_taken_starts_again(tmp_path):
-    server = LosesAControlPortOnce(tmp_path / "model", tmp_path / "server.log")
+@pytest.mark.parametrize("message, status", [
+    # circus's ZMQ control socket (BentoML exits 1 with the ZMQError, no "Could not bind")
+    ("zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:36725')", 1),
+    # `transdenoiser serve`'s own check of the port, before BentoML starts
+    ("transdenoiser serve: error: port 41234 on 127.0.0.1 is already in use (another server running?): stop it or "
+     "pass --port N", 2),
+])
+def test_a_server_that_lost_another_port_race_starts_again(tmp_path, message, status):
+    kind = type("LosesThisPortOnce", (LosesAPortOnce,), {"message": message, "status": status})
+    server = kind(tmp_path / "model", tmp_path / "server.log")
     try:
         server.wait_ready(time.monotonic() + 30)
         assert server.attempts == 2 and (tmp_path / "lost").exists()
         assert server.url == f"http://{HOST}:{server.port}"
-        assert "Address already in use (addr='tcp://" in server.log.read_text()  # the first attempt's log kept
+        assert message in server.log.read_text()  # the first attempt's log kept
     finally:
         server.stop()
 
