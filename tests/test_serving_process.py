@@ -95,17 +95,23 @@ def test_a_server_that_lost_another_port_race_starts_again(tmp_path, message, st
         server.stop()
 
 
+class LosesAPortThenFails(ServerProcess):
+    def command(self) -> list[str]:
+        script = ("import pathlib, sys; marker = pathlib.Path(sys.argv[1])\n"
+                  "if not marker.exists():\n"
+                  "    marker.write_text('lost'); print('[ERROR] [cli] Could not bind 127.0.0.1:1', flush=True)\n"
+                  "    sys.exit(1)\n"
+                  "print('no model directory'); sys.exit(2)")
+        return [sys.executable, "-c", script, str(self.log.parent / "lost")]
+
+
 def test_a_port_race_of_an_earlier_attempt_does_not_hide_a_real_failure(tmp_path):
     """Only the latest attempt's part of the log decides: a first start that lost its port, then a second that
     fails for another reason, is reported, not started a third time."""
-    server = FailsAtOnce.__new__(FailsAtOnce)
-    server.log = tmp_path / "server.log"
-    server.log.write_text("[ERROR] [cli] Could not bind 127.0.0.1:1\n")
-    server.model_dir, server.api_key, server.device, server.attempts = tmp_path / "model", None, "cpu", 1
-    server._start()  # the second attempt, appended to the first one's log
+    server = LosesAPortThenFails(tmp_path / "model", tmp_path / "server.log")
     with pytest.raises(RuntimeError, match="exited with status 2:\n(.|\n)*no model directory"):
         server.wait_ready(time.monotonic() + 30)
-    assert server.attempts == 2
+    assert server.attempts == 2 and "Could not bind" in server.log.read_text()
 
 
 def test_a_server_that_exits_for_another_reason_is_reported_at_once(tmp_path):
