@@ -43,6 +43,18 @@ def write_result(out, record: dict):
 COMMIT_ENV = "TRANSDENOISER_COMMIT"  # the commit of a tree that travelled without its .git (the GPU check's machine)
 
 
+def print_result(out, record: dict) -> dict:
+    """``record``, :func:`stamped`, written to ``out`` where one is given (:func:`write_result`) and printed as JSON
+    on stdout; returns the stamped record."""
+    import json
+
+    record = stamped(record)
+    if out:
+        write_result(out, record)
+    print(json.dumps(record, indent=2))
+    return record
+
+
 def checkout_commit() -> str | None:
     """The commit of the checkout the benchmarks run from: ``TRANSDENOISER_COMMIT`` where it is set, else git's short
     HEAD (None without git)."""

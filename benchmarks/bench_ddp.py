@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import stamped, write_result
+from benchmarks import print_result
 
 CONFIGURATIONS = {"1 process x 1 thread": (1, 1), "1 process x 2 threads": (1, 2), "2 processes x 1 thread": (2, 1)}
 
@@ -158,10 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         result["two_processes_over_one_process_two_threads"] = statistics.median(
             a["examples_per_second"] / b["examples_per_second"]
             for a, b in zip(rows[two], rows["1 process x 2 threads"], strict=True))
-    result = stamped(result)
-    if args.out:
-        write_result(args.out, result)
-    print(json.dumps(result, indent=2))
+    print_result(args.out, result)
     return 0
 
 

@@ -35,6 +35,7 @@ import numpy as np
 from benchmarks.serving_common import (
     check_classifier_dir,
     closed_loop,
+    describe_server,
     model_args,
     run_record,
     running_servers,
@@ -142,12 +143,10 @@ def main(argv: list[str] | None = None) -> int:
             record["by_clients"][str(count)] = result
             for mode in MODES:
                 for phase in result["phases"][mode]:
-                    server = phase["server"]
+                    described = describe_server(phase["server"])
                     print(f"{mode:14s} clients={count:3d} requests={phase['requests']:4d} "
                           f"req/s={phase['requests_per_s']:.2f} p50={phase['p50_s']:.3f}s p99={phase['p99_s']:.3f}s "
-                          f"failures={len(phase['failures'])}; {server['passes_per_request']:.2f} passes per request, "
-                          f"{server['samples_per_pass']:.0f} samples per pass, passes computing "
-                          f"{100 * server['counter_busy_fraction']:.0f}% of the time", flush=True)
+                          f"failures={len(phase['failures'])}" + (f"; {described}" if described else ""), flush=True)
     record["speedup"] = {count: result["speedup"] for count, result in record["by_clients"].items()}
     for count, result in record["by_clients"].items():
         for baseline, ratio in result["speedup"].items():

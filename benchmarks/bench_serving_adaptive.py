@@ -34,7 +34,9 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.serving_common import (
+    SERVER_RATES,
     closed_loop,
+    describe_server,
     percentiles,
     run_record,
     running_servers,
@@ -124,15 +126,13 @@ def summarize(phases: dict[str, list[dict]], answers: dict[str, dict[int, dict]]
             failures = [f for p in phases[mode] for f in p["failures"]]
             raise RuntimeError(f"no {mode} request was answered" + (f": {failures[0]}" if failures else ""))
     common = sorted(set(answers["fixed"]) & set(answers["decide"]))
-    fractions = {mode: (sum(certified(mode, answers[mode][i], radius) for i in common) / len(common)
-                        if common else None) for mode in MODES}
+    fractions = certified_fractions(answers, MODES, common, radius)
     accuracy = {mode: (sum(certified(mode, answers[mode][i], radius) and answers[mode][i]["label"] == labels[i]
                            for i in common) / len(common) if common else None) for mode in MODES}
     disagree = [i for i in common if certified("fixed", answers["fixed"][i], radius)
                 != certified("decide", answers["decide"][i], radius)]
-    rates = {mode: statistics.median(p["requests_per_s"] for p in phases[mode]) for mode in MODES}
-    sample_rates = {mode: statistics.median(p["requests_per_s"] * p["mean_samples"] for p in phases[mode]
-                                            if p["mean_samples"] is not None) for mode in MODES}
+    rates = {mode: median_requests_per_s(phases[mode]) for mode in MODES}
+    sample_rates = {mode: median_samples_per_s(phases[mode]) for mode in MODES}
     per_repeat = [d["requests_per_s"] / f["requests_per_s"] if f["requests_per_s"] > 0 else None
                   for f, d in zip(phases["fixed"], phases["decide"], strict=True)]
     record = {"phases": {mode: phases[mode] for mode in MODES}, "median_requests_per_s": rates,
@@ -142,8 +142,7 @@ def summarize(phases: dict[str, list[dict]], answers: dict[str, dict[int, dict]]
                                               if sample_rates["fixed"] > 0 else None),
               "speedup_per_repeat": per_repeat, "images_compared": len(common),
               "certified_fraction": fractions, "certified_accuracy": accuracy, "disagreements": disagree,
-              "mean_samples": {mode: statistics.fmean(p["mean_samples"] for p in phases[mode]
-                                                      if p["mean_samples"] is not None) for mode in MODES},
+              "mean_samples": {mode: mean_samples(phases[mode]) for mode in MODES},
               "server": {mode: server_medians(phases[mode]) for mode in MODES}}
     if "estimate" in phases:
         record["estimate"] = summarize_estimate(phases, answers, radius, sample_rates["fixed"])
@@ -155,24 +154,40 @@ def summarize_estimate(phases: dict[str, list[dict]], answers: dict[str, dict[in
     """Estimate's phases against fixed n's: its noisy samples per second over fixed n's (medians over repeats),
     and on the images both answered, the fractions certified at ``radius`` or more."""
     own = phases["estimate"]
-    rate = statistics.median(p["requests_per_s"] for p in own)
-    samples = [p for p in own if p["mean_samples"] is not None]
-    sample_rate = statistics.median(p["requests_per_s"] * p["mean_samples"] for p in samples)
+    sample_rate = median_samples_per_s(own)
     common = sorted(set(answers["fixed"]) & set(answers["estimate"]))
-    return {"phases": own, "median_requests_per_s": rate, "median_samples_per_s": sample_rate,
+    return {"phases": own, "median_requests_per_s": median_requests_per_s(own), "median_samples_per_s": sample_rate,
             "samples_per_second_vs_fixed": sample_rate / fixed_samples_per_s if fixed_samples_per_s > 0 else None,
-            "mean_samples": statistics.fmean(p["mean_samples"] for p in samples), "images_compared": len(common),
-            "certified_fraction": {mode: (sum(certified(mode, answers[mode][i], radius) for i in common)
-                                          / len(common) if common else None) for mode in ("fixed", "estimate")},
+            "mean_samples": mean_samples(own), "images_compared": len(common),
+            "certified_fraction": certified_fractions(answers, ("fixed", "estimate"), common, radius),
             "server": server_medians(own)}
+
+
+def median_requests_per_s(phases: list[dict]) -> float:
+    return statistics.median(p["requests_per_s"] for p in phases)
+
+
+def median_samples_per_s(phases: list[dict]) -> float:
+    """Noisy samples per second, the median over the phases that know their samples per request."""
+    return statistics.median(p["requests_per_s"] * p["mean_samples"] for p in phases if p["mean_samples"] is not None)
+
+
+def mean_samples(phases: list[dict]) -> float:
+    return statistics.fmean(p["mean_samples"] for p in phases if p["mean_samples"] is not None)
+
+
+def certified_fractions(answers: dict[str, dict[int, dict]], modes: tuple[str, ...], common: list[int],
+                        radius: float) -> dict[str, float | None]:
+    """Each mode's fraction of the images ``common`` certified at ``radius`` or more (None: no image)."""
+    return {mode: (sum(certified(mode, answers[mode][i], radius) for i in common) / len(common) if common else None)
+            for mode in modes}
 
 
 def server_medians(phases: list[dict]) -> dict[str, float]:
     """The server's side of one mode's phases, medians: passes per request, samples per pass, and how much of the
     time the passes took to compute (each where every phase has it)."""
     return {key: statistics.median(p["server"][key] for p in phases)
-            for key in ("passes_per_request", "samples_per_pass", "counter_busy_fraction")
-            if all(p["server"][key] is not None for p in phases)}
+            for key in SERVER_RATES if all(p["server"][key] is not None for p in phases)}
 
 
 def compare_sides(phases: dict[str, dict[str, list[dict]]], answers: dict[str, dict[str, dict[int, dict]]]) -> dict:
@@ -286,23 +301,18 @@ def main(argv: list[str] | None = None) -> int:
         rates = ", ".join(f"{p['requests_per_s']:.3f}" for p in record["phases"][mode])
         print(f"{mode:7s} req/s per phase: {rates}; mean samples/request {record['mean_samples'][mode]:.0f}; "
               f"certified fraction at R = {args.radius}: {record['certified_fraction'][mode]}")
-        server = record["server"][mode]
-        if len(server) == 3:
-            print(f"        server: {server['passes_per_request']:.2f} passes per request, "
-                  f"{server['samples_per_pass']:.0f} samples per pass, passes computing "
-                  f"{100 * server['counter_busy_fraction']:.0f}% of the time")
+        if described := describe_server(record["server"][mode]):
+            print(f"        server: {described}")
     print(f"decide / fixed noisy samples per second: {record['samples_per_second_vs_fixed']:.2f}")
     if args.estimate:
         estimate = record["estimate"]
-        server = estimate["server"]
+        described = describe_server(estimate["server"])
         print(f"estimate / fixed noisy samples per second: {estimate['samples_per_second_vs_fixed']:.2f} "
               f"({estimate['median_requests_per_s']:.3f} requests/s, mean samples/request "
               f"{estimate['mean_samples']:.0f}; certified fraction at R = {args.radius}: "
               f"{estimate['certified_fraction']['estimate']} against fixed n's "
               f"{estimate['certified_fraction']['fixed']} on {estimate['images_compared']} images)"
-              + (f"; server: {server['passes_per_request']:.2f} passes per request, {server['samples_per_pass']:.0f} "
-                 f"samples per pass, passes computing {100 * server['counter_busy_fraction']:.0f}% of the time"
-                 if len(server) == 3 else ""))
+              + (f"; server: {described}" if described else ""))
     print(f"decide / fixed requests per second at {args.clients} clients: {record['speedup']:.2f}x "
           f"(median of {args.repeats} interleaved phases; {record['images_compared']} images compared, "
           f"{len(record['disagreements'])} certified differently)")

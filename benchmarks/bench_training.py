@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks import prepare_process, stamped, write_result
+from benchmarks import prepare_process, print_result
 from training.arms import SepDPArm, TransDenoiserArm
 from training.models import build_model, count_parameters
 from training.privacy.dp import standard_normal
@@ -406,10 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         study = {"hardware": hardware_description(device),
                  "activation_study": activation_study(args.activation_study, ["relu", "silu", "tanh", "softplus"],
                                                       device)}
-        study = stamped(study)
-        if args.out:
-            write_result(args.out, study)
-        print(json.dumps(study, indent=2))
+        print_result(args.out, study)
         return 0
     result = {"hardware": hardware_description(device), "allocator": allocator, "device": str(device),
               "command": "python -m benchmarks.bench_training " + " ".join(
@@ -417,10 +414,7 @@ def main(argv: list[str] | None = None) -> int:
               "grid": throughput_grid(args, device)}
     if args.smin:
         result["smin_cost"] = bench_smin([int(w) for w in args.smin_widths.split(",")], args.smin_examples, device)
-    result = stamped(result)
-    if args.out:
-        write_result(args.out, result)
-    print(json.dumps(result, indent=2))
+    print_result(args.out, result)
     print(format_table(result["grid"]), file=sys.stderr)
     return 0
 

@@ -153,6 +153,17 @@ def server_figures(before: dict[str, float], after: dict[str, float], requests: 
             if wall_s > 0 else None}
 
 
+SERVER_RATES = ("passes_per_request", "samples_per_pass", "counter_busy_fraction")  # of server_figures
+
+
+def describe_server(figures: dict) -> str:
+    """:func:`server_figures`' rates (or medians of them) in words; "" where one is missing."""
+    if any(figures.get(key) is None for key in SERVER_RATES):
+        return ""
+    return (f"{figures['passes_per_request']:.2f} passes per request, {figures['samples_per_pass']:.0f} samples "
+            f"per pass, passes computing {100 * figures['counter_busy_fraction']:.0f}% of the time")
+
+
 def percentiles(values: list[float]) -> dict[str, float | int | None]:
     if not values:
         return {"count": 0, "p50_s": None, "p99_s": None, "max_s": None}

@@ -35,9 +35,12 @@ class StandIn(ServerProcess):
         return [sys.executable, "-c", STAND_IN, str(self.port)]
 
 
+FAILS = "print('no model directory'); raise SystemExit(2)"
+
+
 class FailsAtOnce(ServerProcess):
     def command(self) -> list[str]:
-        return [sys.executable, "-c", "print('no model directory'); raise SystemExit(2)"]
+        return [sys.executable, "-c", FAILS]
 
 
 def test_a_port_taken_before_the_server_binds_it_is_replaced(tmp_path, monkeypatch):
@@ -58,22 +61,24 @@ def test_a_port_taken_before_the_server_binds_it_is_replaced(tmp_path, monkeypat
         taken.close()
 
 
-LOSES_A_PORT_ONCE = """
+FIRST_START_LOSES_A_PORT = """
 import pathlib, sys
 marker = pathlib.Path(sys.argv[2])
-if not marker.exists():  # the first start lost a port race; argv[3] is what the server said
+if not marker.exists():  # the first start lost a port race: argv[3] is what the server said, argv[4] its status
     marker.write_text("lost")
     print(sys.argv[3], flush=True)
     sys.exit(int(sys.argv[4]))
-""" + STAND_IN
+"""
 
 
-class LosesAPortOnce(ServerProcess):
-    message, status = "", 1
+def losing_a_port_once(message: str, status: int, then: str = STAND_IN) -> type[ServerProcess]:
+    """A server whose first start exits with ``message`` and ``status``; the later starts run ``then``."""
+    class LosesAPortOnce(ServerProcess):
+        def command(self) -> list[str]:
+            return [sys.executable, "-c", FIRST_START_LOSES_A_PORT + then, str(self.port),
+                    str(self.log.parent / "lost"), message, str(status)]
 
-    def command(self) -> list[str]:
-        return [sys.executable, "-c", LOSES_A_PORT_ONCE, str(self.port), str(self.log.parent / "lost"), self.message,
-                str(self.status)]
+    return LosesAPortOnce
 
 
 @pytest.mark.parametrize("message, status", [
@@ -84,8 +89,7 @@ class LosesAPortOnce(ServerProcess):
      "pass --port N", 2),
 ])
 def test_a_server_that_lost_another_port_race_starts_again(tmp_path, message, status):
-    kind = type("LosesThisPortOnce", (LosesAPortOnce,), {"message": message, "status": status})
-    server = kind(tmp_path / "model", tmp_path / "server.log")
+    server = losing_a_port_once(message, status)(tmp_path / "model", tmp_path / "server.log")
     try:
         server.wait_ready(time.monotonic() + 30)
         assert server.attempts == 2 and (tmp_path / "lost").exists()
@@ -95,20 +99,11 @@ def test_a_server_that_lost_another_port_race_starts_again(tmp_path, message, st
         server.stop()
 
 
-class LosesAPortThenFails(ServerProcess):
-    def command(self) -> list[str]:
-        script = ("import pathlib, sys; marker = pathlib.Path(sys.argv[1])\n"
-                  "if not marker.exists():\n"
-                  "    marker.write_text('lost'); print('[ERROR] [cli] Could not bind 127.0.0.1:1', flush=True)\n"
-                  "    sys.exit(1)\n"
-                  "print('no model directory'); sys.exit(2)")
-        return [sys.executable, "-c", script, str(self.log.parent / "lost")]
-
-
 def test_a_port_race_of_an_earlier_attempt_does_not_hide_a_real_failure(tmp_path):
     """Only the latest attempt's part of the log decides: a first start that lost its port, then a second that
     fails for another reason, is reported, not started a third time."""
-    server = LosesAPortThenFails(tmp_path / "model", tmp_path / "server.log")
+    kind = losing_a_port_once("[ERROR] [cli] Could not bind 127.0.0.1:1", 1, then=FAILS)
+    server = kind(tmp_path / "model", tmp_path / "server.log")
     with pytest.raises(RuntimeError, match="exited with status 2:\n(.|\n)*no model directory"):
         server.wait_ready(time.monotonic() + 30)
     assert server.attempts == 2 and "Could not bind" in server.log.read_text()
