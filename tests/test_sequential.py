@@ -147,6 +147,8 @@ def test_decide_rejects_and_certifies_when_far_from_the_threshold():
     assert (easy.outcome == CERTIFIED).all() and easy.samples.max() <= 2000  # vs 100,000 fixed
     hard = run_streams(DecideRule(cs, 0.5, SIGMA), binomial_draw(0.6, rng), 1000)
     assert (hard.outcome != CERTIFIED).all() and hard.samples.max() <= 1000
+    # p_lower as docs/SERVING.md states it: Phi(R / sigma) when certified, else 0 (decide computes no bound)
+    assert (easy.p_lower == DecideRule(cs, 0.5, SIGMA).threshold).all() and (hard.p_lower == 0).all()
 
 
 def max_lower_over_looks(cs, p: float, streams: int, seed: int) -> np.ndarray:
