@@ -21,6 +21,7 @@ import torch
 from scipy.stats import beta, norm
 
 from serving.bundle import load_model_dir, write_model_dir
+from serving.process import free_port
 from transdenoiser.cli import main as cli_main
 
 SHAPE = (1, 28, 28)
@@ -131,7 +132,7 @@ def test_serve_warns_beyond_loopback_without_a_key_and_on_a_sigma_mismatch(check
     classifier, denoiser = checkpoints
     model_dir = write_model_dir(tmp_path / "model", classifier, denoiser, sigma=0.25)
     monkeypatch.delenv("TRANSDENOISER_API_KEY", raising=False)
-    dry = ["serve", "--model-dir", str(model_dir), "--dry-run"]
+    dry = ["serve", "--model-dir", str(model_dir), "--port", str(free_port()), "--dry-run"]  # 3000 may be serving
     assert cli_main(dry) == 0 and "warning" not in capsys.readouterr().err  # 127.0.0.1, the default
     assert cli_main([*dry, "--host", "::1"]) == 0 and "warning" not in capsys.readouterr().err
     assert cli_main([*dry, "--host", "0.0.0.0"]) == 0
@@ -140,7 +141,7 @@ def test_serve_warns_beyond_loopback_without_a_key_and_on_a_sigma_mismatch(check
     assert cli_main([*dry, "--host", "0.0.0.0"]) == 0 and "warning" not in capsys.readouterr().err
 
     mismatched = write_model_dir(tmp_path / "mismatched", classifier, denoiser, sigma=0.5)
-    assert cli_main(["serve", "--model-dir", str(mismatched), "--dry-run"]) == 0
+    assert cli_main(["serve", "--model-dir", str(mismatched), "--port", str(free_port()), "--dry-run"]) == 0
     err = capsys.readouterr().err
     assert "warning" in err and "0.5" in err and "0.25" in err
 

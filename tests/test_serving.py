@@ -25,6 +25,7 @@ from serving.compute.engine import (
 )
 from serving.config import ServingConfig, load_config, validate_config
 from serving.limits import PayloadLimitMiddleware
+from serving.process import free_port
 from serving.validation import RequestError, decode_image, parse_payload
 from tests.conftest import in_process_service
 from transdenoiser.cli import main as cli_main
@@ -416,9 +417,10 @@ def test_epsilon_statements_name_their_analysis():
 
 def test_serve_cli_checks_before_starting(model_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("TRANSDENOISER_API_KEY", raising=False)
-    assert cli_main(["serve", "--model-dir", str(model_dir), "--port", "3999", "--dry-run"]) == 0
+    port = free_port()
+    assert cli_main(["serve", "--model-dir", str(model_dir), "--port", str(port), "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "bentoml serve serving.service:TransDenoiser --host 127.0.0.1 --port 3999" in out
+    assert f"bentoml serve serving.service:TransDenoiser --host 127.0.0.1 --port {port}" in out
     assert f"TRANSDENOISER_MODEL_DIR={model_dir.resolve()}" in out
     assert cli_main(["serve", "--model-dir", str(tmp_path / "missing"), "--dry-run"]) == 2
     assert "no such directory" in capsys.readouterr().err
