@@ -91,6 +91,14 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
+def serve_dry_run(model_dir, *options) -> list[str]:
+    """``serve --dry-run`` argv on a free port: its checks include that the port is free, and port 3000, the
+    default, may hold the user's own ``make serve`` while the suite runs."""
+    from serving.process import free_port
+
+    return ["serve", "--model-dir", str(model_dir), "--port", str(free_port()), *options, "--dry-run"]
+
+
 def run_cli(argv, capsys):
     """Run the ``transdenoiser`` CLI in process with ``argv`` (each item str()-ed): (exit code, stdout, stderr)."""
     from transdenoiser.cli import main

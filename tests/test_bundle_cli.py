@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from serving.process import free_port
+from tests.conftest import serve_dry_run
 from transdenoiser.cli import main
 from transdenoiser.errors import UserError
 from transdenoiser.toml import tomllib
@@ -36,7 +36,7 @@ def test_bundle_takes_the_denoisers_sigma_and_writes_what_serve_loads(checkpoint
     config = tomllib.loads((out / "serving.toml").read_text())
     assert config["sigma"] == 0.25 and config["n"] == 500 and config["denoiser"] == "denoiser"
     assert sorted(p.name for p in (out / "denoiser").iterdir()) == ["metadata.json", "weights.safetensors"]
-    assert main(["serve", "--model-dir", str(out), "--port", str(free_port()), "--dry-run"]) == 0
+    assert main(serve_dry_run(out)) == 0
     assert "warning" not in capsys.readouterr().err
 
 
@@ -49,7 +49,7 @@ def test_bundle_refuses_another_sigma_unless_allowed(checkpoints, tmp_path, caps
     assert not (tmp_path / "a").exists()
     assert main([*argv, "--allow-sigma-mismatch", "--out", str(tmp_path / "b")]) == 0
     assert capsys.readouterr().err.startswith("warning: --sigma 0.5 differs")
-    assert main(["serve", "--model-dir", str(tmp_path / "b"), "--port", str(free_port()), "--dry-run"]) == 0
+    assert main(serve_dry_run(tmp_path / "b")) == 0
     assert "serving.toml sigma 0.5 differs from the sigma its denoiser was trained at (0.25)" in capsys.readouterr().err
 
 

@@ -98,7 +98,7 @@ def test_serve_refuses_a_busy_port_and_another_format_version_in_one_line(random
     import shutil
 
     from serving.bundle import write_model_dir
-    from serving.process import free_port
+    from tests.conftest import serve_dry_run
     from transdenoiser.cli import main
 
     model_dir = write_model_dir(tmp_path / "model", random_classifier_dir, sigma=0.25)
@@ -118,7 +118,7 @@ def test_serve_refuses_a_busy_port_and_another_format_version_in_one_line(random
     meta = json.loads(meta_path.read_text())
     meta["format_version"] = 999
     meta_path.write_text(json.dumps(meta))
-    assert main(["serve", "--model-dir", str(other), "--port", str(free_port()), "--dry-run"]) == 2
+    assert main(serve_dry_run(other)) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "format version 999" in err[0], err
 

@@ -21,7 +21,7 @@ import torch
 from scipy.stats import beta, norm
 
 from serving.bundle import load_model_dir, write_model_dir
-from serving.process import free_port
+from tests.conftest import serve_dry_run
 from transdenoiser.cli import main as cli_main
 
 SHAPE = (1, 28, 28)
@@ -132,16 +132,15 @@ def test_serve_warns_beyond_loopback_without_a_key_and_on_a_sigma_mismatch(check
     classifier, denoiser = checkpoints
     model_dir = write_model_dir(tmp_path / "model", classifier, denoiser, sigma=0.25)
     monkeypatch.delenv("TRANSDENOISER_API_KEY", raising=False)
-    dry = ["serve", "--model-dir", str(model_dir), "--port", str(free_port()), "--dry-run"]  # 3000 may be serving
-    assert cli_main(dry) == 0 and "warning" not in capsys.readouterr().err  # 127.0.0.1, the default
-    assert cli_main([*dry, "--host", "::1"]) == 0 and "warning" not in capsys.readouterr().err
-    assert cli_main([*dry, "--host", "0.0.0.0"]) == 0
+    assert cli_main(serve_dry_run(model_dir)) == 0 and "warning" not in capsys.readouterr().err  # 127.0.0.1
+    assert cli_main(serve_dry_run(model_dir, "--host", "::1")) == 0 and "warning" not in capsys.readouterr().err
+    assert cli_main(serve_dry_run(model_dir, "--host", "0.0.0.0")) == 0
     assert "warning: listening on 0.0.0.0 without an API key" in capsys.readouterr().err
     monkeypatch.setenv("TRANSDENOISER_API_KEY", "a-long-enough-key-" + "9" * 10)
-    assert cli_main([*dry, "--host", "0.0.0.0"]) == 0 and "warning" not in capsys.readouterr().err
+    assert cli_main(serve_dry_run(model_dir, "--host", "0.0.0.0")) == 0 and "warning" not in capsys.readouterr().err
 
     mismatched = write_model_dir(tmp_path / "mismatched", classifier, denoiser, sigma=0.5)
-    assert cli_main(["serve", "--model-dir", str(mismatched), "--port", str(free_port()), "--dry-run"]) == 0
+    assert cli_main(serve_dry_run(mismatched)) == 0
     err = capsys.readouterr().err
     assert "warning" in err and "0.5" in err and "0.25" in err
 

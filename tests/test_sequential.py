@@ -143,12 +143,13 @@ def test_the_boundary_check_catches_fixed_level_bounds_read_at_every_look():
 def test_decide_rejects_and_certifies_when_far_from_the_threshold():
     cs = confidence_sequence("union-cp", 100_000, 0.001)
     rng = np.random.default_rng(5)
-    easy = run_streams(DecideRule(cs, 0.5, SIGMA), binomial_draw(0.999, rng), 1000)
+    rule = DecideRule(cs, 0.5, SIGMA)
+    easy = run_streams(rule, binomial_draw(0.999, rng), 1000)
     assert (easy.outcome == CERTIFIED).all() and easy.samples.max() <= 2000  # vs 100,000 fixed
-    hard = run_streams(DecideRule(cs, 0.5, SIGMA), binomial_draw(0.6, rng), 1000)
+    hard = run_streams(rule, binomial_draw(0.6, rng), 1000)
     assert (hard.outcome != CERTIFIED).all() and hard.samples.max() <= 1000
     # p_lower as docs/SERVING.md states it: Phi(R / sigma) when certified, else 0 (decide computes no bound)
-    assert (easy.p_lower == DecideRule(cs, 0.5, SIGMA).threshold).all() and (hard.p_lower == 0).all()
+    assert (easy.p_lower == rule.threshold).all() and (hard.p_lower == 0).all()
 
 
 def max_lower_over_looks(cs, p: float, streams: int, seed: int) -> np.ndarray:

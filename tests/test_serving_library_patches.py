@@ -124,7 +124,7 @@ def test_serve_refuses_to_start_when_the_internals_changed(monkeypatch, tmp_path
     """``transdenoiser serve`` runs the checks before starting BentoML: one line, exit status 2."""
     import uvicorn.protocols.http.auto as auto
 
-    from serving.process import free_port
+    from tests.conftest import serve_dry_run
     from transdenoiser.cli import main
 
     monkeypatch.setattr(auto, "AutoHTTPProtocol", _HttpTools)
@@ -133,7 +133,7 @@ def test_serve_refuses_to_start_when_the_internals_changed(monkeypatch, tmp_path
     (model_dir / "serving.toml").write_text('sigma = 0.25\nclassifier = "classifier"\n')
     (model_dir / "classifier").mkdir()
     (model_dir / "classifier" / "metadata.json").write_text("{}")  # the cheap checks pass; the patch check runs next
-    status = main(["serve", "--model-dir", str(model_dir), "--port", str(free_port()), "--dry-run"])
+    status = main(serve_dry_run(model_dir))
     err = capsys.readouterr().err
     assert status == 2 and "uvicorn" in err and "httptools installed" in err, err
 
