@@ -1,4 +1,4 @@
-"""The four library internals the server patches, each checked before it is patched.
+"""The five library internals the server patches, each checked before it is patched.
 
 Neither library offers an extension point for these (checked against BentoML 1.4's service configuration,
 ``add_asgi_middleware`` and ``__metrics__`` hook, and uvicorn 0.x's options):
@@ -22,6 +22,12 @@ Neither library offers an extension point for these (checked against BentoML 1.4
   ``cancel_request_timers`` replaces its ``__call__`` with the same code that also cancels the timer when the
   request ends, and stops waiting when the application has ended without answering (BentoML waits the whole
   timeout, then sends nothing): every answer, the 504 included, is unchanged.
+- **BentoML's OpenTelemetry middleware** runs for every request even when no trace exporter is configured (BentoML's
+  default): it starts and ends three spans per request (the request, its body's receipt, its answer's sending)
+  that go nowhere, about a third of the event loop's time for a request answered without compute. BentoML's
+  only way to skip it is ``tracing.excluded_urls``, which an operator who configures an exporter would then have to
+  undo. ``trace_only_when_exported`` leaves the middleware out of the service app while
+  ``tracing.exporter_type`` is unset; an operator who configures one gets BentoML's tracing unchanged.
 
 Each patch first checks the internals it relies on (the class, the method's signature, the code that reads the
 path or writes the answer, that BentoML's service app uses that middleware, that uvicorn picks its h11 protocol)
@@ -310,9 +316,52 @@ def serve_behind_front_door(service, front_door, service_class=None, worker_sour
     doors[id(service)] = front_door
 
 
+def check_tracing_internals(factory=None, tracing=None):
+    """BentoML's ``ServiceAppFactory`` and tracing settings as ``trace_only_when_exported`` expects them, or
+    ``LibraryInternalsChanged``: ``middlewares`` is a property of the factory whose code installs OpenTelemetry's
+    ASGI middleware, and the settings hold ``tracing.exporter_type``, read after the service's configuration is
+    loaded (``to_asgi`` loads it before it builds the app)."""
+    if factory is None:
+        factory = _library_object("bentoml", "_bentoml_impl.server.app", "ServiceAppFactory",
+                                  "its service app factory")
+    if tracing is None:
+        container = _library_object("bentoml", "bentoml._internal.configuration.containers", "BentoMLContainer",
+                                    "its configuration container")
+        tracing = getattr(getattr(container, "config", None), "tracing", None)
+    middlewares = (getattr(factory, "_transdenoiser_original_middlewares", None)
+                   or inspect.getattr_static(factory, "middlewares", None))
+    if not isinstance(middlewares, property) or "OpenTelemetryMiddleware" not in _source(middlewares.fget):
+        raise _changed("bentoml", f"{factory.__name__}.middlewares is no longer a property that installs "
+                                  "OpenTelemetryMiddleware")
+    if not hasattr(getattr(tracing, "exporter_type", None), "get"):
+        raise _changed("bentoml", "its configuration no longer holds tracing.exporter_type")
+    return factory, tracing
+
+
+def trace_only_when_exported(factory=None, tracing=None) -> None:
+    """BentoML's service app leaves out OpenTelemetry's middleware unless a trace exporter is configured
+    (``tracing.exporter_type`` in BentoML's configuration): without one, its spans go nowhere. With one, the
+    middlewares are BentoML's, unchanged."""
+    factory, tracing = check_tracing_internals(factory, tracing)
+    if getattr(factory, "_transdenoiser_traces_when_exported", False):
+        return
+    original = inspect.getattr_static(factory, "middlewares")
+
+    def middlewares(self) -> list:
+        installed = original.fget(self)
+        if tracing.exporter_type.get() is not None:
+            return installed
+        return [entry for entry in installed if getattr(entry.cls, "__name__", None) != "OpenTelemetryMiddleware"]
+
+    factory._transdenoiser_original_middlewares = original
+    factory.middlewares = property(middlewares, doc=original.__doc__)
+    factory._transdenoiser_traces_when_exported = True
+
+
 def check_library_internals() -> None:
-    """All four checks (``transdenoiser serve`` runs them before starting BentoML)."""
+    """All five checks (``transdenoiser serve`` runs them before starting BentoML)."""
     check_request_metrics_internals()
     check_protocol_internals()
     check_timeout_internals()
     check_app_factory_internals()
+    check_tracing_internals()

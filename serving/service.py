@@ -53,6 +53,7 @@ from serving.library_patches import (
     cancel_request_timers,
     json_protocol_errors,
     serve_behind_front_door,
+    trace_only_when_exported,
 )
 from serving.limits import BodySlots, PayloadLimitMiddleware, release_body_slot
 from serving.metrics import service_metrics
@@ -394,3 +395,4 @@ bound_request_labels(ROUTES)  # BentoML's request metrics: one label per route, 
 json_protocol_errors()  # uvicorn's own 400 (an unparsable request) as our JSON
 cancel_request_timers()  # BentoML's request timeout cancels its timer when the request ends (no 10-minute contexts)
 serve_behind_front_door(TransDenoiser, _front_door)  # ahead of BentoML's middlewares: probes, full-slot refusals
+trace_only_when_exported()  # BentoML's OpenTelemetry spans only where an exporter takes them

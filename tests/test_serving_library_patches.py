@@ -18,8 +18,10 @@ from serving.library_patches import (
     check_protocol_internals,
     check_request_metrics_internals,
     check_timeout_internals,
+    check_tracing_internals,
     json_protocol_errors,
     serve_behind_front_door,
+    trace_only_when_exported,
 )
 
 
@@ -370,3 +372,102 @@ def test_changed_bentoml_app_factory_stops_the_start(service_class, worker_sourc
         serve_behind_front_door(service_class(), lambda app: app, worker_source=worker_source)
     assert str(info.value).startswith("bentoml ") and "\n" not in str(info.value)
     assert not hasattr(service_class, "_transdenoiser_front_doors")  # checked before patching
+
+
+def test_bentoml_traces_requests_only_with_an_exporter_configured():
+    """The served app leaves out OpenTelemetry's middleware while BentoML has no trace exporter (its default: the
+    spans would go nowhere) and keeps it, with BentoML's other middlewares unchanged, once one is configured."""
+    from _bentoml_impl.server.app import ServiceAppFactory
+    from bentoml._internal.configuration.containers import BentoMLContainer
+
+    import serving.service as service_module  # applies the patch, at import
+
+    trace_only_when_exported()  # idempotent
+    service = service_module.TransDenoiser
+    service.inject_config()  # what to_asgi does before it builds the app
+    exporter = BentoMLContainer.config.tracing.exporter_type
+
+    def installed() -> list[str]:
+        return [entry.cls.__name__ for entry in ServiceAppFactory(service, is_main=True).middlewares]
+
+    assert exporter.get() is None
+    untraced = installed()
+    try:
+        exporter.set("in_memory")
+        traced = installed()
+    finally:
+        exporter.set(None)
+    assert "OpenTelemetryMiddleware" not in untraced and "AccessLogMiddleware" in untraced
+    assert [name for name in traced if name != "OpenTelemetryMiddleware"] == untraced
+    assert traced.count("OpenTelemetryMiddleware") == 1
+    assert installed() == untraced
+
+
+class _Tracing:
+    class exporter_type:  # noqa: N801 - BentoML's configuration item: .get()
+        @staticmethod
+        def get():
+            return None
+
+
+class _Entry:
+    def __init__(self, cls):
+        self.cls = cls
+
+
+class OpenTelemetryMiddleware:  # stands for OpenTelemetry's, by name
+    pass
+
+
+class _Factory:
+    @property
+    def middlewares(self) -> list:
+        """Installs OpenTelemetryMiddleware."""
+        return [_Entry(OpenTelemetryMiddleware), _Entry(_Middleware)]
+
+
+class _FactoryWithoutProperty:
+    def middlewares(self) -> list:  # a method now: OpenTelemetryMiddleware
+        return []
+
+
+class _FactoryWithoutTracing:
+    @property
+    def middlewares(self) -> list:
+        return [_Entry(_Middleware)]
+
+
+def test_the_tracing_patch_filters_by_exporter():
+    class Factory(_Factory):
+        pass
+
+    trace_only_when_exported(Factory, _Tracing)
+    assert [entry.cls for entry in Factory().middlewares] == [_Middleware]
+
+    class Exported(_Tracing):
+        class exporter_type:  # noqa: N801
+            @staticmethod
+            def get():
+                return "otlp"
+
+    class Traced(_Factory):
+        pass
+
+    trace_only_when_exported(Traced, Exported)
+    assert [entry.cls for entry in Traced().middlewares] == [OpenTelemetryMiddleware, _Middleware]
+
+
+@pytest.mark.parametrize(("factory", "tracing", "message"), [
+    (_FactoryWithoutProperty, _Tracing, "no longer a property that installs OpenTelemetryMiddleware"),
+    (_FactoryWithoutTracing, _Tracing, "no longer a property that installs OpenTelemetryMiddleware"),
+    (_Factory, object, r"no longer holds tracing.exporter_type"),
+])
+def test_changed_bentoml_tracing_stops_the_start(factory, tracing, message):
+    class Factory(factory):
+        pass
+
+    assert check_tracing_internals(_Factory, _Tracing) == (_Factory, _Tracing)
+    with pytest.raises(LibraryInternalsChanged, match=message) as info:
+        trace_only_when_exported(Factory, tracing)
+    assert str(info.value).startswith("bentoml ") and "\n" not in str(info.value)
+    assert not hasattr(Factory, "_transdenoiser_traces_when_exported")  # checked before patching
