@@ -1,8 +1,9 @@
 """The front door: the outermost ASGI layer of the server, ahead of every BentoML middleware.
 
 BentoML runs each request through its own middlewares before any of the service's (request metrics, an
-OpenTelemetry span, the access log, the request timeout, its context), about 1 ms of the event loop's time per
-request on a 2-core Intel Xeon. Two kinds of request need none of it, and are answered here instead:
+OpenTelemetry span where tracing is on, the access log, the request timeout, its context), about 1 ms of the event
+loop's time per request on a 2-core Intel Xeon with the span. Two kinds of request need none of it, and are
+answered here instead:
 
 - **The health probes** (``GET``/``HEAD`` ``/livez``, ``/healthz``, ``/readyz``): BentoML already leaves them out
   of its request metrics and access log; here they also skip its tracing and routing, so a probe costs the loop a

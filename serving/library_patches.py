@@ -15,10 +15,11 @@ Neither library offers an extension point for these (checked against BentoML 1.4
   for that body. ``json_protocol_errors`` replaces ``H11Protocol.send_400_response`` with one answering our JSON.
 - **BentoML's request timeout** (``TimeoutMiddleware``, installed for the service's ``traffic.timeout``) arms
   ``loop.call_later(timeout, ...)`` for every request and never cancels it, so the timer keeps the request's
-  context (its OpenTelemetry span, futures, locks: about 20 objects) alive for the whole timeout (600 s here) after
-  the request ended; under steady traffic the heap grows and each full garbage collection, during which the event
-  loop and every probe wait, grows with it. Its only setting is the timeout itself (``None`` removes the
-  middleware, and with it the 504 of a request that sends nothing for that long, e.g. a body trickled in).
+  context (futures, locks and, with tracing on, its OpenTelemetry spans: about 5 objects, 20 with the spans)
+  alive for the whole timeout (600 s here) after the request ended; under steady traffic the heap grows and each
+  full garbage collection, during which the event loop and every probe wait, grows with it. Its only setting is
+  the timeout itself (``None`` removes the middleware, and with it the 504 of a request that sends nothing for
+  that long, e.g. a body trickled in).
   ``cancel_request_timers`` replaces its ``__call__`` with the same code that also cancels the timer when the
   request ends, and stops waiting when the application has ended without answering (BentoML waits the whole
   timeout, then sends nothing): every answer, the 504 included, is unchanged.

@@ -214,7 +214,8 @@ def test_bench_gc_pause_quick_times_collections_with_timers_kept_and_cancelled(t
     assert result["probes"] == 200 and result["frozen_at_start_up"] > 100_000
     kept, cancelled = result["after_probes"]["timers_kept"], result["after_probes"]["timers_cancelled"]
     assert kept["timers_left"]["median"] == 200 and cancelled["timers_left"]["median"] == 0
-    assert kept["objects_added"]["median"] > 10 * 200 > cancelled["objects_added"]["median"]
+    # each kept timer holds its request's context: about 5 objects, 20 with BentoML's tracing on (its spans)
+    assert kept["objects_added"]["median"] > 4 * 200 and cancelled["objects_added"]["median"] < 200
     assert all(result[mode]["cpu_s"]["median"] >= 0 for mode in ("frozen", "unfrozen"))
 
 
