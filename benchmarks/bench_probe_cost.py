@@ -7,11 +7,13 @@ the server side by side.
 
 Two servers start on 127.0.0.1, one from each code checkout (as ``bench_burst_ab`` starts them), over one model
 directory (default settings, sigma 0.25). Then, ``--rounds`` times, each server in turn (the order alternating) is
-sent, from one client, requests back to back for ``--seconds`` s per kind: ``GET /livez``, ``GET /readyz`` and a
+sent, from one client, requests back to back for ``--seconds`` s per kind: ``GET /livez``, ``GET /readyz``, a
 ``POST /predict`` whose body is refused by validation (400: the whole middleware stack, the body read and parsed,
-no compute). Figure per server and kind: the CPU seconds of the worker's main thread (the event loop; from
-``/proc``, as psutil reads it) per request, median over the rounds, and the requests answered per second. CPU time
-of one thread does not depend on other jobs sharing the machine as wall time does.
+no compute) and one certified with n = 100 (one grey image of the classifier's input shape: the whole stack, the
+scheduler and n0 + n = 200 noisy samples computed in the worker's other threads). Figure per server and kind:
+the CPU seconds of the worker's main thread (the event loop; from ``/proc``, as psutil reads it) per request,
+median over the rounds, and the requests answered per second. CPU time of one thread does not depend on other jobs
+sharing the machine as wall time does.
 """
 from __future__ import annotations
 
@@ -30,7 +32,18 @@ from serving.process import stop_on_terminate
 from transdenoiser.argtypes import positive_float, positive_int
 
 KINDS = {"livez": ("GET", "/livez", None), "readyz": ("GET", "/readyz", None),
-         "predict_400": ("POST", "/predict", b'{"images": []}')}
+         "predict_400": ("POST", "/predict", b'{"images": []}'), "certify_n100": ("POST", "/predict", None)}
+
+
+def request_bodies(classifier_dir: str) -> dict[str, tuple[str, str, bytes | None]]:
+    """``KINDS`` with the certify request's body: one grey image (0.5) of the classifier's input shape, n = 100."""
+    import json
+
+    import numpy as np
+
+    shape = json.loads((Path(classifier_dir) / "metadata.json").read_text())["input_shape"]
+    body = json.dumps({"images": [np.full(shape, 0.5).tolist()], "n": 100}).encode()
+    return {**KINDS, "certify_n100": ("POST", "/predict", body)}
 
 
 def main_thread_cpu_s(worker) -> float:
@@ -41,13 +54,13 @@ def main_thread_cpu_s(worker) -> float:
     raise RuntimeError(f"worker {worker.pid} has no main thread")
 
 
-def measure(url: str, worker, seconds: float) -> dict:
+def measure(url: str, worker, seconds: float, kinds: dict[str, tuple[str, str, bytes | None]]) -> dict:
     """Per kind: requests sent back to back for ``seconds`` s, the worker main thread's CPU ms per request."""
     figures = {}
     with httpx.Client(base_url=url, timeout=30, headers={"content-type": "application/json"}) as http:
         for _ in range(50):
             http.get("/livez")  # connected and warm
-        for kind, (method, path, body) in KINDS.items():
+        for kind, (method, path, body) in kinds.items():
             cpu_before, started, count = main_thread_cpu_s(worker), time.perf_counter(), 0
             while time.perf_counter() - started < seconds:
                 http.request(method, path, content=body)
@@ -72,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.before is None and not args.quick:
         parser.error("--before is required (a code checkout to compare with), except with --quick")
     check_classifier_dir(parser, args)
+    kinds = request_bodies(args.classifier_dir)
     before = args.before if args.before is not None else args.after
     rounds, seconds = (1, 1.0) if args.quick else (args.rounds, args.seconds)
     record = run_record(argv, "benchmarks.bench_probe_cost")
@@ -86,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                 server.wait_ready(time.monotonic() + 600)
             for index in range(rounds):
                 for name in ("before", "after") if index % 2 == 0 else ("after", "before"):
-                    runs[name].append(measure(servers[name].url, worker_process(servers[name]), seconds))
+                    runs[name].append(measure(servers[name].url, worker_process(servers[name]), seconds, kinds))
         finally:
             for server in servers.values():
                 server.stop()

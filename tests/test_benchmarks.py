@@ -256,6 +256,20 @@ def test_two_server_benchmarks_refuse_bad_arguments(module, argv, message, tmp_p
     assert len([line for line in err.splitlines() if "error:" in line]) == 1
 
 
+def test_bench_probe_cost_certifies_one_grey_image_of_the_classifiers_shape(random_classifier_dir):
+    import numpy as np
+
+    from benchmarks.bench_probe_cost import KINDS, request_bodies
+
+    kinds = request_bodies(str(random_classifier_dir))
+    assert set(kinds) == set(KINDS) and kinds["predict_400"] == KINDS["predict_400"]
+    method, path, body = kinds["certify_n100"]
+    payload = json.loads(body)
+    assert (method, path, payload["n"]) == ("POST", "/predict", 100)
+    shape = json.loads((random_classifier_dir / "metadata.json").read_text())["input_shape"]
+    assert np.asarray(payload["images"]).shape == (1, *shape) and np.all(np.asarray(payload["images"]) == 0.5)
+
+
 def test_bench_probe_cost_reads_the_event_loop_threads_cpu():
     """The figure's source: the main thread's CPU time grows with work done on it, not with other threads'."""
     import threading
