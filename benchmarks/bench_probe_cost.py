@@ -41,7 +41,9 @@ def request_bodies(classifier_dir: str) -> dict[str, tuple[str, str, bytes | Non
 
     import numpy as np
 
-    shape = json.loads((Path(classifier_dir) / "metadata.json").read_text())["input_shape"]
+    from training.checkpoint import read_record
+
+    shape = read_record(classifier_dir).input_shape
     body = json.dumps({"images": [np.full(shape, 0.5).tolist()], "n": 100}).encode()
     return {**KINDS, "certify_n100": ("POST", "/predict", body)}
 
