@@ -298,15 +298,27 @@ def parse_args(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
         p.error(f"unknown: {', '.join(unknown + bad_attacks + bad_runs + bad_stages)}")
     if args.export is not None and args.summaries is not None:
         p.error("--export and --summaries: give one")
-    missing = [str(path) for path in args.estimate_from or () if not path.is_file()]
+    missing = [str(path) for path in args.estimate_from or ()  # a steps.jsonl may be kept as steps.jsonl.gz
+               if not (path.is_file() or path.with_name(path.name + ".gz").is_file())]
     if missing:
         p.error(f"--estimate-from: no such file: {', '.join(missing)}")
     return settings, args
 
 
 def main(argv: list[str] | None = None) -> int:
+    from transdenoiser.errors import UserError
+
     argv = sys.argv[1:] if argv is None else argv
     settings, args = parse_args(argv)
+    try:
+        return run(settings, args, argv)
+    except UserError as exc:  # e.g. a data set that is not installed: one line, as the CLI gives it
+        print(f"scripts/reproduce.sh: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def run(settings: Settings, args: argparse.Namespace, argv: list[str]) -> int:
+    """Export, plan, estimate or run the steps that ``settings`` name."""
     exports = {"--export": (args.export, export_results), "--summaries": (args.summaries, export_summaries)}
     for flag, (dest, write) in exports.items():
         if dest is None:

@@ -595,6 +595,23 @@ def test_every_documented_reproduce_command_parses(where, words, tmp_path, monke
     assert settings.datasets and settings.stages, where
 
 
+def test_the_kept_steps_log_estimates_under_its_plain_name_and_a_missing_data_set_is_one_line(tmp_path, capsys):
+    """docs/REPRODUCTION.md's command: --estimate-from names steps.jsonl, of which docs/results/reproduce_full keeps
+    only the gzip copy; the estimate reads it. A data set that is not installed is refused in one line, not a
+    traceback."""
+    main = reproduce_module().main
+    kept = REPO / "docs" / "results" / "reproduce_full" / "steps.jsonl"
+    assert not kept.exists() and kept.with_name("steps.jsonl.gz").is_file()
+    assert main(["--datasets", "mnist10k", "--out", str(tmp_path / "empty"), "--estimate-from", str(kept)]) == 0
+    printed = capsys.readouterr().out
+    assert re.search(r"estimated wall time: [0-9.]+ h for the (\d+) steps not done \(of \1;", printed)
+    missing_data = ["--datasets", "fashion-mnist", "--data-root", str(tmp_path), "--out", str(tmp_path / "e"), "--plan"]
+    assert main(missing_data) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("scripts/reproduce.sh: error: fashion-mnist:") and "\n" not in error
+    assert not (tmp_path / "e").exists()
+
+
 def test_figure4_error_bars_pair_each_arm_with_sepdp_image_by_image(tmp_path):
     """Figure 4's paired differences on hand-made attack files: arm minus sepdp at each epsilon both have, the mean
     of the per-image differences at bound 2, the paper-setting run's attack as the epsilon-1 point; an epsilon whose
