@@ -59,8 +59,7 @@ def format_certified_accuracy_table(summary: dict[str, Any]) -> str:
                      f"{summary['largest_certified_radius']:.3f} (at most {summary['max_certifiable_radius']:.3f} "
                      f"with this {budget} and alpha)")
     if summary.get("seconds_per_image") is not None:
-        lines.append(f"  {summary['seconds_per_image']:.3f} s per image, "
-                     f"{summary['noisy_samples_per_second']:,.0f} noisy samples per second")
+        lines.append(f"  {speed_text(summary)}")
     if "samples_per_image" in summary:
         lines.append(_samples_line(summary))
     return "\n".join(lines)
@@ -81,9 +80,17 @@ def format_prediction_summary(summary: dict[str, Any]) -> str:
             f"wrong {summary['wrong_rate']:.1%} ({summary['images']} images, sigma {summary['sigma']:g}, "
             f"n {summary['n']}, alpha {summary['alpha']:g})")
     if summary.get("seconds_per_image") is not None:
-        text += (f"; {summary['seconds_per_image']:.3f} s per image, "
-                 f"{summary['noisy_samples_per_second']:,.0f} noisy samples per second")
+        text += f"; {speed_text(summary)}"
     return text
+
+
+def speed_text(summary: dict[str, Any], digits: int = 3) -> str:
+    """Seconds per image and noisy samples per second; a run whose rows recorded 0 s in all (each row's seconds
+    are written to 4 decimals) has no rate, and says so."""
+    rate = summary.get("noisy_samples_per_second")
+    per_second = (f"{rate:,.0f} noisy samples per second" if rate is not None
+                  else "no samples-per-second figure (the rows recorded 0 s in all)")
+    return f"{summary['seconds_per_image']:.{digits}f} s per image, {per_second}"
 
 
 # ----------------------------------------------------------------------------------------------- report.md
@@ -184,8 +191,7 @@ def format_run_report(summary: dict[str, Any]) -> str:
                   f"- abstention rate: {summary['abstention_rate']:.1%}; wrong: {summary['wrong_rate']:.1%}", ""]
     timing = summary.get("timing", {})
     lines += ["## Speed and hardware", "",
-              f"- {summary['seconds_per_image']:.4f} s per image, {summary['noisy_samples_per_second']:,.0f} noisy "
-              "samples per second (compute time of the rows, per process; parallel shards add up)",
+              f"- {speed_text(summary, 4)} (compute time of the rows, per process; parallel shards add up)",
               f"- wall time of the processes: {timing.get('wall_seconds', 'n/a')} s",
               *hardware_lines(summary.get("hardware", [])),
               f"- base classifier as run: {_as_run(settings)}; the certificate is about this function "

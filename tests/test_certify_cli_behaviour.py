@@ -183,3 +183,23 @@ def test_merge_is_refused_while_a_run_writes_into_the_folder(tmp_path, capsys):
     with RunLock(tmp_path / "run"):
         assert main(["certify-merge", str(tmp_path / "run")]) == 2
     assert "being written by process" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["certify", "predict"])
+def test_a_run_whose_rows_recorded_no_time_still_reports(models, tmp_path, command):
+    """Each row's seconds are written to 4 decimals, so a fast run can sum to 0 s: it has no samples-per-second
+    figure (None in summary.json), and every text that shows the speed says so instead of failing."""
+    from certify.report import format_certified_accuracy_table, format_prediction_summary, format_run_report
+
+    classifier, _, _ = models
+    out = tmp_path / "run"
+    argv = certify_argv(classifier, out, "--max-index", "2")
+    if command == "predict":
+        argv[0] = "predict"
+        del argv[argv.index("--n0"):argv.index("--n0") + 2]
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    summary["noisy_samples_per_second"] = None
+    text = format_certified_accuracy_table(summary) if command == "certify" else format_prediction_summary(summary)
+    for shown in (text, format_run_report(summary)):
+        assert "no samples-per-second figure (the rows recorded 0 s in all)" in shown

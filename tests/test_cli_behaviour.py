@@ -200,3 +200,15 @@ def test_demo_passes_each_step_only_the_common_options_it_takes(monkeypatch, tmp
         assert by_command[command][-4:] == ["--device", "cpu", "--seed", "3"], command
     for argv in calls:  # and every step's flags parse
         cli.build_parser(argv).parse_args(argv)
+
+
+def test_output_into_a_closed_pipe_ends_quietly_with_status_0():
+    """`transdenoiser privacy ... | head -1`: the reader goes away, the write fails with EPIPE (BrokenPipeError, an
+    OSError that is not a file-system refusal); the command ends with status 0 and no traceback."""
+    code = ("import os, sys\nfrom transdenoiser import cli\nread_end, write_end = os.pipe()\nos.close(read_end)\n"
+            "os.dup2(write_end, 1)\nsys.stdout = os.fdopen(1, 'w', buffering=1)\n"
+            "status = cli.main(['privacy', '--sample-rate', '0.02', '--noise-multiplier', '1', '--steps', '10',"
+            " '--delta', '1e-5'])\n"
+            "sys.stderr.write(f'status {status}')\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stderr == "status 0", result.stderr[-2000:]

@@ -159,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"transdenoiser {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into `head` and the like, not an error of ours (before OSError, its base)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except OSError as exc:  # the file system refused a write (permissions, read-only, full disk): one line
         if exc.errno not in FILE_SYSTEM_REFUSALS:
             raise
@@ -168,9 +171,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"transdenoiser {args.command}: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # output piped into `head` and the like: not an error of ours
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
     finally:
         absl.removeFilter(convergence)
         if convergence.count and os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks
