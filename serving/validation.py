@@ -14,7 +14,7 @@ parsing) and free of duplicate keys; a multipart body may not repeat a field oth
 one answer: ``n`` is rounded to the nearest multiple of ``chunk_samples`` (at least one chunk, at most ``max_n``)
 and ``radius`` up to the ``RADIUS_GRID`` (values within 1e-9 of a grid point snap to it), so requests differing
 by a trivial amount ask the same question and get the same certificate; ``radius`` beyond what any request could
-certify (``max_certifiable_radius``) is refused. The answer states the values used. Parsing is synchronous:
+certify (``largest_servable_radius``) is refused. The answer states the values used. Parsing is synchronous:
 ``parse_predict_request`` runs it in a worker thread, off the event loop.
 
 Two decoders, one result: a JSON body is decoded by orjson (9x faster than the standard library on a 16-image
@@ -41,6 +41,7 @@ import orjson
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from certify.decisions import max_certifiable_radius
 from serving.compute.engine import MAX_SEED
 from serving.config import ServingConfig
 
@@ -105,13 +106,11 @@ def check_n(value: Any, config: ServingConfig, sequential: bool = False) -> int:
     return n_on_grid(value, config)
 
 
-def max_certifiable_radius(config: ServingConfig) -> float:
+def largest_servable_radius(config: ServingConfig) -> float:
     """The largest radius any request could certify on this server: sigma * Phi^-1(alpha^(1/max_n)), the radius of
     max_n votes out of max_n under the one-sided Clopper-Pearson bound at level alpha (the adaptive kinds'
     confidence sequences are stricter still)."""
-    from scipy.stats import norm
-
-    return float(config.sigma * norm.ppf(config.alpha ** (1.0 / config.max_n)))
+    return max_certifiable_radius(config.sigma, config.max_n, config.alpha)
 
 
 def radius_on_grid(radius: float) -> float:
@@ -135,7 +134,7 @@ def check_seed(value: Any, config: ServingConfig) -> int | None:
 
 
 def check_radius(value: Any, config: ServingConfig | None = None) -> float | None:
-    """A finite radius > 0, on the grid (``radius_on_grid``), at most ``max_certifiable_radius(config)``."""
+    """A finite radius > 0, on the grid (``radius_on_grid``), at most ``largest_servable_radius(config)``."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -146,13 +145,15 @@ def check_radius(value: Any, config: ServingConfig | None = None) -> float | Non
         radius = float("inf")
     if not (math.isfinite(radius) and radius > 0):
         raise _bad(f"'radius' must be a finite number > 0 (an L2 radius in [0,1]-pixel units), got {value!r}")
-    radius = radius_on_grid(radius)
+    on_grid = radius_on_grid(radius)
     if config is not None:
-        largest = max_certifiable_radius(config)
-        if radius > largest:
-            raise _bad(f"'radius' {value!r} exceeds {largest:.4f}, the largest radius any request can certify on "
+        largest = largest_servable_radius(config)
+        if on_grid > largest:
+            rounded = "" if on_grid == radius else f" (rounded up to the {RADIUS_GRID:g} grid: {on_grid:g})"
+            asked = f"{value!r}{rounded}"
+            raise _bad(f"'radius' {asked} exceeds {largest:.4f}, the largest radius any request can certify on "
                        f"this server (sigma * Phi^-1(alpha^(1/max_n)), all max_n votes for one class)")
-    return radius
+    return on_grid
 
 
 def check_adaptive(value: Any, radius: float | None) -> bool:

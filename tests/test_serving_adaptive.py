@@ -274,6 +274,8 @@ def _payload(**extra):
     ({"adaptive": "true"}, "'adaptive' must be true or false"),
     ({"radius": 0.5, "adaptive": True}, "not both"),
     ({"radius": 0.7}, r"exceeds 0\.6755, the largest radius any request can certify"),  # sigma 0.25, max_n 2000
+    # below the largest (0.67546) as asked, above it on the grid: the message shows the rounding
+    ({"radius": 0.6755}, r"'radius' 0\.6755 \(rounded up to the 0\.001 grid: 0\.676\) exceeds 0\.6755,"),
     ({"radius": 1e300}, "the largest radius any request can certify"),
     ({"radius": 0.5, "n": 2001}, r"'n' must lie in 1..2000"),
     ({"adaptive": True, "n": 0}, r"'n' must lie in 1..2000"),
