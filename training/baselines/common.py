@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy import optimize, stats
+from scipy import optimize
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
@@ -20,6 +20,7 @@ from training.privacy.accounting import epsilon_report
 from training.privacy.dp import GaussianNoise, PerExampleClipper, per_example_norms
 from training.privacy.report import format_epsilon_line, json_safe
 from transdenoiser.errors import UserError
+from transdenoiser.stats import clopper_pearson_lower
 
 Params = dict[str, torch.Tensor]
 ExampleLoss = Callable[..., torch.Tensor]
@@ -169,11 +170,9 @@ def clopper_pearson_bounds(counts: np.ndarray, top: int, alpha: float) -> tuple[
         raise UserError(f"need at least one sample, two classes and a valid top class, got n={n}, K={k}, top={top}")
     if not 0 < alpha < 1:
         raise UserError(f"alpha must lie in (0, 1), got {alpha}")
-    c = int(counts[top])
-    lower = float(stats.beta.ppf(alpha / 2, c, n - c + 1)) if c > 0 else 0.0
-    a_each = alpha / (2 * (k - 1))
-    uppers = [float(stats.beta.ppf(1 - a_each, int(counts[j]) + 1, n - int(counts[j]))) if counts[j] < n else 1.0
-              for j in range(k) if j != top]
+    lower = clopper_pearson_lower(int(counts[top]), n, alpha / 2)
+    a_each = alpha / (2 * (k - 1))  # upper bound on p_j: 1 - the lower bound on 1 - p_j (the other n - c_j votes)
+    uppers = [1.0 - clopper_pearson_lower(n - int(counts[j]), n, a_each) for j in range(k) if j != top]
     return lower, min(max(uppers), 1.0 - lower)
 
 
