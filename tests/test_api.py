@@ -224,6 +224,10 @@ def test_private_head_noise_is_the_analytic_gaussian_of_its_sensitivity(doc):
 
     with pytest.raises(UserError, match="L2 norm <= 1"):
         doc["transdenoiser"].fit_private_head(features * 2, doc["train_labels"])
+    with pytest.raises(UserError, match="^fit_private_head does not take learning_rat$"):
+        doc["transdenoiser"].fit_private_head(features, doc["train_labels"], learning_rat=0.1)
+    with pytest.raises(UserError, match="features and labels are empty"):
+        doc["transdenoiser"].fit_private_head(np.zeros((0, features.shape[1])), np.zeros(0, dtype=np.int64))
 
 
 def test_the_api_summarises_dp_accountings_convergence_warnings_once(caplog):

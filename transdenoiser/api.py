@@ -330,6 +330,7 @@ def fit_private_head(features, labels, *, algorithm: str = "opera", loss: str = 
     import secrets
 
     from training.convex.train import HeadConfig, fit_head
+    from training.methods.base import SettingsSource, refuse_unknown
 
     X = np.asarray(features.detach().cpu().numpy() if isinstance(features, torch.Tensor) else features,
                    dtype=np.float64)
@@ -338,12 +339,16 @@ def fit_private_head(features, labels, *, algorithm: str = "opera", loss: str = 
         raise UserError(f"labels must be one class index per feature row ({len(X)}), got shape {y.shape}")
     if not np.issubdtype(y.dtype, np.integer):
         raise UserError(f"labels must be integers (class indices), got dtype {y.dtype}")
+    if len(y) == 0:
+        raise UserError("features and labels are empty: a private head needs at least one example")
     classes = int(y.max()) + 1 if num_classes is None else num_classes
     if y.min(initial=0) < 0 or y.max(initial=0) >= classes:
         raise UserError(f"labels must lie in [0, {classes}), got {int(y.min())}..{int(y.max())}")
     if settings.get("reproducible_noise"):
         raise UserError("fit_private_head draws its noise from the OS and never stores it; reproducible noise is "
                         "for `transdenoiser train-head --reproducible-noise` research runs")
+    refuse_unknown("fit_private_head", HeadConfig, settings, SettingsSource("fit_private_head", {}),
+                   subject="fit_private_head")
     config = HeadConfig(algorithm=algorithm, loss=loss, epsilon=epsilon, delta=delta, reg=reg, **settings)
     release = fit_head(X, y.astype(np.int64), config, classes, secrets.randbits(63), track)
     return release.weights, release.privacy
