@@ -83,6 +83,8 @@ class Shard:
         except ValueError:
             raise UserError(f"torchrun environment: RANK={env['RANK']!r} WORLD_SIZE={env['WORLD_SIZE']!r} "
                             f"are not integers") from None
+        if not (count >= 1 and 0 <= index < count):
+            raise UserError(f"torchrun environment: RANK={index} WORLD_SIZE={count}: expected 0 <= RANK < WORLD_SIZE")
         return cls(index, count) if count > 1 else None
 
     def take(self, units: list[list[int]]) -> list[list[int]]:

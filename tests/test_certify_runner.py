@@ -93,6 +93,9 @@ def test_work_list_units_and_shards():
             Shard.parse(bad)
     assert Shard.from_environment({"RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0"}) == Shard(2, 4)
     assert Shard.from_environment({}) is None
+    for rank, world in (("5", "2"), ("-1", "2"), ("0", "0")):  # set by hand, not by torchrun: refused, not skewed
+        with pytest.raises(UserError, match="expected 0 <= RANK < WORLD_SIZE"):
+            Shard.from_environment({"RANK": rank, "WORLD_SIZE": world})
     assert rank_device(torch.device("cuda"), {"LOCAL_RANK": "3"}) == torch.device("cuda", 3)
     assert rank_device(torch.device("cpu"), {"LOCAL_RANK": "3"}) == torch.device("cpu")
     assert radius_grid(0.8) == [0.0, 0.25, 0.5, 0.75]
