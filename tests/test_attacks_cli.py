@@ -12,7 +12,7 @@ from certify.attacks.evaluate import (
     AuditConfig,
     audit_certify_run,
     evenly_spaced,
-    read_certify_run,
+    read_run_to_audit,
     run_attack_eval,
 )
 from certify.attacks.report import overlay_attack_runs, run_label
@@ -128,7 +128,9 @@ def write_certify_run(run_dir, classifier_dir, mnist10k, count=12, inflate_radiu
     settings = {"classifier": str(classifier_dir), "denoiser": None, "dataset": "mnist10k", "data_root": None,
                 "split_seed": 0, "split": "test", "sigma": SIGMA, "n0": 32, "n": 200, "alpha": CERTIFY_ALPHA,
                 "seed": 0}
-    (run_dir / "summary.json").write_text(json.dumps({"settings": settings}))
+    summary = {"task": "certify", "images": count, "sigma": SIGMA, "n0": 32, "n": 200, "alpha": CERTIFY_ALPHA,
+               "settings": settings}  # what the audit reads of a summary: the record's required fields, the settings
+    (run_dir / "summary.json").write_text(json.dumps(summary))
     return run_dir
 
 
@@ -165,7 +167,7 @@ def test_audit_fails_loudly_when_radii_are_overstated(classifier_dir, mnist10k, 
 
 
 def test_audit_library_counts_and_refuses_bad_runs(certify_run, classifier_dir, mnist10k, tmp_path):
-    run = read_certify_run(certify_run)
+    run = read_run_to_audit(certify_run)
     images, _ = mnist10k.test.tensors()
     pipeline = load_pipeline(classifier_dir)
     result = audit_certify_run(run, pipeline, images, AuditConfig(steps=2, m=2, n=100, max_examples=3), seed=0)
@@ -173,12 +175,18 @@ def test_audit_library_counts_and_refuses_bad_runs(certify_run, classifier_dir, 
     with pytest.raises(UserError):
         AuditConfig(margin=1.0).validate()
     with pytest.raises(UserError, match="missing"):
-        read_certify_run(tmp_path)
+        read_run_to_audit(tmp_path)
+    predicted = tmp_path / "predicted"
+    shutil.copytree(certify_run, predicted)
+    summary = json.loads((predicted / "summary.json").read_text())
+    (predicted / "summary.json").write_text(json.dumps({**summary, "task": "predict"}))
+    with pytest.raises(UserError, match="summary.json is for task 'predict', not certify"):
+        read_run_to_audit(predicted)
     broken = tmp_path / "broken"
     shutil.copytree(certify_run, broken)
     (broken / "certify.tsv").write_text("idx\tlabel\n1\t2\n")
     with pytest.raises(UserError, match="columns"):
-        read_certify_run(broken)
+        read_run_to_audit(broken)
     mismatched = tmp_path / "mismatched"
     shutil.copytree(certify_run, mismatched)
     rows = (mismatched / "certify.tsv").read_text().splitlines()

@@ -190,13 +190,13 @@ def _write_audit(result: dict, out_dir: Path) -> list[Path]:
 
 
 def cmd_audit(args) -> int:
-    from certify.attacks.evaluate import AuditConfig, audit_certify_run, audit_numerics, read_certify_run
+    from certify.attacks.evaluate import AuditConfig, audit_certify_run, audit_numerics, read_run_to_audit
     from certify.pipeline import check_dataset_fits, load_pipeline
     from training.datasets import load_dataset
 
     device = resolve_device(args.device)
     seed_everything(args.seed)
-    run = read_certify_run(args.run_dir)
+    run = read_run_to_audit(args.run_dir)
     settings = run.settings
     config = AuditConfig(margin=args.margin, steps=args.steps, step_size=args.step_size, m=args.m, n=args.n,
                          predict_alpha=args.predict_alpha, max_examples=args.max, batch_size=args.batch_size,

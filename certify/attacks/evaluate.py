@@ -13,9 +13,9 @@ when everything is right; a one-sided binomial test at level alpha flags more th
 """
 from __future__ import annotations
 
-import json
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -235,17 +235,20 @@ class CertifyRun:
     rows: list[dict[str, Any]] = field(default_factory=list)
 
 
-def read_certify_run(run_dir: str | Path) -> CertifyRun:
-    """Read RUN_DIR/summary.json (its "settings") and RUN_DIR/certify.tsv; refuse anything malformed."""
+def read_run_to_audit(run_dir: str | Path) -> CertifyRun:
+    """A finished certify run to audit: its summary read as the typed record (``certify.report.read_certify_summary``:
+    task and format version checked) and its certify.tsv; anything malformed is refused in one line."""
+    from certify.report import read_certify_summary
+
     run_dir = Path(run_dir)
     summary_path, tsv_path = run_dir / "summary.json", run_dir / "certify.tsv"
     for path in (summary_path, tsv_path):
         if not path.is_file():
             raise UserError(f"{run_dir} is not a certify run: {path.name} is missing")
-    try:
-        settings = json.loads(summary_path.read_text())["settings"]
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise UserError(f"{summary_path}: not a certify summary with a 'settings' object ({exc})") from None
+    record = read_certify_summary(run_dir)
+    if not isinstance(record.settings, Mapping):
+        raise UserError(f"{summary_path}: not a certify summary with a 'settings' object")
+    settings = dict(record.settings)
     needed = ("classifier", "denoiser", "dataset", "split_seed", "split", "sigma", "alpha")
     missing = [key for key in needed if key not in settings]
     if missing:
