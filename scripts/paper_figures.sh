@@ -38,7 +38,7 @@ for arm in nodp sepdp transdenoiser; do
       dir="$OUT/attack_${arm}_${threat}_${attack}"
       [ -f "$dir/attack.json" ] && continue
       run attack --classifier "$CLF" --denoiser "$DEN/$arm" --attack "$attack" --norm l2 --eps 0.5,1,1.5,2 \
-          --threat "$threat" --sigma 0.25 --steps 5 --eot 4 --n 100 --alpha 0.001 --max "$ATTACK_MAX" --out "$dir"
+          --threat "$threat" --sigma 0.25 --steps 5 --eot 4 --n 100 --alpha 0.001 --max-images "$ATTACK_MAX" --out "$dir"
     done
     run report "$OUT"/attack_${arm}_${threat}_* --out "$OUT/figure3_${arm}_${threat}"
   done

@@ -169,6 +169,19 @@ def test_the_arm_is_read_from_wherever_its_writer_put_it():
     assert CheckpointMetadata.from_json(base).arm is None
 
 
+def test_the_trained_sigma_reads_the_same_from_a_record_and_a_mapping():
+    """``sigma``, else the config's (also when ``sigma`` is recorded as null), else unknown: checks.denoiser_sigma
+    gives a plain mapping the answer CheckpointMetadata.trained_sigma gives the record."""
+    from transdenoiser.checks import denoiser_sigma
+
+    base = {"kind": "denoiser", "architecture": "x"}
+    for metadata, sigma in (({"sigma": 0.25, "config": {"sigma": 0.5}}, 0.25), ({"config": {"sigma": 0.5}}, 0.5),
+                            ({"sigma": None, "config": {"sigma": 0.5}}, 0.5), ({}, None),
+                            ({"sigma": float("nan")}, None)):
+        assert denoiser_sigma({**base, **metadata}) == sigma
+        assert CheckpointMetadata.from_json({**base, **metadata}).trained_sigma == sigma
+
+
 # ------------------------------------------------------------------------------------------------ bad records
 
 def _one_line(excinfo) -> str:

@@ -22,7 +22,9 @@ def denoiser_sigma(denoiser_metadata: CheckpointMetadata | Mapping[str, Any] | N
         return denoiser_metadata.trained_sigma
     if not denoiser_metadata:
         return None
-    value = denoiser_metadata.get("sigma", (denoiser_metadata.get("config") or {}).get("sigma"))
+    value = denoiser_metadata.get("sigma")  # as CheckpointMetadata.trained_sigma: a null sigma falls back too
+    if value is None:
+        value = (denoiser_metadata.get("config") or {}).get("sigma")
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 

@@ -283,12 +283,8 @@ class CheckpointMetadata(_Record):
     @property
     def arm(self) -> str | None:
         """The training arm (see :func:`recorded_arm`)."""
-        for source in (self.privacy.arm if self.privacy else None, self.extra.get("arm"),
-                       (self.extra.get("train") or {}).get("arm") if isinstance(self.extra.get("train"), Mapping)
-                       else None):
-            if source:
-                return str(source)
-        return None
+        return recorded_arm({"privacy": {"arm": self.privacy.arm} if self.privacy else None,
+                             "arm": self.extra.get("arm"), "train": self.extra.get("train")})
 
     @property
     def weights_sha256(self) -> str | None:
