@@ -110,6 +110,7 @@ def _run_locked(job: BaselineCertifyJob, arm: str, track: Track, warn: Callable[
     from certify.runner import run_session
     from training.datasets import load_dataset
     from transdenoiser.checks import check_same_dataset
+    from transdenoiser.records import CheckpointMetadata
     from transdenoiser.runtime import hardware_description, resolve_device, seed_everything
 
     validate_sampling(job.n0, job.n, job.alpha)
@@ -121,9 +122,12 @@ def _run_locked(job: BaselineCertifyJob, arm: str, track: Track, warn: Callable[
     dataset = load_dataset(job.dataset, job.data_root, job.split_seed)
     check_same_dataset(dataset.name, meta, f"model {job.model}")
     split = dataset.split(job.split)
-    if tuple(dataset.image_shape) != tuple(meta["input_shape"]):
+    input_shape = CheckpointMetadata.from_json(meta, f"{job.model}/metadata.json").input_shape
+    if input_shape is None:
+        raise UserError(f"{job.model} records no input_shape: not a checkpoint written by a baseline's training")
+    if tuple(dataset.image_shape) != tuple(input_shape):
         raise UserError(f"{dataset.name} has images of shape {dataset.image_shape}, the model takes "
-                        f"{meta['input_shape']}")
+                        f"{list(input_shape)}")
     indices = list(range(0, len(split), job.skip))
     if job.max_images:
         indices = indices[:job.max_images]

@@ -72,18 +72,27 @@ def _securesgd(model_dir: Path, classifier_dir: Path | None, s: Sampling, device
     from training.baselines.common import argmax_counts, certificate_seed
     from training.baselines.securesgd_certify import load_securesgd, phan_certificate
     from training.checkpoint import load_checkpoint
+    from transdenoiser.records import CheckpointMetadata
 
     baseline = load_securesgd(model_dir, device)
     meta = baseline.metadata
+    record = CheckpointMetadata.from_json(meta, f"{model_dir}/metadata.json")
     noisy = baseline.noisy().to(device)
-    sigma = s.sigma or meta["sigma"]
+    sigma = s.sigma or record.trained_sigma
+    if sigma is None:
+        raise UserError(f"{model_dir} records no training sigma: give --sigma")
     # workers=1: the noise layer draws from torch's global generator, whose order must not depend on threads
-    if meta["kind"] == "denoiser":
-        classifier_dir = classifier_dir or Path(meta["classifier"]["path"])
+    if record.kind == "denoiser":
+        recorded_path = (record.classifier or {}).get("path")
+        if classifier_dir is None and not recorded_path:
+            raise UserError(f"{model_dir} records no classifier path: give --classifier")
+        classifier_dir = classifier_dir or Path(recorded_path)
         classifier = load_checkpoint(classifier_dir, kind="classifier", map_location=device).model.eval()
         for p in classifier.parameters():
             p.requires_grad_(False)
-        num_classes = int(meta["classifier"]["num_classes"])
+        num_classes = record.classifier_classes
+        if num_classes is None:
+            raise UserError(f"{model_dir} records no classifier.num_classes")
 
         def predict(x):
             return classifier(noisy(x))
@@ -93,7 +102,9 @@ def _securesgd(model_dir: Path, classifier_dir: Path | None, s: Sampling, device
     else:
         if classifier_dir is not None:
             raise UserError("--classifier is only for securesgd-prt denoisers; a securesgd-sct model is a classifier")
-        num_classes = int(meta["num_classes"])
+        if record.num_classes is None:
+            raise UserError(f"{model_dir} records no num_classes")
+        num_classes = record.num_classes
         predict = noisy
         smooth = Smooth(noisy, num_classes, sigma, batch_size=s.batch_size, device=device, workers=1)
 
