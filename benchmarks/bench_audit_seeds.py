@@ -4,7 +4,7 @@ For each setting (the docs' epsilon-8 and epsilon-2 white-box audits: sepdp, mni
 autoencoder, C = 1, B = 500 so q = 0.5, 10 epochs = T = 20 steps, 1,000 canaries) it trains and audits
 ``--correct-seeds`` runs with the claimed noise and ``--scaled-seeds`` runs whose noise multiplier is
 secretly multiplied by ``--noise-scale`` (default 0.5; the product's GaussianNoise is patched, the claim is
-not), through ``training.privacy.audit.privacy_audit``, and prints one row per run and the count of runs
+not), through ``training.audit.run.privacy_audit``, and prints one row per run and the count of runs
 flagged (verdict FAIL) and inconclusive. The training seed and the audit seed are both the row's seed.
 
 ``--simulate N`` instead draws N runs per setting and noise from the claimed mechanism's exact model of the
@@ -76,7 +76,8 @@ def one_run(values: dict, seed: int, scale: float, canaries: int, classifier, da
             device=None):
     import torch
 
-    from training.privacy.audit import AuditSettings, privacy_audit
+    from training.audit.run import privacy_audit
+    from training.privacy.audit import AuditSettings
     from training.train_config import TrainConfig
 
     config = TrainConfig.from_dict({**values, "seed": seed}, source="bench_audit_seeds")

@@ -411,7 +411,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("audit_bounds_ignore_confidence", "training/privacy/bounds.py", "one_run_lower_bounds",
            "level = beta / len(counts)", "level = DEFAULT_BETA / len(counts)", AUDIT_CONFIDENCE,
            "the lower bounds hold at the confidence asked for (--confidence)"),
-    Mutant("audit_cli_ignores_confidence", "training/privacy/audit_cli.py", "cmd_privacy_audit",
+    Mutant("audit_cli_ignores_confidence", "training/audit/cli.py", "cmd_privacy_audit",
            "beta=1 - args.confidence", "beta=1 - DEFAULT_CONFIDENCE", AUDIT_CONFIDENCE,
            "privacy-audit passes --confidence to the bounds"),
     Mutant("audit_misses_noise_halved", "training/privacy/dp.py", "GaussianNoise.add",

@@ -1,4 +1,4 @@
-"""Import contract: the layers core -> training -> certify -> attacks -> serving -> CLI/API point one way.
+"""Import contract: the layers core -> privacy -> training -> certify -> attacks -> serving -> CLI/API point one way.
 
 A module may import modules of its own layer or of a layer below it, never one above. Every import our code
 makes counts, wherever it is written: at module level, inside functions and methods, under ``if TYPE_CHECKING``,
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("transdenoiser", "training", "certify", "serving")
 
 # The layers, lowest first. A module may import its own layer and the layers before it in this tuple.
-LAYERS = ("core", "training", "certify", "attacks", "serving", "cli")
+LAYERS = ("core", "privacy", "training", "certify", "attacks", "serving", "cli")
 
 # Module (path from the repository root) -> layer; the first matching pattern wins. docs/DESIGN.md ("Layers")
 # shows the same table.
@@ -43,8 +43,9 @@ LAYER_OF = (
     ("training/denoisers.py", "core"),
     ("training/datasets.py", "core"),
     ("training/linear_probe.py", "core"),
-    # training: DP-SGD, privacy accounting and reports, the training arms and baselines, convex heads
-    ("training/privacy/*", "training"),
+    # privacy: DP-SGD's clipping and noise, privacy accounting and reports, the audit's analysis (no training loop)
+    ("training/privacy/*", "privacy"),
+    # training: the training arms and their loop, baselines, convex heads, the privacy audit's run
     ("training/*", "training"),
     # certify: randomized smoothing, certification runs and reports; attacks: the adversarial attacks on top
     ("certify/attacks/*", "attacks"),

@@ -130,7 +130,8 @@ def test_confidence_changes_the_bound():
 def test_help_states_the_confidence_in_use():
     import argparse
 
-    from training.privacy import audit_cli, consistency
+    from training.audit import cli as audit_cli
+    from training.privacy import consistency
     from transdenoiser.cli import build_parser
 
     parser = build_parser(["privacy-audit", "--help"])

@@ -55,7 +55,7 @@ NOTES = {"nodp": "arm nodp does not use clip_norm, xi_up (sepdp's and transdenoi
 
 @pytest.mark.parametrize("arm", sorted(NOTES))
 def test_a_shared_config_files_other_arm_keys_are_noted_not_refused(arm, tmp_path, capsys):
-    from training.privacy.audit_cli import _config
+    from training.audit.cli import _config
 
     path = tmp_path / "shared.toml"
     path.write_text(SHARED)
@@ -78,8 +78,8 @@ def test_a_baseline_arm_in_the_config_file_is_refused_in_one_line(tmp_path, caps
 
 
 def test_the_recipe_is_audited_as_the_sepdp_run_it_is(tmp_path):
+    from training.audit.cli import _config
     from training.methods.denoiser_config import RecipeConfig
-    from training.privacy.audit_cli import _config
 
     args = build_parser().parse_args(["privacy-audit", "--arm", "recipe", "--target-epsilon", "2", "--classifier",
                                       str(tmp_path), "--out", str(tmp_path / "o")])

@@ -326,8 +326,9 @@ def test_blackbox_privacy_audit_of_a_shaped_run_does_not_contradict_its_epsilon(
     """The one-run audit (training/privacy) with image canaries through the real shaped mechanism: its empirical
     lower bounds stay below the claimed epsilon. The white-box audit, whose canaries ride on the isotropic noise
     component that the shaper bypasses, is refused rather than passed vacuously."""
+    from training.audit.run import privacy_audit
     from training.checkpoint import load_checkpoint
-    from training.privacy.audit import AuditSettings, privacy_audit
+    from training.privacy.audit import AuditSettings
     from training.train_config import TrainConfig
     from transdenoiser.errors import UserError
 

@@ -40,7 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bundle": ("serving.cli", "write a servable model directory from checkpoints"),
     "demo": ("transdenoiser.demo", "run the main job end to end on the embedded data"),
     "train-head": ("training.head_cli", "private linear head (OPERA, GRPUA, DP-SGD)"),
-    "privacy-audit": ("training.privacy.audit_cli",
+    "privacy-audit": ("training.audit.cli",
                       "train with canaries and measure an empirical epsilon lower bound beside the claimed epsilon"),
     "baseline-certify": ("training.baselines.cli", "a baseline's own robustness certificate (SecureSGD, StoBatch) "
                                                    "beside randomized smoothing of the same model"),

@@ -136,10 +136,11 @@ def _config(args):
 def cmd_privacy_audit(args) -> int:
     import json
 
+    from training.audit.run import privacy_audit
     from training.checkpoint import load_checkpoint
     from training.cli import load_dataset_from_args
     from training.methods.denoiser import training_examples
-    from training.privacy.audit import AuditSettings, format_audit, format_power, privacy_audit
+    from training.privacy.audit import AuditSettings, format_audit, format_power
     from training.privacy.bounds import DEFAULT_GUESS_FRACTIONS
     from training.train_cli import resolve_auto_batch
     from transdenoiser.progress import bar
