@@ -47,9 +47,10 @@ def plan(config: TrainConfig, num_examples: int) -> dict[str, Any]:
         return {"sample_rate": None, "steps_per_epoch": steps_per_epoch, "total_steps": steps_per_epoch * config.epochs,
                 "xi_up": None, "xi_low": None}
     from training.privacy.accounting import steps_for_epochs
+    from training.privacy.accounting import steps_per_epoch as epoch_steps
 
     q = config.batch_size / num_examples
-    steps_per_epoch = max(1, round(1 / q))
+    steps_per_epoch = epoch_steps(q)
     total = steps_for_epochs(config.epochs, q)
     xi_up = config.xi_up
     if config.target_epsilon is not None:

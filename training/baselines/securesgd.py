@@ -148,7 +148,7 @@ class SecureSGDConfig:
 
 def plan(config: SecureSGDConfig, num_examples: int) -> dict[str, Any]:
     """Sample rate, steps and the gradient noise multiplier (calibrated by our accountant for a target epsilon)."""
-    from training.privacy.accounting import noise_multiplier_for_epsilon, steps_for_epochs
+    from training.privacy.accounting import noise_multiplier_for_epsilon, steps_for_epochs, steps_per_epoch
 
     q = config.batch_size / num_examples
     total = steps_for_epochs(config.epochs, q)
@@ -156,7 +156,7 @@ def plan(config: SecureSGDConfig, num_examples: int) -> dict[str, Any]:
     if config.target_epsilon is not None:
         z = noise_multiplier_for_epsilon(config.target_epsilon, q, total, config.delta,
                                          accountant=config.calibration_accountant)
-    return {"sample_rate": q, "steps_per_epoch": max(1, round(1 / q)), "total_steps": total, "noise_multiplier": z}
+    return {"sample_rate": q, "steps_per_epoch": steps_per_epoch(q), "total_steps": total, "noise_multiplier": z}
 
 
 # ------------------------------------------------------------------------------------------ redistribution

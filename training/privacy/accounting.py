@@ -500,10 +500,15 @@ def classical_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 
     return math.sqrt(2 * math.log(1.25 / delta)) * sensitivity / epsilon
 
 
-def steps_for_epochs(epochs: float, sample_rate: float) -> int:
-    """Steps T of ``epochs`` passes at Poisson rate q: round(1/q) steps per epoch (the training loop's rule)."""
-    if not (math.isfinite(epochs) and epochs > 0):
-        raise UserError(f"epochs must be > 0, got {epochs}")
+def steps_per_epoch(sample_rate: float) -> int:
+    """Steps of one epoch at Poisson rate q: round(1/q), at least 1 (the training loop's rule)."""
     if not (math.isfinite(sample_rate) and 0 < sample_rate <= 1):
         raise UserError(f"sample rate q must lie in (0, 1], got {sample_rate}")
-    return max(1, math.ceil(epochs * max(1, round(1 / sample_rate)) - 1e-9))
+    return max(1, round(1 / sample_rate))
+
+
+def steps_for_epochs(epochs: float, sample_rate: float) -> int:
+    """Steps T of ``epochs`` passes at Poisson rate q: :func:`steps_per_epoch` steps per epoch."""
+    if not (math.isfinite(epochs) and epochs > 0):
+        raise UserError(f"epochs must be > 0, got {epochs}")
+    return max(1, math.ceil(epochs * steps_per_epoch(sample_rate) - 1e-9))
