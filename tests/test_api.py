@@ -102,15 +102,18 @@ def test_private_denoiser_epsilon_matches_dp_accounting_and_classifier_untouched
     from dp_accounting import GaussianDpEvent, PoissonSampledDpEvent, SelfComposedDpEvent
     from dp_accounting.rdp import RdpAccountant
 
-    privacy = doc["privacy"]
-    assert privacy["arm"] == "sepdp" and privacy["sample_rate"] == pytest.approx(16 / 256)
-    assert privacy["steps_planned"] == 16 and privacy["xi_up"] == 1.0
-    (guarantee,) = [g for g in privacy["guarantees"] if g["name"] == "sepdp"]
-    assert guarantee["data_independent"] is True
+    privacy = doc["privacy"]  # the typed record (transdenoiser.records.PrivacyReport)
+    assert privacy.arm == "sepdp" and privacy.sample_rate == pytest.approx(16 / 256)
+    assert privacy.steps_planned == 16 and privacy.xi_up == 1.0
+    guarantee = privacy.named("sepdp")
+    assert guarantee.data_independent is True and privacy.data_independent() == [guarantee]
     library = RdpAccountant()  # dp-accounting's default orders; ours adds orders, so it may only be smaller
     library.compose(SelfComposedDpEvent(PoissonSampledDpEvent(16 / 256, GaussianDpEvent(1.0)), 16))
     expected = library.get_epsilon(1e-4)
-    assert 0.95 * expected <= guarantee["epsilon"]["rdp"] <= expected * (1 + 1e-9)
+    assert 0.95 * expected <= guarantee.epsilon.value("rdp") <= expected * (1 + 1e-9)
+    from transdenoiser import format_privacy_report
+
+    assert format_privacy_report(privacy) == format_privacy_report(privacy.to_json())
 
     classifier = doc["classifier"]
     assert all(p.requires_grad for p in classifier.parameters())

@@ -42,6 +42,7 @@ from training.privacy.report import format_privacy_report
 from transdenoiser.convergence import summarised_convergence_warnings
 from transdenoiser.errors import UserError
 from transdenoiser.progress import Track, silent
+from transdenoiser.records import PrivacyReport
 
 __all__ = [
     "ABSTAIN", "AdaptiveCertificate", "Certificate", "Smooth", "max_certifiable_radius",
@@ -233,7 +234,7 @@ def train_private_denoiser(classifier: nn.Module, images, *, test, arm: str = "s
                            target_epsilon: float | None = None, delta: float | None = None,
                            num_classes: int | None = None, device: torch.device | str | None = None,
                            out: str | Path | None = None, track: Track = silent, dataset_name: str = "in-memory",
-                           **settings: Any) -> tuple[nn.Module, dict[str, Any]]:
+                           **settings: Any) -> tuple[nn.Module, PrivacyReport]:
     """Train a denoiser on ``images`` with differential privacy, in front of the frozen ``classifier``.
 
     ``classifier``: any module mapping (N, C, H, W) pixels in [0, 1] to logits; never changed (it is
@@ -251,7 +252,9 @@ def train_private_denoiser(classifier: nn.Module, images, *, test, arm: str = "s
     its config type's fields, training/methods/denoiser_config.py). A setting the arm does not read is refused,
     ``noise_multiplier``, ``target_epsilon`` and ``delta`` included.
     ``out``: also write the checkpoint there (a directory, as ``transdenoiser train`` writes).
-    Returns (denoiser in eval mode, the released privacy report: format it with :func:`format_privacy_report`).
+    Returns (denoiser in eval mode, the released privacy report as its typed record,
+    :class:`~transdenoiser.records.PrivacyReport`: ``report.named("sepdp").epsilon.value("pld")``; format it
+    with :func:`format_privacy_report`, ``report.to_json()`` is the stored dict).
     """
     from training.evaluation import FrozenClassifier
     from training.private_train import train_denoiser
@@ -301,7 +304,7 @@ def train_private_denoiser(classifier: nn.Module, images, *, test, arm: str = "s
         for name, p in classifier.named_parameters():
             p.requires_grad_(flags[name])
         classifier.train(was_training)
-    return model, released["privacy"]
+    return model, PrivacyReport.from_json(released["privacy"], "the released privacy report")
 
 
 # ----------------------------------------------------------------------------------------------- linear heads

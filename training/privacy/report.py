@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from training.privacy.accounting import epsilon_report
+from transdenoiser.records import PrivacyReport
 
 QUANTILES = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
 NO_CLAIM = "no privacy claim: nodp trains on noisy inputs with an ordinary optimiser and adds no gradient noise"
@@ -222,8 +223,10 @@ def _dist(d: dict | None) -> str:
             f"max {d['max']:.4g} ({d['count']} steps)")
 
 
-def format_privacy_report(report: dict[str, Any]) -> str:
-    """Readable text of a report made by :func:`build_privacy_report`."""
+def format_privacy_report(report: dict[str, Any] | PrivacyReport) -> str:
+    """Readable text of a report made by :func:`build_privacy_report` (the dict, or its typed record)."""
+    if isinstance(report, PrivacyReport):
+        report = report.to_json()
     lines = [f"Privacy report: arm {report['arm']}"
              + ("" if report.get("complete", True) else f"  (INCOMPLETE: {report['steps_done']} of "
                                                          f"{report['steps_planned']} steps)"),
