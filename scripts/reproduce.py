@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -315,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:  # e.g. a data set that is not installed: one line, as the CLI gives it
         print(f"scripts/reproduce.sh: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the plan piped into `head` and the like: not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def run(settings: Settings, args: argparse.Namespace, argv: list[str]) -> int:
