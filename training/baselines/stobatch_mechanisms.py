@@ -14,7 +14,7 @@ from torch.nn import functional as F
 
 from transdenoiser.errors import UserError
 
-ADVERSARIAL_ATTACKS = ("ifgsm", "mim", "pgd")  # the paper's ensemble: I-FGSM, MIM, MadryEtAl (one third each)
+ADVERSARIAL_ATTACKS = ("ifgsm", "mim", "pgd")  # the paper's ensemble: I-FGSM, MIM, MadryEtAl (each example draws one)
 
 
 # ------------------------------------------------------------------------------------------------ noise
@@ -146,18 +146,37 @@ def _call(model, params, buffers, fn, *args):
     return functional_call(wrapper, prefixed, args)
 
 
+def attack_draws(count: int, shape: tuple[int, ...], eps: float, generator: torch.Generator
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each example's own randomness for its adversarial version, drawn independently per example and
+    independently of the data: which attack (0: I-FGSM, 1: MIM, 2: PGD, uniformly; about a third of the batch
+    each) and PGD's random start in [-eps, eps]. Per-example draws, not the example's row in the batch: a row
+    number depends on which other examples are present, and an attack chosen by it would let removing one example
+    change the others' clipped gradients (a sensitivity above C)."""
+    kind = torch.randint(0, len(ADVERSARIAL_ATTACKS), (count,), generator=generator)
+    start = (torch.rand((count, *shape), generator=generator) * 2 - 1) * eps
+    return kind, start
+
+
 def dp_adversarial_examples(model: nn.Module, x_bar: torch.Tensor, hidden_noise: torch.Tensor, eps: float,
                             steps: int, generator: torch.Generator) -> torch.Tensor:
     """Adversarial versions of the PERTURBED inputs x_bar (post-processing of x_bar and the current weights):
-    L-infinity budget ``eps``, the examples split in three for I-FGSM, MIM and PGD (random start), each
-    ascending the cross-entropy at the model's own prediction on x_bar (no label is read)."""
+    L-infinity budget ``eps``, each example by I-FGSM, MIM or PGD (random start) as :func:`attack_draws` draws
+    for it, each ascending the cross-entropy at the model's own prediction on x_bar (no label is read)."""
     if eps <= 0 or len(x_bar) == 0:
         return x_bar.clone()
+    kind, start = attack_draws(len(x_bar), tuple(x_bar.shape[1:]), eps, generator)
+    return adversarial_examples(model, x_bar, hidden_noise, eps, steps, kind.to(x_bar.device),
+                                start.to(x_bar.device))
+
+
+def adversarial_examples(model: nn.Module, x_bar: torch.Tensor, hidden_noise: torch.Tensor, eps: float, steps: int,
+                         kind: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+    """:func:`dp_adversarial_examples` with each example's draws given: row i reads only x_bar[i], kind[i] and
+    start[i] (and the shared, data-independent weights and hidden noise)."""
     with torch.no_grad():
         target = noisy_logits(model, x_bar, hidden_noise).argmax(1)
-    kind = torch.arange(len(x_bar), device=x_bar.device) % len(ADVERSARIAL_ATTACKS)
     step = 2.5 * eps / steps
-    start = (torch.rand(x_bar.shape, generator=generator) * 2 - 1).to(x_bar.device) * eps
     adv = torch.where((kind == 2).view(-1, 1, 1, 1), x_bar + start, x_bar).detach()
     momentum = torch.zeros_like(x_bar)
     for _ in range(steps):
