@@ -184,6 +184,20 @@ def test_line17_noise_follows_line16_when_smin_is_positive():
 
 # ------------------------------------------------------------------------------------------------ sampling
 
+def test_an_example_joins_with_at_most_the_accounted_rate():
+    """The accountant is given q; each example joins with floor(q 2^62) / 2^62: never above q (a higher real rate
+    would spend more privacy than reported), within 2^-62 below it. ``torch.rand(n) < q`` in float32 joins with
+    ceil(q 2^24) / 2^24, above q for most q (shown here for q = 1e-7: 19% above)."""
+    from fractions import Fraction
+
+    rng = np.random.default_rng(0)
+    for q in [1e-12, 1e-7, 1 / 3, 0.1, 64 / 2998, 1.0, *rng.uniform(0, 1, 50)]:
+        p = PoissonSampler(10, float(q)).inclusion_probability
+        assert Fraction(p) <= Fraction(float(q)) and float(q) - p <= 2.0 ** -62
+    float32_rate = math.ceil(1e-7 * 2 ** 24) / 2 ** 24
+    assert float32_rate > 1.19e-7  # what sampling with torch.rand would have given
+
+
 def test_poisson_batches_are_binomial_and_independent_across_steps():
     n, q, steps = 200, 0.1, 2000
     sampler = PoissonSampler(n, q)

@@ -360,9 +360,9 @@ def test_python_api_trains_with_shaped_noise():
     _, privacy = api.train_private_denoiser(classifier, images, test=test, arm="sepdp", noise="shaped",
                                             shape_examples=8, epochs=1, batch_size=12, target_epsilon=4.0,
                                             delta=1e-3, denoiser="tiny", denoiser_kwargs={"width": 2})
-    assert privacy["gradient_noise"] == "shaped"
-    (guarantee,) = privacy["guarantees"]
-    assert "PUBLIC split" in guarantee["label"] and guarantee["epsilon"]["rdp"] <= 4.0 + 1e-9
+    assert privacy.extra["gradient_noise"] == "shaped"  # the typed report keeps the further keys in extra
+    (guarantee,) = privacy.guarantees
+    assert "PUBLIC split" in guarantee.label and guarantee.epsilon.value("rdp") <= 4.0 + 1e-9
 
 
 def test_shaped_run_resumes_bit_for_bit(tmp_path, classifier_dir, mnist10k):

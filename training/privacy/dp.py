@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from fractions import Fraction
 
 import torch
 from torch import nn
@@ -36,7 +37,13 @@ def model_params(model: nn.Module, dtype: torch.dtype | None = None) -> tuple[Pa
 
 
 class PoissonSampler:
-    """Poisson sampling: each of ``num_examples`` examples joins a batch independently with ``sample_rate`` q."""
+    """Poisson sampling: each of ``num_examples`` examples joins a batch independently with ``sample_rate`` q.
+
+    An example joins when a uniform 62-bit integer falls below floor(q 2^62), so it joins with probability
+    floor(q 2^62) / 2^62: at most q (the rate the accountant is given; a smaller rate spends less privacy) and
+    within 2^-62 of it. (``torch.rand(n) < q`` would join with ceil(q 2^24) / 2^24 >= q in float32: above q.)"""
+
+    RESOLUTION_BITS = 62
 
     def __init__(self, num_examples: int, sample_rate: float):
         if num_examples < 1:
@@ -45,11 +52,18 @@ class PoissonSampler:
             raise ValueError(f"sample rate must lie in (0, 1], got {sample_rate}")
         self.num_examples = num_examples
         self.sample_rate = sample_rate
+        self.threshold = math.floor(Fraction(sample_rate) * 2 ** self.RESOLUTION_BITS)  # exact: q is a binary float
+
+    @property
+    def inclusion_probability(self) -> float:
+        """The probability with which each example joins a batch: floor(q 2^62) / 2^62 <= q."""
+        return self.threshold / 2 ** self.RESOLUTION_BITS
 
     def sample(self, generator: torch.Generator) -> torch.Tensor:
         """Indices (int64, CPU) of one batch; may be empty."""
-        mask = torch.rand(self.num_examples, generator=generator) < self.sample_rate
-        return mask.nonzero().flatten()
+        draws = torch.randint(0, 2 ** self.RESOLUTION_BITS, (self.num_examples,), generator=generator,
+                              dtype=torch.int64)
+        return (draws < self.threshold).nonzero().flatten()
 
 
 class PerExampleGradients:
