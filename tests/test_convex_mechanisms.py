@@ -207,6 +207,18 @@ def test_unnormalised_features_are_refused():
         mech.opera_solve(2 * X, y, ConvexLoss("logistic", 3), 0.1)
 
 
+def test_rounding_above_norm_1_is_projected_so_the_bound_holds_exactly():
+    """Rows a normalisation left within 1e-9 above norm 1 are projected onto the unit ball (row by row), so the
+    sensitivities' assumption ||x|| <= 1 holds exactly; rows inside the ball are untouched."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, 6))
+    X[:20] /= np.linalg.norm(X[:20], axis=1, keepdims=True) / (1 + 5e-10)  # just above 1
+    X[20:] /= 2 * np.linalg.norm(X[20:], axis=1, keepdims=True)  # norm 1/2
+    checked = mech._check_data(X)
+    assert np.linalg.norm(checked, axis=1).max() <= 1.0 and np.array_equal(checked[20:], X[20:])
+    assert np.abs(checked - X).max() < 1e-9
+
+
 def test_the_papers_grpua_noise_is_2n_times_too_small():
     """Ding et al. Algorithm 2 line 12 calibrates s to L; the query n grad f(w, z_i) has replace-one sensitivity 2nL.
     For n = 3000, K = 10, delta = 1e-5, T = n^2 and a total epsilon of 1, each step should be (eps_s, delta_s)-DP with
