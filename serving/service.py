@@ -164,10 +164,23 @@ def shared_rule(kind: str, sigma: float, n_max: int, alpha: float, radius: float
     return sequential_rule(kind, sigma, n_max, alpha, radius=radius)
 
 
+def budget_free(rule) -> bool:
+    """Whether ``rule``'s confidence sequence holds at every sample count whatever the budget (one-sided-mixture,
+    beta-mixture: their looks are one unbounded schedule that n_max only truncates, ``cs.schedule``). Then the
+    budget is left out of the noise key: a request with a larger ``n`` extends the same stream of votes
+    (``certify.streams``), so asking again with more samples is one test continued, not a new one. ``union-cp``
+    places its looks and splits alpha by n_max: its budget stays in the key."""
+    return rule.cs.schedule is not None
+
+
 def rule_settings(rule) -> dict[str, object]:
     """What a sequential rule's answers depend on beyond sigma, n0, n and alpha: the confidence sequence and
-    its looks, and the radius (decide) or the tolerance (estimate). Part of the noise key's settings."""
+    its looks (for a :func:`budget_free` rule its unbounded schedule, not the looks up to n_max), and the radius
+    (decide) or the tolerance (estimate). Part of the noise key's settings."""
     described = {key: value for key, value in rule.cs.describe().items() if key != "alpha_per_look"}
+    if budget_free(rule):
+        described.pop("looks", None)
+        described["schedule"] = list(rule.cs.schedule)
     if hasattr(rule, "radius"):
         described["radius"] = float(rule.radius)
     if hasattr(rule, "tolerance"):
@@ -274,14 +287,17 @@ class TransDenoiser:
 
     def image_seeds(self, request: PredictRequest, kind: str, rule=None) -> list[int]:
         """Each image's noise seed: keyed to (model, pixels, settings), or from the client's seed (opt-in).
-        A sequential kind's settings hold its own kind, the budget and its rule (the radius or the tolerance,
-        the confidence sequence and its looks), so its noise never repeats another kind's or setting's."""
+        A sequential kind's settings hold its own kind and its rule (the radius or the tolerance, the confidence
+        sequence and its looks), so its noise never repeats another kind's or radius's; the budget ``n`` is in the
+        key except for a :func:`budget_free` rule, whose larger budgets extend one stream."""
         if request.seed is not None:
             return [client_image_seed(request.seed, index) for index in range(len(request.images))]
         settings = {"kind": kind, "sigma": self.config.sigma, "n0": self.config.n0, "n": request.n,
                     "alpha": self.config.alpha, "chunk_samples": self.config.chunk_samples}
         if rule is not None:
             settings["rule"] = rule_settings(rule)
+            if budget_free(rule):
+                del settings["n"]
         return [self.noise_key.image_seed(image, settings) for image in request.images]
 
     def sequential_rule(self, request: PredictRequest):

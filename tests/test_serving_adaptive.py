@@ -337,6 +337,26 @@ def test_service_answers_reproduce_offline_and_duplicates_agree(service, smooth,
     assert fixed["samples"] == N0 + 100 and "certified" not in fixed
 
 
+def test_a_larger_budget_continues_the_same_stream_and_a_fixed_n_does_not(service, smooth, digits):
+    """Decide and estimate requests rest on confidence sequences valid at every sample count: the budget is not in
+    the noise key, so asking the same image again with a larger ``n`` continues one test on one stream of votes
+    (each answer is the offline one for that seed and budget), instead of drawing a fresh test at level alpha.
+    Fixed-n requests are Clopper-Pearson tests at one n: n stays in their key."""
+    x, _ = digits
+    for fields, mode in (({"radius": 0.675}, "decide"), ({"adaptive": True}, "estimate")):
+        answers = [service.post("/predict", json={"images": [x[0].tolist()], **fields, "n": n}).json()
+                   ["predictions"][0] for n in (100, 500, 2000)]
+        assert len({a["noise_seed"] for a in answers}) == 1, mode
+        for answer in answers:
+            generator = smooth.generator(answer["noise_seed"])
+            offline = (smooth.decide(x[0], 0.675, N0, answer["n_max"], ALPHA, generator) if mode == "decide"
+                       else smooth.certify_adaptive(x[0], N0, answer["n_max"], ALPHA, generator))
+            assert (answer["samples"], answer["count"]) == (offline.samples, offline.count), mode
+    fixed = [service.post("/predict", json={"images": [x[0].tolist()], "n": n}).json()["predictions"][0]
+             for n in (100, 500)]
+    assert fixed[0]["noise_seed"] != fixed[1]["noise_seed"]
+
+
 def test_service_form_fields_and_refusals(service, digits):
     x, y = digits
     upload = [("images", ("d.png", png((x[1, 0].numpy() * 255).round().astype(np.uint8)), "image/png"))]
