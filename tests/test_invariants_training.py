@@ -184,7 +184,7 @@ def test_line17_noise_follows_line16_when_smin_is_positive():
 
 # ------------------------------------------------------------------------------------------------ sampling
 
-def test_an_example_joins_with_at_most_the_accounted_rate():
+def test_poisson_sampling_joins_with_at_most_the_accounted_rate():
     """The accountant is given q; each example joins with floor(q 2^62) / 2^62: never above q (a higher real rate
     would spend more privacy than reported), within 2^-62 below it. ``torch.rand(n) < q`` in float32 joins with
     ceil(q 2^24) / 2^24, above q for most q (shown here for q = 1e-7: 19% above)."""
