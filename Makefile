@@ -45,7 +45,7 @@ gpu-check: $(STAMP)
 	PYTHON=$(BIN)/python scripts/gpu_check.sh
 
 # Mutation check (scripts/mutate.py): hand mutations of the privacy and certificate code, each run against its
-# tests in a temporary copy of the checkout; prints survivors. About 15 minutes on 2 CPU cores; not part of 'make test'.
+# tests in a temporary copy of the checkout; prints survivors. About 20 minutes on 2 CPU cores; not part of 'make test'.
 mutate: $(STAMP)
 	$(BIN)/python scripts/mutate.py
 
