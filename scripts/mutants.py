@@ -433,7 +433,8 @@ MUTANTS: tuple[Mutant, ...] = (
            '"refutable": any(attainable[a] > epsilon for a in ANALYSES)', '"refutable": True', AUDIT_VERDICT,
            "a claim beyond the audit's reach is INCONCLUSIVE, not PASS"),
     Mutant("budget_in_adaptive_noise_key", "serving/service.py", "TransDenoiser.image_seeds",
-           'del settings["n"]', "pass", ("tests/test_serving_adaptive.py", "-k", "larger_budget"),
+           "if rule is None or not budget_free(rule):", "if True:",
+           ("tests/test_serving_adaptive.py", "-k", "larger_budget"),
            "a larger budget continues one adaptive test's stream instead of drawing a fresh test"),
     # ------------------------------------------------------------------ checkpoint integrity
     Mutant("checkpoint_hash_unchecked", "training/checkpoint.py", "load_tensors",

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -308,6 +307,7 @@ def parse_args(argv: list[str]) -> tuple[Settings, argparse.Namespace]:
 
 def main(argv: list[str] | None = None) -> int:
     from transdenoiser.errors import UserError
+    from transdenoiser.runtime import discard_stdout
 
     argv = sys.argv[1:] if argv is None else argv
     settings, args = parse_args(argv)
@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"scripts/reproduce.sh: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # the plan piped into `head` and the like: not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        discard_stdout()
         return 0
 
 

@@ -292,12 +292,12 @@ class TransDenoiser:
         key except for a :func:`budget_free` rule, whose larger budgets extend one stream."""
         if request.seed is not None:
             return [client_image_seed(request.seed, index) for index in range(len(request.images))]
-        settings = {"kind": kind, "sigma": self.config.sigma, "n0": self.config.n0, "n": request.n,
-                    "alpha": self.config.alpha, "chunk_samples": self.config.chunk_samples}
+        settings = {"kind": kind, "sigma": self.config.sigma, "n0": self.config.n0, "alpha": self.config.alpha,
+                    "chunk_samples": self.config.chunk_samples}
+        if rule is None or not budget_free(rule):
+            settings["n"] = request.n
         if rule is not None:
             settings["rule"] = rule_settings(rule)
-            if budget_free(rule):
-                del settings["n"]
         return [self.noise_key.image_seed(image, settings) for image in request.images]
 
     def sequential_rule(self, request: PredictRequest):

@@ -20,7 +20,7 @@ import sys
 from transdenoiser.convergence import CONVERGENCE_NOTE, ConvergenceWarnings
 from transdenoiser.errors import UserError
 from transdenoiser.preflight import check_paths
-from transdenoiser.runtime import DEVICE_CHOICES, keep_freed_memory
+from transdenoiser.runtime import DEVICE_CHOICES, discard_stdout, keep_freed_memory
 from transdenoiser.version import __version__
 
 # Every command: (module whose register() adds it, one-line help), in --help order.
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"transdenoiser {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into `head` and the like, not an error of ours (before OSError, its base)
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        discard_stdout()
         return 0
     except OSError as exc:  # the file system refused a write (permissions, read-only, full disk): one line
         if exc.errno not in FILE_SYSTEM_REFUSALS:

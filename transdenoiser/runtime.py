@@ -1,8 +1,10 @@
 """Device choice, seeding and process set-up, shared by every subcommand."""
 from __future__ import annotations
 
+import os
 import platform
 import random
+import sys
 from typing import TYPE_CHECKING
 
 from transdenoiser.errors import UserError
@@ -14,6 +16,12 @@ DEVICE_CHOICES = ("auto", "cpu", "cuda")
 MALLOC_HEAP_BLOCK_BYTES = 32 << 20  # glibc's largest mmap threshold on 64-bit systems
 MALLOC_TRIM_BYTES = 1 << 30
 MALLOC_ENV_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES", "LD_PRELOAD")
+
+
+def discard_stdout() -> None:
+    """After a BrokenPipeError (output piped into ``head`` and the like, the reader gone): point standard output at
+    /dev/null, so that the interpreter's flush at exit finds no closed pipe and the command ends quietly."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def resolve_device(name: str = "auto") -> torch.device:
