@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from transdenoiser.errors import UserError
-from transdenoiser.records import CheckpointMetadata
+from transdenoiser.records import CheckpointMetadata, trained_sigma
 
 SIGMA_RTOL = 1e-9  # sigmas are settings, not measurements: equal means equal up to float formatting
 SAME_DISTRIBUTION = {"mnist10k": "mnist"}  # dataset names whose images come from one distribution
@@ -22,10 +22,7 @@ def denoiser_sigma(denoiser_metadata: CheckpointMetadata | Mapping[str, Any] | N
         return denoiser_metadata.trained_sigma
     if not denoiser_metadata:
         return None
-    value = denoiser_metadata.get("sigma")  # as CheckpointMetadata.trained_sigma: a null sigma falls back too
-    if value is None:
-        value = (denoiser_metadata.get("config") or {}).get("sigma")
-    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+    return trained_sigma(denoiser_metadata.get("sigma"), denoiser_metadata.get("config"))
 
 
 def check_sigma(sigma: float, denoiser_metadata: CheckpointMetadata | Mapping[str, Any] | None, *, allow_mismatch: bool,

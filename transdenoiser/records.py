@@ -234,6 +234,13 @@ class PrivacyReport(_Record):
 CHECKPOINT_FORMAT = "transdenoiser-checkpoint"
 
 
+def trained_sigma(sigma: Any, config: Any) -> float | None:
+    """The input-noise sigma a checkpoint's metadata records: its ``sigma``, else (missing or null) its
+    ``config``'s; None unless that is a finite number."""
+    value = sigma if sigma is not None else (config if isinstance(config, Mapping) else {}).get("sigma")
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
 def recorded_arm(metadata: Mapping[str, Any] | None) -> str | None:
     """The training arm a checkpoint's metadata records, wherever its writer put it; None if it says none.
 
@@ -294,8 +301,7 @@ class CheckpointMetadata(_Record):
     @property
     def trained_sigma(self) -> float | None:
         """The input-noise sigma a denoiser was trained at (``sigma``, else its ``config``'s), None if unknown."""
-        value = self.sigma if self.sigma is not None else (self.extra.get("config") or {}).get("sigma")
-        return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+        return trained_sigma(self.sigma, self.extra.get("config"))
 
     @property
     def classifier_classes(self) -> int | None:
