@@ -121,8 +121,7 @@ def test_removing_one_example_moves_its_batchs_clipped_sum_by_at_most_c():
     """The sensitivity the privacy report's analysis rests on: each example's adversarial version reads only that
     example and its own draws (attack_draws: which attack, PGD's start), so the batch without one example has a
     clipped gradient sum within C of the whole batch's when every other example keeps its draws. An attack chosen
-    by the row number would fail this: removing the first example shifts the others' rows (measured 1.15 C at 12
-    examples, 1.66 C at 60 before the draws were per example)."""
+    by the row number fails this (checked last): removing the first example shifts the others' rows and attacks."""
     model = _model(1)
     per_example, blocks = sbm.example_gradients(model, alpha=1.0)
     g = torch.Generator().manual_seed(3)
@@ -142,6 +141,13 @@ def test_removing_one_example_moves_its_batchs_clipped_sum_by_at_most_c():
                                            clip)
         change = sum(float((whole[k] - part[k]).pow(2).sum()) for k in whole) ** 0.5
         assert change <= clip * (1 + 1e-4), (removed, change)  # float noise only above C
+    rows = torch.arange(count) % 3  # the attack by row number: the check above can fail
+    by_row, _ = sbm.clipped_gradient_sum(model, per_example, blocks, x_bar,
+                                         sbm.adversarial_examples(model, x_bar, n_h, eps, 3, rows, start), onehot, n_h,
+                                         clip)
+    shifted = sbm.adversarial_examples(model, x_bar[1:], n_h, eps, 3, torch.arange(count - 1) % 3, start[1:])
+    part, _ = sbm.clipped_gradient_sum(model, per_example, blocks, x_bar[1:], shifted, onehot[1:], n_h, clip)
+    assert sum(float((by_row[k] - part[k]).pow(2).sum()) for k in by_row) ** 0.5 > 1.1 * clip  # 1.18 C here
 
 
 def test_noise_multiplier_and_epsilon_match_dp_accounting():
