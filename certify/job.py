@@ -110,6 +110,14 @@ class CertifyJob:
             raise UserError("--n-max and --tolerance are for adaptive certification: add --radius R or --adaptive")
         if mode == "decide" and self.tolerance is not None:
             raise UserError("--tolerance is for --adaptive (estimate mode), not for --radius")
+        if mode == "decide":
+            from certify.sequential import max_decidable_radius
+
+            largest = max_decidable_radius(self.sigma)
+            if self.radius > largest:
+                raise UserError(f"--radius {self.radius} cannot be decided at --sigma {self.sigma:g}: float64's "
+                                f"Phi(R / sigma) is 1 beyond R / sigma = 8.29; the largest radius that can be decided "
+                                f"at this sigma is {largest}")
         return mode
 
 

@@ -43,12 +43,38 @@ ESTIMATED = 4  # estimate: stopped; the radius comes from the lower bound
 OUTCOME_NAMES = {CONTINUE: "continue", CERTIFIED: "certified", NOT_CERTIFIED: "not_certified",
                  BUDGET_SPENT: "budget_spent", ESTIMATED: "estimated"}
 DEFAULT_TOLERANCE = 0.05  # estimate mode: stop when the radius cannot grow by more than this (L2, [0,1] pixels)
+DECIDE_RADIUS_STEP = 1e-3  # max_decidable_radius is stated on this grid (the server's radius grid)
 
 
 def radius_of(p_lower: np.ndarray | float, sigma: float) -> np.ndarray:
     """sigma * Phi^-1(p) where p >= 1/2, else 0 (no certificate)."""
     p = np.asarray(p_lower, dtype=float)
     return np.where(p >= 0.5, sigma * ndtri(np.clip(p, 0.5, 1.0)), 0.0)  # norm.ppf's values, without its overhead
+
+
+@functools.lru_cache(maxsize=64)  # asked by every decide request the server reads; a pure function of two floats
+def max_decidable_radius(sigma: float, step: float = DECIDE_RADIUS_STEP) -> float:
+    """The largest multiple of ``step`` (a ``step`` / 10^j where no multiple of ``step`` qualifies) whose decide
+    threshold Phi(R / sigma), computed as :class:`DecideRule` does in float64, is below 1: R / sigma at most about
+    8.29, beyond which Phi rounds to 1 and no count can certify or refute R. Every radius up to it has a threshold
+    < 1 (Phi is monotone); the next multiple of ``step`` has threshold 1. Multiples are ``round(k * step, 12)``, the
+    floats that a radius typed as a decimal (or rounded to the server's grid) is."""
+    if not (math.isfinite(sigma) and sigma > 0 and math.isfinite(step) and step > 0):
+        raise UserError(f"sigma and the radius step must be finite and > 0, got sigma {sigma}, step {step}")
+
+    def multiple(k: int) -> float:
+        return round(k * step, 12)
+
+    def decidable(k: int) -> bool:
+        return float(norm.cdf(multiple(k) / sigma)) < 1.0
+
+    while not decidable(1):  # sigma so small that even one step is beyond float64's Phi: a finer step
+        step /= 10
+    low, high = 1, math.ceil(9.0 * sigma / step) + 1  # decidable(low); Phi(9) is 1 in float64: not decidable(high)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if decidable(middle) else (low, middle)
+    return multiple(low)
 
 
 # ----------------------------------------------------------------------------------------------- rules

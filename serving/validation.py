@@ -14,8 +14,9 @@ parsing) and free of duplicate keys; a multipart body may not repeat a field oth
 one answer: ``n`` is rounded to the nearest multiple of ``chunk_samples`` (at least one chunk, at most ``max_n``)
 and ``radius`` up to the ``RADIUS_GRID`` (values within 1e-9 of a grid point snap to it), so requests differing
 by a trivial amount ask the same question and get the same certificate; ``radius`` beyond what any request could
-certify (``largest_servable_radius``) is refused. The answer states the values used. Parsing is synchronous:
-``parse_predict_request`` runs it in a worker thread, off the event loop.
+certify (``largest_servable_radius``) or that float64 cannot decide (``max_decidable_radius``: Phi(R / sigma) < 1) is
+refused. The answer states the values used. Parsing is synchronous: ``parse_predict_request`` runs it in a worker
+thread, off the event loop.
 
 Two decoders, one result: a JSON body is decoded by orjson (9x faster than the standard library on a 16-image
 body, ``benchmarks/bench_parse.py``, so a burst of large bodies holds the interpreter lock for less time) whenever a
@@ -42,6 +43,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from certify.decisions import max_certifiable_radius
+from certify.sequential import max_decidable_radius
 from serving.compute.engine import MAX_SEED
 from serving.config import ServingConfig
 
@@ -134,7 +136,8 @@ def check_seed(value: Any, config: ServingConfig) -> int | None:
 
 
 def check_radius(value: Any, config: ServingConfig | None = None) -> float | None:
-    """A finite radius > 0, on the grid (``radius_on_grid``), at most ``largest_servable_radius(config)``."""
+    """A finite radius > 0, on the grid (``radius_on_grid``), at most ``largest_servable_radius(config)`` and
+    ``max_decidable_radius(sigma)``."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -153,6 +156,12 @@ def check_radius(value: Any, config: ServingConfig | None = None) -> float | Non
             asked = f"{value!r}{rounded}"
             raise _bad(f"'radius' {asked} exceeds {largest:.4f}, the largest radius any request can certify on "
                        f"this server (sigma * Phi^-1(alpha^(1/max_n)), all max_n votes for one class)")
+        decidable = max_decidable_radius(config.sigma, RADIUS_GRID)
+        if on_grid > decidable:  # reached only where max_n is so large that the bound above lies beyond it
+            rounded = "" if on_grid == radius else f" (rounded up to the {RADIUS_GRID:g} grid: {on_grid:g})"
+            raise _bad(f"'radius' {value!r}{rounded} cannot be decided at this server's sigma {config.sigma:g}: "
+                       f"float64's Phi(R / sigma) is 1 beyond R / sigma = 8.29; the largest radius that can be "
+                       f"decided is {decidable}")
     return on_grid
 
 
