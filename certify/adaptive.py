@@ -18,16 +18,20 @@ import torch
 
 from certify.confidence import DEFAULT_METHOD, confidence_sequence
 from certify.decisions import ABSTAIN, validate_sampling
-from certify.sequential import CERTIFIED, DEFAULT_TOLERANCE, OUTCOME_NAMES, DecideRule, EstimateRule, radius_of
+from certify.ladder import ladder, radius_on_grid
+from certify.sequential import CERTIFIED, DEFAULT_TOLERANCE, OUTCOME_NAMES, DecideRule, EstimateRule, FixedRule
 from certify.streams import BlockPlan, run_blocks
 from transdenoiser.errors import UserError
+
+LADDER_METHOD = "one-sided-mixture"  # the confidence sequence whose decide tests form the ladder
 
 
 @dataclass(frozen=True)
 class AdaptiveCertificate:
     """Result of :meth:`Smooth.decide` or :meth:`Smooth.certify_adaptive` for one image.
 
-    ``mode``: ``decide`` (certified at ``radius``?) or ``estimate`` (largest radius under the budget).
+    ``mode``: ``decide`` (certified at ``radius``?), ``estimate`` (largest radius under the budget) or ``fixed``
+    (the server's fixed-n answer: the highest rung of the ladder certified at n, :mod:`certify.ladder`).
     ``outcome``: certified / not_certified / budget_spent (decide), estimated (estimate).
     ``n``: estimation samples used (at most ``n_max``); ``samples`` = n0 + n, all noisy samples used.
     ``computed``: estimation samples evaluated: ``n`` plus the rest of the block the test stopped in (and any block
@@ -67,17 +71,33 @@ class AdaptiveCertificate:
 def sequential_rule(mode: str, sigma: float, n_max: int, alpha: float, radius: float | None = None,
                     tolerance: float | None = None, method: str | None = None):
     """The stopping rule of :meth:`Smooth.decide` (``mode="decide"``, needs ``radius``) or
-    :meth:`Smooth.certify_adaptive` (``mode="estimate"``): feed it to :class:`certify.streams.SequentialTest`
-    to drive it from counts computed elsewhere."""
+    :meth:`Smooth.certify_adaptive` (``mode="estimate"``), or the server's fixed-n answer (``mode="fixed"``, n_max
+    the request's n): feed it to :class:`certify.streams.SequentialTest` to drive it from counts computed elsewhere.
+
+    With the default confidence sequence (one-sided-mixture) every rule reads the ladder of (alpha, sigma)
+    (:mod:`certify.ladder`): decide's radius is rounded up to its grid, estimate's radius is a rung, and every
+    certificate about one image's stream, whatever the mode, budget or radius, is one test at level alpha. The other
+    methods answer each call at alpha on its own."""
     validate_sampling(None, n_max, alpha)
-    cs = confidence_sequence(method or DEFAULT_METHOD, n_max, alpha)
+    method = method or DEFAULT_METHOD
+    cs = confidence_sequence(method, n_max, alpha)
+    joint = ladder(alpha, sigma) if method == LADDER_METHOD else None
     if mode == "decide":
         if radius is None:
             raise UserError("deciding needs the radius to decide at")
-        return DecideRule(cs, float(radius), sigma)
+        return DecideRule(cs, radius_on_grid(float(radius)) if joint else float(radius), sigma, joint)
     if mode == "estimate":
-        return EstimateRule(cs, sigma, DEFAULT_TOLERANCE if tolerance is None else float(tolerance))
-    raise UserError(f"mode must be 'decide' or 'estimate', got {mode!r}")
+        return EstimateRule(cs, sigma, DEFAULT_TOLERANCE if tolerance is None else float(tolerance), joint)
+    if mode == "fixed":
+        if joint is None:
+            raise UserError(f"a fixed-n answer from the stream needs the {LADDER_METHOD} method, got {method!r}")
+        return FixedRule(cs, sigma, joint)
+    raise UserError(f"mode must be 'decide', 'estimate' or 'fixed', got {mode!r}")
+
+
+def rule_mode(rule) -> str:
+    """The mode of a rule of :func:`sequential_rule`."""
+    return "decide" if isinstance(rule, DecideRule) else "fixed" if isinstance(rule, FixedRule) else "estimate"
 
 
 def adaptive_certificate(rule, mode: str, top: int, outcome: int, count: int, n: int, p_lower: float,
@@ -87,7 +107,7 @@ def adaptive_certificate(rule, mode: str, top: int, outcome: int, count: int, n:
         certified = outcome == CERTIFIED
         return AdaptiveCertificate(top, float(rule.radius) if certified else 0.0,  # the class, certified or not
                                    p_lower, count, n0, n, rule.cs.n_max, mode, OUTCOME_NAMES[outcome], computed)
-    radius = float(radius_of(p_lower, sigma))
+    radius = float(rule.radius(p_lower))
     return AdaptiveCertificate(top if p_lower >= 0.5 else ABSTAIN, radius, p_lower, count, n0, n, rule.cs.n_max,
                                mode, OUTCOME_NAMES[outcome], computed)
 
@@ -117,7 +137,7 @@ def adaptive_many(smooth, images: torch.Tensor, n0: int, rule,
                                             [generators[i] for i in active])
         return lambda: counts()[np.arange(len(active)), :, top[active]]
 
-    mode = "decide" if isinstance(rule, DecideRule) else "estimate"
+    mode = rule_mode(rule)
     on_gpu = smooth.device.type == "cuda"
     if lookahead is None:
         lookahead = on_gpu

@@ -32,6 +32,7 @@ from scipy.special import ndtr, ndtri
 from scipy.stats import norm
 
 from certify.confidence import ConfidenceSequence
+from certify.ladder import RadiusLadder, grid_radius, rung_of
 from transdenoiser.errors import UserError
 
 # Outcomes of one stream.
@@ -112,15 +113,23 @@ class Rule:
 
 @dataclass(frozen=True)
 class DecideRule(Rule):
-    """Certified at L2 radius ``radius``? (threshold Phi(radius / sigma) on pA)."""
+    """Certified at L2 radius ``radius``? (threshold Phi(radius / sigma) on pA). With a ``ladder``
+    (:mod:`certify.ladder`; ``radius`` then on its grid) "certified" is the ladder's rung at ``radius``, so every
+    certificate about one stream, at any radius, is one test; "not certified" is this radius's own test."""
 
     cs: ConfidenceSequence
     radius: float
     sigma: float
+    ladder: RadiusLadder | None = None
 
     def __post_init__(self):
         if not (math.isfinite(self.radius) and self.radius > 0):
             raise UserError(f"the radius to decide must be > 0, got {self.radius}")
+        if self.ladder is not None:
+            if self.ladder.alpha != self.cs.alpha or self.ladder.sigma != self.sigma:
+                raise ValueError("the ladder's alpha and sigma must be the rule's")
+            if grid_radius(rung_of(self.radius)) != self.radius:
+                raise ValueError(f"a ladder decides radii on its grid only, got {self.radius}")
 
     @property
     def row_looks(self) -> bool:
@@ -131,8 +140,23 @@ class DecideRule(Rule):
         """Phi(radius / sigma), computed once per rule (every reading of a block compares against it)."""
         return float(norm.cdf(self.radius / self.sigma))
 
+    @functools.cached_property
+    def _certify_at(self) -> np.ndarray | None:
+        """The ladder's count boundary of this radius at each look (None without a ladder)."""
+        if self.ladder is None:
+            return None
+        return self.ladder.certify_counts(self.looks, rung_of(self.radius))
+
+    def _certified(self, successes: np.ndarray, looks: np.ndarray) -> np.ndarray:
+        if self._certify_at is None:
+            return self.cs.lower_at_least_looks(successes, looks, self.threshold)
+        return np.asarray(successes) >= self._certify_at[np.asarray(looks)]
+
     def step(self, look: int, successes: np.ndarray, best_lower: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        certified = self.cs.lower_at_least(successes, look, self.threshold)
+        if self._certify_at is None:
+            certified = self.cs.lower_at_least(successes, look, self.threshold)
+        else:
+            certified = np.asarray(successes) >= self._certify_at[int(look)]
         rejected = self.cs.upper_below(successes, look, self.threshold) & ~certified
         last = look == len(self.looks) - 1
         outcome = np.where(certified, CERTIFIED, np.where(rejected, NOT_CERTIFIED,
@@ -142,7 +166,7 @@ class DecideRule(Rule):
     def step_looks(self, looks: np.ndarray, successes: np.ndarray, best_lower: np.ndarray
                    ) -> tuple[np.ndarray, np.ndarray]:
         looks = np.asarray(looks)
-        certified = self.cs.lower_at_least_looks(successes, looks, self.threshold)
+        certified = self._certified(successes, looks)
         rejected = self.cs.upper_below_looks(successes, looks, self.threshold) & ~certified
         last = np.atleast_2d(looks == len(self.looks) - 1)
         outcome = np.where(certified, CERTIFIED, np.where(rejected, NOT_CERTIFIED,
@@ -153,19 +177,33 @@ class DecideRule(Rule):
 
 @dataclass(frozen=True)
 class EstimateRule(Rule):
-    """The largest certifiable radius under the budget; stop when it cannot grow by more than ``tolerance``."""
+    """The largest certifiable radius under the budget; stop when it cannot grow by more than ``tolerance``. With a
+    ``ladder`` (:mod:`certify.ladder`) the bound is the highest rung certified so far (a radius on its grid), one
+    test with every other certificate about the same stream."""
 
     cs: ConfidenceSequence
     sigma: float
     tolerance: float = DEFAULT_TOLERANCE
+    ladder: RadiusLadder | None = None
 
     def __post_init__(self):
         if not (math.isfinite(self.tolerance) and self.tolerance >= 0):
             raise UserError(f"the radius tolerance must be >= 0, got {self.tolerance}")
+        if self.ladder is not None and (self.ladder.alpha != self.cs.alpha or self.ladder.sigma != self.sigma):
+            raise ValueError("the ladder's alpha and sigma must be the rule's")
 
     @property
     def row_looks(self) -> bool:
         return self.cs.row_looks
+
+    def radius(self, p_lower: np.ndarray | float) -> np.ndarray:
+        """The radius certified by the lower bound ``p_lower`` (with a ladder: its rung's radius, exactly)."""
+        return radius_of(p_lower, self.sigma) if self.ladder is None else self.ladder.radius_of_threshold(p_lower)
+
+    def _lowers(self, successes: np.ndarray, looks: np.ndarray) -> np.ndarray:
+        if self.ladder is None:
+            return self.cs.lower_looks(successes, looks)
+        return self.ladder.lower(successes, np.broadcast_to(np.atleast_2d(self.looks[looks]), np.shape(successes)))
 
     def step(self, look: int, successes: np.ndarray, best_lower: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         outcome, lower = self.step_looks(np.array([look]), np.asarray(successes)[:, None], best_lower)
@@ -179,11 +217,48 @@ class EstimateRule(Rule):
         looks = np.asarray(looks)
         successes = np.asarray(successes)
         bounds = np.concatenate([np.asarray(best_lower, dtype=float)[:, None],
-                                 self.cs.lower_looks(successes, looks)], axis=1)
+                                 self._lowers(successes, looks)], axis=1)
         lower = np.maximum.accumulate(bounds, axis=1)[:, 1:]  # the running maximum, look by look
         last = len(self.looks) - 1
-        p_stop = ndtr((radius_of(lower, self.sigma) + self.tolerance) / self.sigma)  # norm.cdf's values
+        p_stop = ndtr((self.radius(lower) + self.tolerance) / self.sigma)  # norm.cdf's values
         remaining = self.cs.n_max - np.atleast_2d(self.looks[looks])
-        done = (self.cs.upper_at_most_looks(successes, looks, p_stop)
-                | self.cs.lower_at_most_looks(successes + remaining, np.full(looks.shape, last), p_stop))
+        if self.ladder is None:
+            reachable = self.cs.lower_at_most_looks(successes + remaining, np.full(looks.shape, last), p_stop)
+        else:
+            reachable = self.ladder.lower(successes + remaining, self.cs.n_max) <= p_stop
+        done = self.cs.upper_at_most_looks(successes, looks, p_stop) | reachable
         return np.where(done | np.atleast_2d(looks == last), ESTIMATED, CONTINUE).astype(np.int8), lower
+
+
+@dataclass(frozen=True)
+class FixedRule(Rule):
+    """The server's fixed-n answer from the image's one test: the highest rung of ``ladder`` certified by the votes
+    among the first n_max estimation samples of the stream (the rule reads only the last look; the samples are
+    drawn as every other kind draws them, so they are the same votes)."""
+
+    cs: ConfidenceSequence
+    sigma: float
+    ladder: RadiusLadder
+
+    def __post_init__(self):
+        if self.ladder.alpha != self.cs.alpha or self.ladder.sigma != self.sigma:
+            raise ValueError("the ladder's alpha and sigma must be the rule's")
+
+    @property
+    def row_looks(self) -> bool:
+        return self.cs.row_looks
+
+    def radius(self, p_lower: np.ndarray | float) -> np.ndarray:
+        return self.ladder.radius_of_threshold(p_lower)
+
+    def step(self, look: int, successes: np.ndarray, best_lower: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        outcome, lower = self.step_looks(np.array([look]), np.asarray(successes)[:, None], best_lower)
+        return outcome[:, 0], lower[:, 0]
+
+    def step_looks(self, looks: np.ndarray, successes: np.ndarray, best_lower: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        looks = np.broadcast_to(np.asarray(looks), np.shape(successes))
+        last = looks == len(self.looks) - 1
+        lower = np.where(last, self.ladder.lower(np.where(last, successes, 0), self.cs.n_max),
+                         np.asarray(best_lower, dtype=float)[:, None])
+        return np.where(last, ESTIMATED, CONTINUE).astype(np.int8), lower

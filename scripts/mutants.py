@@ -28,6 +28,7 @@ AUDIT_CONFIDENCE = ("tests/test_privacy_audit.py", "-k", "confidence or correct_
 AUDIT_VERDICT = ("tests/test_privacy_audit.py", "-k", "verdict or halved or correct_sepdp")
 GHOST = ("tests/test_ghost_clipping.py", "-k", "per_example_loop or chunkings")
 GRAPHED = ("tests/test_graphed_clipping.py", "-k", "padded or leak or budget")
+ONE_TEST = ("tests/test_one_test_per_image.py", "-k", "every_set and just_below and R050")
 CLIPPING = ("tests/test_invariants_training.py", "tests/test_private_train.py::test_clipping_bounds_per_example_norms")
 
 
@@ -432,10 +433,23 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("audit_power_ignored", "training/privacy/power.py", "audit_power",
            '"refutable": any(attainable[a] > epsilon for a in ANALYSES)', '"refutable": True', AUDIT_VERDICT,
            "a claim beyond the audit's reach is INCONCLUSIVE, not PASS"),
-    Mutant("budget_in_adaptive_noise_key", "serving/service.py", "TransDenoiser.image_seeds",
-           "if rule is None or not budget_free(rule):", "if True:",
-           ("tests/test_serving_adaptive.py", "-k", "larger_budget"),
-           "a larger budget continues one adaptive test's stream instead of drawing a fresh test"),
+    Mutant("budget_in_stream_key", "serving/service.py", "stream_settings",
+           '"schedule": list(rule.cs.schedule)}', '"schedule": list(rule.cs.schedule), "n": rule.cs.n_max}',
+           ONE_TEST, "answers about one image at any budget read one stream: one test, not one per n"),
+    Mutant("radius_in_stream_key", "serving/service.py", "stream_settings",
+           '"schedule": list(rule.cs.schedule)}',
+           '"schedule": list(rule.cs.schedule), "radius": getattr(rule, "radius", None)}',
+           ONE_TEST, "decide at any radius reads the image's one stream: one test, not one per radius"),
+    Mutant("kind_in_stream_key", "serving/service.py", "stream_settings",
+           '"schedule": list(rule.cs.schedule)}', '"schedule": list(rule.cs.schedule), "kind": type(rule).__name__}',
+           ONE_TEST, "every request kind reads the image's one stream: one test, not one per kind"),
+    Mutant("ladder_without_hull", "certify/ladder.py", "RadiusLadder.column",
+           "hull = np.maximum.accumulate(low) if count else low", "hull = low", ONE_TEST,
+           "a rung certifies only where every rung below it does (the ladder's running maximum)",
+           equivalent="the threshold tests' count boundaries are monotone in the radius at every configuration "
+                      "checked (tests/test_one_test_per_image.py, test_the_ladder_hull_changes_no_decide_answer_"
+                      "where_the_tests_are_monotone): the running maximum is then the identity; it is there for "
+                      "the configurations not checked"),
     # ------------------------------------------------------------------ checkpoint integrity
     Mutant("checkpoint_hash_unchecked", "training/checkpoint.py", "load_tensors",
            "if hashlib.sha256(data).hexdigest() != expected_sha256:", "if False:", INTEGRITY,

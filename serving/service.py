@@ -40,7 +40,7 @@ from serving.auth import ApiKeyMiddleware, api_key_from_env
 from serving.bundle import load_model_dir
 from serving.card import model_card
 from serving.compute.counter import VoteCounter
-from serving.compute.engine import CertifyWork, NoiseJob, SequentialWork
+from serving.compute.engine import NoiseJob, SequentialWork, prepare_ladder
 from serving.compute.noise import NoiseKey, client_image_seed, model_identity
 from serving.compute.refusals import SchedulerRefusal
 from serving.compute.scheduler import FairScheduler, Work
@@ -122,9 +122,10 @@ class _Prediction(BaseModel):
 
 
 class ImagePrediction(_Prediction):
-    """Cohen's CERTIFY with a fixed n."""
+    """A fixed n: the image's one test read at n estimation samples (docs/SERVING.md, "One image, one test")."""
 
-    p_lower: float = Field(description="one-sided (1 - alpha) Clopper-Pearson lower bound on pA")
+    p_lower: float = Field(description="lower bound on pA: Phi(radius / sigma) of the highest radius of the 0.001 "
+                                       "grid that the image's one anytime-valid test certifies at n (0: none)")
 
 
 class EstimatePrediction(_Prediction):
@@ -164,28 +165,19 @@ def shared_rule(kind: str, sigma: float, n_max: int, alpha: float, radius: float
     return sequential_rule(kind, sigma, n_max, alpha, radius=radius)
 
 
-def budget_free(rule) -> bool:
-    """Whether ``rule``'s confidence sequence holds at every sample count whatever the budget (one-sided-mixture,
-    beta-mixture: their looks are one unbounded schedule that n_max only truncates, ``cs.schedule``). Then the
-    budget is left out of the noise key: a request with a larger ``n`` extends the same stream of votes
-    (``certify.streams``), so asking again with more samples is one test continued, not a new one. ``union-cp``
-    places its looks and splits alpha by n_max: its budget stays in the key."""
-    return rule.cs.schedule is not None
+def request_rule(kind: str, sigma: float, n: int, alpha: float, radius: float | None):
+    """The rule that answers a validated request of ``kind`` (``certify``: a fixed n, read from the ladder at n;
+    ``decide``, ``estimate``) with budget ``n``: :func:`shared_rule`."""
+    return shared_rule("fixed" if kind == "certify" else kind, sigma, n, alpha, radius)
 
 
-def rule_settings(rule) -> dict[str, object]:
-    """What a sequential rule's answers depend on beyond sigma, n0, n and alpha: the confidence sequence and
-    its looks (for a :func:`budget_free` rule its unbounded schedule, not the looks up to n_max), and the radius
-    (decide) or the tolerance (estimate). Part of the noise key's settings."""
-    described = {key: value for key, value in rule.cs.describe().items() if key != "alpha_per_look"}
-    if budget_free(rule):
-        described.pop("looks", None)
-        described["schedule"] = list(rule.cs.schedule)
-    if hasattr(rule, "radius"):
-        described["radius"] = float(rule.radius)
-    if hasattr(rule, "tolerance"):
-        described["tolerance"] = float(rule.tolerance)
-    return described
+def stream_settings(config, rule) -> dict[str, object]:
+    """What an image's one stream of votes depends on beyond the model, the pixels and the server secret: sigma,
+    n0, alpha and the confidence sequence's method and unbounded look schedule. Neither the request kind, nor the
+    budget ``n``, nor a decide radius: every answer about an image reads the same selection and the same stream,
+    through the ladder of tests of (alpha, sigma) (``certify.ladder``), so all of them are one test at level alpha."""
+    return {"stream": "one test per image", "sigma": config.sigma, "n0": config.n0, "alpha": config.alpha,
+            "method": rule.cs.name, "schedule": list(rule.cs.schedule)}
 
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -250,8 +242,11 @@ class TransDenoiser:
         counter([NoiseJob(torch.zeros(self.input_shape), warm_samples, 0)])
         # request kinds: name -> builds the scheduler work of a validated request. A new kind adds a Work class
         # (serving.compute.scheduler.Work) and an entry here, plus its response.
-        self.kinds = {"certify": self._certify_work, "decide": self._sequential_work,
+        self.kinds = {"certify": self._sequential_work, "decide": self._sequential_work,
                       "estimate": self._sequential_work}
+        # the ladder's count boundaries at every look of the largest budget and at every n of the grid, computed
+        # now rather than in the first requests (certify.ladder; a few seconds at most)
+        self.ladder = prepare_ladder(config.sigma, config.alpha, config.max_n, config.chunk_samples)
         self._ready = False
 
     def _on_pass(self, samples_by_kind: dict[str, int], depth: int, queued_samples: int) -> None:
@@ -268,7 +263,7 @@ class TransDenoiser:
         start-up's objects (``transdenoiser.runtime.freeze_start_up_objects``)."""
         blank = PredictRequest(torch.zeros((1, *self.input_shape)), self.config.chunk_samples, seed=0)
         for _ in range(4):
-            await self.scheduler.run(self._certify_work(blank), self.config.max_latency_ms / 1000,
+            await self.scheduler.run(self._sequential_work(blank), self.config.max_latency_ms / 1000,
                                      self.config.max_request_samples)
         # the start-up's objects (about 342,000) out of the garbage collector's full collections, which would
         # otherwise scan them all and pause every request, probes included, for 0.17 s of CPU now and then
@@ -285,36 +280,26 @@ class TransDenoiser:
         the event loop instead of sending a one-line check through a worker thread and back."""
         return self._ready
 
-    def image_seeds(self, request: PredictRequest, kind: str, rule=None) -> list[int]:
-        """Each image's noise seed: keyed to (model, pixels, settings), or from the client's seed (opt-in).
-        A sequential kind's settings hold its own kind and its rule (the radius or the tolerance, the confidence
-        sequence and its looks), so its noise never repeats another kind's or radius's; the budget ``n`` is in the
-        key except for a :func:`budget_free` rule, whose larger budgets extend one stream."""
+    def image_seeds(self, request: PredictRequest, rule) -> list[int]:
+        """Each image's noise seed: keyed to (model, pixels, :func:`stream_settings`), or from the client's seed
+        (opt-in). The same for every request kind, budget and radius: one stream per image, one test."""
         if request.seed is not None:
             return [client_image_seed(request.seed, index) for index in range(len(request.images))]
-        settings = {"kind": kind, "sigma": self.config.sigma, "n0": self.config.n0, "alpha": self.config.alpha,
-                    "chunk_samples": self.config.chunk_samples}
-        if rule is None or not budget_free(rule):
-            settings["n"] = request.n
-        if rule is not None:
-            settings["rule"] = rule_settings(rule)
+        settings = stream_settings(self.config, rule)
         return [self.noise_key.image_seed(image, settings) for image in request.images]
 
     def sequential_rule(self, request: PredictRequest):
-        """The offline mode's stopping rule (``certify.core.sequential_rule``) for an adaptive request: one object
-        for requests with the same settings, so the scheduler reads their blocks together."""
-        return shared_rule(request.kind, self.config.sigma, request.n, self.config.alpha, request.radius)
+        """The offline mode's rule (``certify.core.sequential_rule``) for a request; a fixed-n request reads the
+        ladder at n (mode ``fixed``). One object for requests with the same settings, so the scheduler reads their
+        blocks together."""
+        return request_rule(request.kind, self.config.sigma, request.n, self.config.alpha, request.radius)
 
     def _sequential_work(self, request: PredictRequest) -> Work:
         rule = self.sequential_rule(request)
-        return SequentialWork(request.kind, request.images, self.image_seeds(request, request.kind, rule),
+        return SequentialWork(request.kind, request.images, self.image_seeds(request, rule),
                               self.config.n0, rule, self.config.sigma, self.smooth.num_classes,
                               self.config.chunk_samples, self.smooth.generator, self.smooth.device,
                               draw_ahead=self.scheduler.overlap)
-
-    def _certify_work(self, request: PredictRequest) -> Work:
-        return CertifyWork(request.images, self.image_seeds(request, "certify"), self.config.n0, request.n,
-                           self.config.alpha, self.config.sigma, self.smooth.num_classes, self.config.chunk_samples)
 
     def _prediction(self, certificate: Certificate | AdaptiveCertificate, noise_seed: int,
                     radius: float | None = None) -> _Prediction:
@@ -324,7 +309,7 @@ class TransDenoiser:
                       certified_radius=c.radius, abstained=c.abstained, p_lower=c.p_lower, count=c.count, n0=c.n0,
                       n=c.n, samples=c.n0 + c.n, sigma=self.config.sigma, alpha=self.config.alpha,
                       noise_seed=noise_seed)
-        if not isinstance(c, AdaptiveCertificate):
+        if not isinstance(c, AdaptiveCertificate) or c.mode == "fixed":
             return ImagePrediction(**common)
         if c.mode == "estimate":
             return EstimatePrediction(**common, n_max=c.n_max, outcome=c.outcome)
@@ -397,9 +382,11 @@ def _count_parsing_refusal() -> None:
 
 
 def _front_door(app) -> FrontDoor:
-    """BentoML's app behind the front door (serving.front_door): probes and full-slot refusals answered first."""
-    return FrontDoor(app, BODY_SLOTS, READINESS, api_key=api_key_from_env(),
-                     show_versions=served_config().show_versions, on_full=_count_parsing_refusal)
+    """BentoML's app behind the front door (serving.front_door): probes, full-slot refusals and stalled bodies
+    answered first."""
+    config = served_config()
+    return FrontDoor(app, BODY_SLOTS, READINESS, api_key=api_key_from_env(), show_versions=config.show_versions,
+                     on_full=_count_parsing_refusal, pace=BodyPace.from_config(config))
 
 
 # Outermost first: every error answer as our JSON; refuse unauthenticated requests before reading their bodies.

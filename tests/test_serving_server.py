@@ -224,6 +224,41 @@ def test_one_certificate_per_input(servers, client, digits):
     assert elsewhere["n"] == body["predictions"][0]["n"] == 300
 
 
+def test_every_answer_about_one_image_reads_one_stream(client, digits):
+    """One image asked at 11 decide radii, at every n of the server's grid (40 values, 50 .. 2,000) and once in
+    estimate mode: every answer has the same noise seed and the same selected class, the fixed-n vote counts are
+    prefixes of one stream (never falling, never rising by more than the samples added), each fixed-n radius is the
+    ladder's highest rung for its votes, and the radii certified by decide are all the lower ones."""
+    from certify.ladder import ladder
+
+    x, _ = digits
+    image = (0.7 * x[3] + 0.3 * x[8]).tolist()  # a digit with a runner-up class: its votes are not all one class
+    answers = []
+    for n in range(50, 2001, 50):
+        response = client.post("/predict", json={"images": [image], "n": n})
+        assert response.status_code == 200, response.text
+        answers.append(response.json()["predictions"][0])
+    fixed = answers[:]
+    radius = fixed[-1]["certified_radius"] or 0.1
+    decided = []
+    for k in range(11):
+        response = client.post("/predict", json={"images": [image], "radius": round(radius - 0.005 + k * 0.001, 3)})
+        assert response.status_code == 200, response.text
+        decided.append(response.json()["predictions"][0])
+    estimate = client.post("/predict", json={"images": [image], "adaptive": True}).json()["predictions"][0]
+    answers += decided + [estimate]
+    assert len({a["noise_seed"] for a in answers}) == 1  # one stream, whatever the kind, n or radius
+    assert len({a["label"] for a in decided + [estimate]} | {a["label"] for a in fixed if not a["abstained"]}) == 1
+    counts, ns = np.array([a["count"] for a in fixed]), np.array([a["n"] for a in fixed])
+    assert np.all(np.diff(counts) >= 0) and np.all(np.diff(counts) <= np.diff(ns))
+    shared = ladder(0.001, 0.25)
+    for a in fixed:
+        assert a["certified_radius"] == float(shared.radius_of_threshold(shared.lower(np.array([a["count"]]),
+                                                                                       a["n"]))[0])
+    certified = [a["certified"] for a in decided]
+    assert certified == sorted(certified, reverse=True)  # certified up to some radius, then not
+
+
 # ------------------------------------------------------------------------------------------------ fair scheduling
 
 def metric_values(client: httpx.Client) -> dict[tuple[str, tuple], float]:

@@ -27,7 +27,10 @@ import numpy as np
 import torch
 
 from certify import sound_noise
+from certify.adaptive import rule_mode
+from certify.confidence import DEFAULT_FIRST_LOOK, DEFAULT_LOOK_RATIO, DEFAULT_LOOK_STEP, geometric_looks
 from certify.core import NOISE_PIECE_ELEMENTS, Certificate, Smooth, adaptive_certificate, certificate_from_counts
+from certify.ladder import RadiusLadder, ladder
 from certify.streams import BlockPlan, SequentialTest
 from serving.compute.noise import MAX_SEED
 
@@ -137,6 +140,16 @@ class CertifyWork:
 
 # ----------------------------------------------------------------------------------------------- sequential kinds
 
+def prepare_ladder(sigma: float, alpha: float, max_n: int, n_step: int) -> RadiusLadder:
+    """The ladder of (alpha, sigma) (``certify.ladder``) with its count boundaries computed at every sample count a
+    request can read: the looks of the default schedule up to ``max_n`` and every budget on the grid of ``n_step``."""
+    shared = ladder(alpha, sigma)
+    looks = geometric_looks(max_n, DEFAULT_FIRST_LOOK, DEFAULT_LOOK_RATIO, DEFAULT_LOOK_STEP)
+    for count in sorted(set(looks.tolist()) | set(range(n_step, max_n + 1, n_step))):
+        shared.column(count)
+    return shared
+
+
 class NoisePiece:
     """One call's worth of an image's noise stream: ``num_samples`` noisy copies of ``image`` drawn in one
     ``torch.randn`` call from the image's generator, exactly as ``Smooth.sample_counts_many`` draws a piece.
@@ -179,7 +192,8 @@ def stream_pieces(total: int, piece_samples: int) -> list[int]:
 
 
 class SequentialWork:
-    """The work of one adaptive request (``kind`` ``decide`` or ``estimate``) for the scheduler.
+    """The work of one request read from each image's stream (``kind`` ``decide``, ``estimate`` or ``certify``, a
+    fixed n: ``rule`` a ``certify.sequential.FixedRule``) for the scheduler.
 
     Per image: ``n0`` selection samples choose the class, then fresh estimation samples are drawn block by block
     (``certify.streams.SequentialTest.next_block``: each block spans several looks of ``rule``, the rule of
@@ -201,8 +215,8 @@ class SequentialWork:
     def __init__(self, kind: str, images: torch.Tensor, image_seeds: Sequence[int], n0: int, rule, sigma: float,
                  num_classes: int, chunk_samples: int, generator_for, device: torch.device | str | None = None,
                  draw_ahead: bool = False):
-        if kind not in ("decide", "estimate"):
-            raise ValueError(f"a sequential kind is 'decide' or 'estimate', got {kind!r}")
+        if kind not in ("decide", "estimate", "certify"):
+            raise ValueError(f"a sequential kind is 'decide', 'estimate' or 'certify' (fixed n), got {kind!r}")
         self.kind, self.rule, self.n0, self.sigma = kind, rule, n0, sigma
         self.images = images
         self.image_seeds = list(image_seeds)
@@ -352,7 +366,8 @@ class SequentialWork:
         """One ``certify.core.AdaptiveCertificate`` per image (samples evaluated: those of the blocks read, and of
         any block drawn ahead and left unread)."""
         tests = self._settled()
-        return [adaptive_certificate(self.rule, self.kind, int(top), test.outcome, test.successes, test.samples,
+        mode = rule_mode(self.rule)
+        return [adaptive_certificate(self.rule, mode, int(top), test.outcome, test.successes, test.samples,
                                      test.p_lower, self.n0, self.sigma, test.computed + unread)
                 for top, test, unread in zip(self._top, tests, self._unread_evaluated, strict=True)]
 
