@@ -272,7 +272,18 @@ def _run(args, task: str) -> int:
     summary = outcome.summary
     print(format_certified_accuracy_table(summary) if task == "certify" else format_prediction_summary(summary))
     print(f"wrote {args.out}/summary.json and report.md" + (", certified_accuracy.png" if task == "certify" else ""))
+    _warn_again_if_worse(summary)
     return 0
+
+
+def _warn_again_if_worse(summary: dict) -> None:
+    """The run's denoiser measured worse than no denoiser in training: warned at the start, and again after the
+    figures, where they are read."""
+    from transdenoiser.checks import worse_than_classifier, worse_than_classifier_warning
+
+    worse = worse_than_classifier(summary.get("denoiser_metadata"))
+    if worse is not None:
+        print(worse_than_classifier_warning(worse, "this run's denoiser"), file=sys.stderr)
 
 
 def cmd_merge(args) -> int:

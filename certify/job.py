@@ -148,13 +148,19 @@ class JobOutcome:
 
 
 def check_models_and_data(job: CertifyJob, pipeline, data_name: str, warn: Callable[[str], None]) -> None:
-    """Refuse a sigma other than the denoiser's training sigma (unless allowed) and models of another dataset."""
-    from transdenoiser.checks import check_same_dataset, check_sigma
+    """Refuse a sigma other than the denoiser's training sigma (unless allowed) and models of another dataset;
+    warn of a denoiser that training measured worse than no denoiser (its recorded figures: certifying the
+    classifier alone as well would double the run)."""
+    from transdenoiser.checks import check_same_dataset, check_sigma, worse_than_classifier
+    from transdenoiser.checks import worse_than_classifier_warning as worse_warning
 
     warning = check_sigma(job.sigma, pipeline.denoiser_record, allow_mismatch=job.allow_sigma_mismatch,
                           denoiser=f"denoiser {job.denoiser}")
     if warning:
         warn(warning)
+    worse = worse_than_classifier(pipeline.denoiser_record)
+    if worse is not None:
+        warn(worse_warning(worse, f"denoiser {job.denoiser}"))
     check_same_dataset(data_name, pipeline.classifier_record, f"classifier {job.classifier}")
     if pipeline.denoiser_record is not None:
         check_same_dataset(data_name, pipeline.denoiser_record, f"denoiser {job.denoiser}")

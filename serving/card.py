@@ -72,6 +72,22 @@ def privacy_section(report: PrivacyReport | Mapping[str, Any] | None) -> dict[st
             "report": record.to_json()}
 
 
+def versus_classifier_section(record: CheckpointMetadata, allowed: bool) -> dict[str, Any]:
+    """The card's account of what the denoiser adds: the classifier's accuracy on test images + noise with the
+    denoiser and without, as training measured them (None where not recorded), whether that counts as worse
+    (transdenoiser.records.VersusClassifier) and whether it was bundled with --allow-worse-than-classifier."""
+    versus = record.versus_classifier
+    figures = {"accuracy_with_denoiser": None, "accuracy_without_denoiser": None, "images": None,
+               "worse_than_classifier": None}
+    if versus is not None:
+        figures = {"accuracy_with_denoiser": versus.with_denoiser, "accuracy_without_denoiser": versus.without_denoiser,
+                   "images": versus.images, "worse_than_classifier": versus.worse}
+    return {**figures, "sigma": record.trained_sigma, "allow_worse_than_classifier": allowed,
+            "measured": "by training, at its last epoch: the frozen classifier on the test images + N(0, sigma^2), "
+                        "one noise draw each, with and without the denoiser; worse = lower by more than a one-sided 5% "
+                        "sampling margin (docs/TRAINING.md, 'A denoiser worse than none')"}
+
+
 def model_card(bundle: ModelBundle, device: str, batching: str, as_run: str | None = None) -> dict[str, Any]:
     """The served model's card; ``as_run`` describes how the base classifier runs (``Smooth.describe``)."""
     pipeline, config = bundle.pipeline, bundle.config
@@ -82,6 +98,8 @@ def model_card(bundle: ModelBundle, device: str, batching: str, as_run: str | No
         privacy = {"statement": NO_DENOISER, "noise": None, "epsilons": [], "not_released": [], "report": None}
     else:
         denoiser = _model_summary(pipeline.denoiser_record)
+        denoiser["versus_classifier_alone"] = versus_classifier_section(pipeline.denoiser_record,
+                                                                        config.allow_worse_than_classifier)
         privacy = privacy_section(pipeline.denoiser_record.privacy)
     return {
         "service": "transdenoiser",

@@ -94,7 +94,7 @@ def _bundle(args: argparse.Namespace) -> int:
                         "there is a denoiser)")
     from serving.bundle import write_model_dir
     from training.checkpoint import read_record
-    from transdenoiser.checks import check_sigma, denoiser_sigma
+    from transdenoiser.checks import check_not_worse_than_classifier, check_sigma, denoiser_sigma
 
     denoiser_meta = read_record(args.denoiser) if args.denoiser is not None else None
     sigma = args.sigma if args.sigma is not None else denoiser_sigma(denoiser_meta)
@@ -105,9 +105,16 @@ def _bundle(args: argparse.Namespace) -> int:
                           denoiser=f"denoiser {args.denoiser}")
     if warning:
         print(warning, file=sys.stderr)
+    # a denoiser worse than none: one line and exit 2, or with the flag the whole warning (and the card records it)
+    warning = check_not_worse_than_classifier(denoiser_meta, allow=args.allow_worse_than_classifier,
+                                              denoiser=f"denoiser {args.denoiser}")
+    if warning:
+        print(warning, file=sys.stderr)
     settings = {key: getattr(args, key) for key in ("batch_size", "max_images") if getattr(args, key) is not None}
     if args.allow_client_seed:
         settings["allow_client_seed"] = True
+    if args.allow_worse_than_classifier:
+        settings["allow_worse_than_classifier"] = True
     if args.precision != "fp32" or args.compile:
         settings.update(precision=args.precision, compile=args.compile)
     if args.sound_noise:
@@ -131,7 +138,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from serving.bundle import load_model_dir
     from serving.library_patches import check_library_internals
-    from transdenoiser.checks import check_sigma
+    from transdenoiser.checks import ALLOW_WORSE_FLAG, check_sigma, worse_than_classifier, worse_than_classifier_warning
 
     check_library_internals()  # the BentoML and uvicorn internals the server patches: one line if they changed
 
@@ -140,6 +147,11 @@ def _serve(args: argparse.Namespace) -> int:
                           where="serving.toml sigma", denoiser="its denoiser")
     if warning:
         print(f"transdenoiser serve: {warning}", file=sys.stderr)
+    worse = worse_than_classifier(bundle.pipeline.denoiser_record)
+    if worse is not None:
+        print(worse_than_classifier_warning(worse, f"{model_dir}'s denoiser")
+              + (f" (bundled with {ALLOW_WORSE_FLAG})" if bundle.config.allow_worse_than_classifier else ""),
+              file=sys.stderr)
     auth = api_key_from_env() is not None
     if not auth and not _is_loopback(args.host):
         print(f"transdenoiser serve: warning: listening on {args.host} without an API key; set {API_KEY_ENV} "
@@ -186,6 +198,10 @@ def register(subparsers, common) -> None:
                    help="smoothing noise, [0,1]-pixel units (default: the denoiser's training sigma)")
     p.add_argument("--allow-sigma-mismatch", action="store_true",
                    help="accept a --sigma other than the denoiser's training sigma (refused otherwise)")
+    p.add_argument("--allow-worse-than-classifier", action="store_true",
+                   help="bundle a denoiser that training measured worse than no denoiser (the classifier alone is "
+                        "more accurate under the same noise; refused otherwise); recorded in serving.toml and on the "
+                        "model card")
     p.add_argument("--n0", type=positive_int, default=100, help="selection samples per image (default: 100)")
     p.add_argument("--n", type=positive_int, default=1000,
                    help="estimation samples per image unless a request asks for another n (default: 1000)")

@@ -86,6 +86,9 @@ class ServingConfig:
     # sound smoothing in floating point (certify.sound_noise): images must be on the 8-bit grid (others get 400),
     # noise is an exact discretized Gaussian added in integers; false: float32 x + sigma * randn
     sound_noise: bool = False
+    # bundled with --allow-worse-than-classifier: the denoiser measured worse than no denoiser in training and was
+    # bundled anyway (transdenoiser.checks.check_not_worse_than_classifier); shown on the model card
+    allow_worse_than_classifier: bool = False
     classifier: str = "classifier"  # checkpoint directory, relative to the model directory
     denoiser: str | None = None  # optional denoiser checkpoint directory, relative to the model directory
 
@@ -141,7 +144,7 @@ _INT_KEYS = ("n0", "n", "max_n", "batch_size", "chunk_samples", "max_images", "m
 # an integer >= 1, or "auto" per device
 _AUTO_INT_KEYS = ("forward_batch", "max_parsing_requests", "round_samples", "switch_interval_us")
 MIN_NOISE_KEY_CHARS = 32
-_BOOL_KEYS = ("allow_client_seed", "show_versions", "compile", "sound_noise")
+_BOOL_KEYS = ("allow_client_seed", "show_versions", "compile", "sound_noise", "allow_worse_than_classifier")
 PRECISIONS = ("fp32", "bf16", "fp16")  # certify.numerics.PRECISION_CHOICES
 
 

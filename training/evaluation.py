@@ -53,7 +53,8 @@ def evaluate(denoiser: nn.Module, classifier: nn.Module, x: torch.Tensor, y: tor
 @torch.no_grad()
 def classifier_baselines(classifier: nn.Module, x: torch.Tensor, y: torch.Tensor, sigma: float,
                          noise_seed: int) -> dict[str, float]:
-    """The classifier alone on clean and on noisy test images (same noise as :func:`evaluate`)."""
+    """The classifier alone on clean and on noisy test images (same noise as :func:`evaluate`), and how many images
+    (``images``: what a comparison with :func:`evaluate`'s accuracy needs, transdenoiser.records.VersusClassifier)."""
     generator = torch.Generator().manual_seed(noise_seed)
     clean = noisy = 0
     for start in range(0, len(x), EVAL_BATCH):
@@ -61,7 +62,8 @@ def classifier_baselines(classifier: nn.Module, x: torch.Tensor, y: torch.Tensor
         zb = xb + sigma * torch.randn(xb.shape, generator=generator).to(xb.device)
         clean += int((classifier(xb).argmax(1) == yb).sum())
         noisy += int((classifier(zb).argmax(1) == yb).sum())
-    return {"accuracy_clean": clean / max(1, len(x)), "accuracy_noisy_no_denoiser": noisy / max(1, len(x))}
+    return {"accuracy_clean": clean / max(1, len(x)), "accuracy_noisy_no_denoiser": noisy / max(1, len(x)),
+            "images": len(x)}
 
 @dataclass(frozen=True)
 class FrozenClassifier:

@@ -413,8 +413,13 @@ def _train_denoiser(args, method, device, group, print=builtins.print) -> int:  
     if not writer:
         return 0
     model, meta = result.model, result.metadata
+    from transdenoiser.checks import worse_than_classifier, worse_than_classifier_warning
+
+    worse = worse_than_classifier(meta)  # the denoiser hurts: said loudly on stderr, also with --json
     if args.json:
         print(json.dumps(meta, indent=2))
+        if worse is not None:
+            print(worse_than_classifier_warning(worse, f"denoiser {args.out}"), file=sys.stderr)
         return 0
     base_acc = meta["baselines"]
     last = meta["metrics"][-1]
@@ -429,6 +434,8 @@ def _train_denoiser(args, method, device, group, print=builtins.print) -> int:  
     if config.arm != "nodp":
         print(f"private training record (never release it; `transdenoiser bundle`/serve never copy it): "
               f"{args.out}/private/  (losses, batch sizes, per-step noise, S_min, generator state)")
+    if worse is not None:
+        print(worse_than_classifier_warning(worse, f"denoiser {args.out}"), file=sys.stderr)
     return 0
 
 

@@ -160,8 +160,9 @@ class TrainConfig:
             raise UserError(f"target epsilon must be > 0, got {self.target_epsilon}")
         q = self.batch_size / num_examples
         if not 0 < q <= 1:
-            raise UserError(f"sample rate q = B/N = {self.batch_size}/{num_examples} = {q:.4g} lies outside (0, 1]; "
-                            f"use a batch size of at most {num_examples}")
+            raise UserError(f"batch size {self.batch_size} exceeds the {num_examples} private training examples "
+                            f"(sample rate q = B/N = {q:.4g} outside (0, 1]): pass --batch-size {num_examples} or "
+                            f"less (batch_size in a --config file), or more private data")
         if not 0 < self.delta < 1 / num_examples:
             raise UserError(f"delta must lie in (0, 1/N) = (0, {1 / num_examples:.3g}) for N = {num_examples} "
                             f"private examples, got {self.delta}")

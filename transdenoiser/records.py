@@ -1,7 +1,8 @@
 """Typed records: the JSON files one package writes and another reads, as frozen dataclasses.
 
 - :class:`DatasetRef`: a checkpoint's ``dataset`` (name, source, split seed, split fingerprints).
-- :class:`CheckpointMetadata`: a checkpoint's ``metadata.json`` (``training/checkpoint.py``).
+- :class:`CheckpointMetadata`: a checkpoint's ``metadata.json`` (``training/checkpoint.py``); a denoiser's
+  :class:`VersusClassifier` (its accuracy under noise against the classifier alone's, as training measured them).
 - :class:`PrivacyReport` (with :class:`Guarantee` and :class:`Epsilon`): the released privacy report, a
   checkpoint's ``privacy`` (``training/privacy/report.py``, the baselines' reports, the convex heads').
 - :class:`CertificationSummary` (with :class:`RadiusRow`): a certify or predict run's ``summary.json``
@@ -307,6 +308,76 @@ class CheckpointMetadata(_Record):
     def classifier_classes(self) -> int | None:
         """A denoiser's record of the number of classes of the classifier it was trained for."""
         return (self.classifier or {}).get("num_classes")
+
+    @property
+    def versus_classifier(self) -> VersusClassifier | None:
+        """What the denoiser adds to the classifier under noise, as training measured it (see
+        :class:`VersusClassifier`); None without both recorded figures."""
+        return VersusClassifier.of(self)
+
+
+WORSE_Z = 1.6448536269514722  # one-sided test at level 5%: Phi^-1(0.95)
+
+
+@dataclasses.dataclass(frozen=True)
+class VersusClassifier:
+    """The frozen classifier's accuracy on test images + N(0, sigma^2) with the denoiser in front of it and without,
+    as training recorded them at its last epoch (``metrics[-1].accuracy_denoised`` and ``baselines``): the same
+    ``images`` test images, the same noise draw. ``worse`` is the rule that makes ``train``, ``certify`` and
+    ``bundle`` say so (and ``bundle`` refuse): the denoiser's accuracy lower by more than WORSE_Z standard errors
+    of the difference of two proportions over ``images`` (a one-sided z-test at 5%, the two figures taken as
+    independent: paired on the same images they are usually positively correlated, which makes this test flag
+    fewer cases than a paired one); where the count of images is not recorded (older checkpoints), any lower
+    figure. The other fields are what the warning cites as the likely causes."""
+
+    with_denoiser: float
+    without_denoiser: float
+    clean: float | None = None
+    images: int | None = None
+    sigma: float | None = None
+    private_examples: int | None = None
+    steps: int | None = None
+    epsilon: float | None = None  # the first data-independent guarantee's RDP epsilon, else the target epsilon
+    arm: str | None = None
+
+    @classmethod
+    def of(cls, record: CheckpointMetadata) -> VersusClassifier | None:
+        """The figures of a denoiser checkpoint's metadata; None unless both accuracies are recorded."""
+        metrics, baselines = record.extra.get("metrics"), record.extra.get("baselines")
+        last = metrics[-1] if isinstance(metrics, (list, tuple)) and metrics else None
+        with_denoiser = as_float(last.get("accuracy_denoised")) if isinstance(last, Mapping) else None
+        without = as_float(baselines.get("accuracy_noisy_no_denoiser")) if isinstance(baselines, Mapping) else None
+        if with_denoiser is None or without is None:
+            return None
+        images = baselines.get("images")
+        privacy = record.privacy
+        guarantees = privacy.data_independent() if privacy else []
+        epsilon = guarantees[0].epsilon.value("rdp") if guarantees and guarantees[0].epsilon else None
+        steps = record.extra.get("steps_done", privacy.steps_done if privacy else None)
+        return cls(with_denoiser, without, as_float(baselines.get("accuracy_clean")),
+                   images if isinstance(images, int) and images > 0 else None, record.trained_sigma,
+                   record.dataset.train_examples if record.dataset else None,
+                   steps if isinstance(steps, int) else None,
+                   epsilon if epsilon is not None else (privacy.target_epsilon if privacy else None), record.arm)
+
+    @property
+    def margin(self) -> float:
+        """How much lower the denoiser's accuracy must be to count as worse: WORSE_Z standard errors (0 when the
+        number of images is unknown)."""
+        if self.images is None:
+            return 0.0
+        variance = sum(p * (1 - p) for p in (self.with_denoiser, self.without_denoiser)) / self.images
+        return WORSE_Z * math.sqrt(variance)
+
+    @property
+    def worse(self) -> bool:
+        """Whether the denoiser makes the classifier less accurate under noise than no denoiser (the rule above)."""
+        return self.without_denoiser - self.with_denoiser > max(self.margin, 1e-12)
+
+    @property
+    def images_lost(self) -> int | None:
+        """How many more of the ``images`` test images the classifier gets wrong with the denoiser than without."""
+        return None if self.images is None else round((self.without_denoiser - self.with_denoiser) * self.images)
 
 
 # ----------------------------------------------------------------------------------------------- certification

@@ -141,7 +141,8 @@ class SecureSGDConfig:
                 raise UserError(message)
         q = self.batch_size / num_examples
         if not 0 < q <= 1:
-            raise UserError(f"sample rate q = B/N = {self.batch_size}/{num_examples} lies outside (0, 1]")
+            raise UserError(f"sample rate q = B/N = {self.batch_size}/{num_examples} lies outside (0, 1]: pass "
+                            f"--batch-size {num_examples} or less")
         if not 0 < self.delta < 1 / num_examples:
             raise UserError(f"delta must lie in (0, 1/N) = (0, {1 / num_examples:.3g}), got {self.delta}")
 
