@@ -198,6 +198,32 @@ def test_poisson_sampling_joins_with_at_most_the_accounted_rate():
     assert float32_rate > 1.19e-7  # what sampling with torch.rand would have given
 
 
+def test_poisson_sample_joins_below_the_threshold_and_never_at_it(monkeypatch):
+    """``sample()`` itself keeps the promise ``inclusion_probability`` states: an example joins when its uniform
+    integer in [0, 2^62) is strictly below floor(q 2^62), so exactly floor(q 2^62) of the 2^62 values join. Here the
+    random integers are set by hand around the threshold: the one at the threshold itself stays out (joining there
+    too, ``<=``, would join with probability (floor(q 2^62) + 1) / 2^62, above q for a q on the 2^-62 grid), the one
+    just below joins; at q = 1 every integer the draw can return joins."""
+    resolution = 2 ** PoissonSampler.RESOLUTION_BITS
+    drawn = {}
+
+    def draws_of(values):
+        def randint(low, high, size, *, generator=None, dtype=None):
+            drawn.update(low=low, high=high, size=size, dtype=dtype)
+            return torch.tensor(values, dtype=torch.int64)
+        return randint
+
+    for q in (0.25, 64 / 2998, 1e-12):
+        sampler = PoissonSampler(5, q)
+        t = sampler.threshold
+        monkeypatch.setattr(torch, "randint", draws_of([t - 1, t, t + 1, 0, resolution - 1]))
+        assert sampler.sample(torch.Generator()).tolist() == [0, 3], q
+        assert (drawn["low"], drawn["high"], tuple(drawn["size"]), drawn["dtype"]) == (0, resolution, (5,), torch.int64)
+    sampler = PoissonSampler(3, 1.0)  # threshold 2^62: above every value randint(0, 2^62) returns
+    monkeypatch.setattr(torch, "randint", draws_of([0, resolution // 2, resolution - 1]))
+    assert sampler.sample(torch.Generator()).tolist() == [0, 1, 2]
+
+
 def test_poisson_batches_are_binomial_and_independent_across_steps():
     n, q, steps = 200, 0.1, 2000
     sampler = PoissonSampler(n, q)
