@@ -5,6 +5,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from serving.bundle import ModelBundle
+from serving.limits import BODY_GRACE_S
 from transdenoiser.records import CheckpointMetadata, PrivacyReport, thaw
 
 NO_DENOISER = "no denoiser: this pipeline is the classifier alone and makes no differential-privacy claim"
@@ -141,7 +142,11 @@ def model_card(bundle: ModelBundle, device: str, batching: str, as_run: str | No
         "limits": {"max_images": config.max_images, "max_payload_bytes": config.max_payload_bytes,
                    "max_n": config.max_n, "max_latency_ms": config.max_latency_ms,
                    "max_request_samples": config.max_request_samples,
-                   "max_queued_requests": config.max_queued_requests},
+                   "max_queued_requests": config.max_queued_requests,
+                   "body_timeout_ms": config.body_timeout_ms, "min_body_bytes_per_s": config.min_body_bytes_per_s,
+                   "body": "a request body must arrive whole within body_timeout_ms of its headers and, after its "
+                           f"first {BODY_GRACE_S:g} s, at min_body_bytes_per_s or more on average; a body that "
+                           "stops is answered 408 and its connection closed"},
         "runtime": {"device": device, "batching": batching, "batch_size": config.batch_size,
                     "chunk_samples": config.chunk_samples,
                     "forward_batch": config.forward_batch_on(device.split(":")[0]),

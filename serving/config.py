@@ -75,6 +75,11 @@ class ServingConfig:
     # once. "auto": one per CPU core this process may run on, plus one, at least 3. Smaller bodies have an allowance
     # of their own, max_queued_requests (serving.limits)
     max_parsing_requests: int | str = "auto"
+    # a request body must keep arriving (serving.limits.BodyPace): whole within body_timeout_ms of its headers, and
+    # after its first 2 s at min_body_bytes_per_s or more on average (8 KiB/s: 64 kbit/s, below any mobile uplink;
+    # a 2 MiB body within 60 s needs 35 KB/s); a body that stops is answered 408 and its connection closed
+    body_timeout_ms: int = 60_000
+    min_body_bytes_per_s: int = 8192
     # secret of the keyed noise (>= 32 characters); unset: random at start-up. Never shown (repr=False).
     noise_key: str | None = field(default=None, repr=False)
     allow_client_seed: bool = False  # accept a client "seed" (reproducible noise); see docs/SERVING.md
@@ -140,7 +145,7 @@ class ServingConfig:
 
 
 _INT_KEYS = ("n0", "n", "max_n", "batch_size", "chunk_samples", "max_images", "max_payload_bytes", "max_latency_ms",
-             "max_request_samples", "max_queued_requests")
+             "max_request_samples", "max_queued_requests", "body_timeout_ms", "min_body_bytes_per_s")
 # an integer >= 1, or "auto" per device
 _AUTO_INT_KEYS = ("forward_batch", "max_parsing_requests", "round_samples", "switch_interval_us")
 MIN_NOISE_KEY_CHARS = 32

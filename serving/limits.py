@@ -17,10 +17,19 @@ sending one image each are not refused for the large bodies' limit. Requests wit
 take no slot. In the server the front door (``serving.front_door``) takes the slot, or refuses, ahead of BentoML's
 middlewares; this middleware then finds the slot held, and gives it back when the request ends here, as for a slot
 it took itself.
+
+A request body must also keep arriving (:class:`BodyPace`): whole within ``body_timeout_ms`` of the request's
+headers and, after its first ``BODY_GRACE_S``, at ``min_body_bytes_per_s`` or more on average. The front door reads
+the first ``SMALL_BODY_BYTES`` of a body (a small body whole) at that pace *before* it takes a slot, so a client that
+stalls after its headers or inside a small body holds no slot at all, and one that stalls later in a large body
+holds its slot until the pace drops it; a stalled body is answered 408 with ``Connection: close`` (uvicorn then
+closes the connection) and its slot, if it took one, is given back at once.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from serving.auth import send_json
@@ -31,6 +40,9 @@ RETRY_AFTER_FULL_S = 1  # the Retry-After of a refusal for full body slots, in s
 # a body declared (Content-Length) at most this large takes a small body slot, larger or undeclared (chunked) ones a
 # large one: a one-image request of 28x28 or 32x32x3 pixels as JSON, or of a few PNGs, is small
 SMALL_BODY_BYTES = 64 * 1024
+
+
+BODY_GRACE_S = 2.0  # the first seconds of a body, not held to the minimum rate (a slow link's round trip or two)
 
 
 def declared_small(scope) -> bool:
@@ -147,6 +159,104 @@ async def refuse_for_full_slots(send, slots: BodySlots, on_full: Callable[[], No
                     [(b"retry-after", str(RETRY_AFTER_FULL_S).encode()), *headers])
 
 
+class BodyStalled(Exception):
+    """A request body that stopped arriving at its :class:`BodyPace`; the message says how far it got."""
+
+
+@dataclass(frozen=True)
+class BodyPace:
+    """How a request body must keep arriving: whole within ``timeout_s`` of the request's headers, and from
+    ``grace_s`` on with ``received >= min_bytes_per_s * (t - grace_s)`` bytes at ``t`` seconds after them (an
+    average rate, so a pause is fine where earlier bytes came faster)."""
+
+    timeout_s: float
+    min_bytes_per_s: float
+    grace_s: float = BODY_GRACE_S
+
+    @classmethod
+    def from_config(cls, config=None) -> BodyPace:
+        """The pace of a served model directory's settings (``body_timeout_ms``, ``min_body_bytes_per_s``);
+        ``None``: the settings' defaults."""
+        from serving.config import ServingConfig
+
+        source = ServingConfig if config is None else config
+        return cls(source.body_timeout_ms / 1000, float(source.min_body_bytes_per_s))
+
+    def due_s(self, received: int) -> float:
+        """Seconds after the headers by which a body with ``received`` bytes so far must have sent more (or ended)."""
+        return min(self.timeout_s, self.grace_s + received / self.min_bytes_per_s)
+
+    def stalled(self, received: int, elapsed_s: float) -> str:
+        """The 408 message of a body that had sent ``received`` bytes ``elapsed_s`` seconds after its headers."""
+        return (f"the request body stopped arriving: {received} bytes in {elapsed_s:.1f} s; a body must arrive "
+                f"whole within {self.timeout_s:g} s of the headers (body_timeout_ms) and, after its first "
+                f"{self.grace_s:g} s, at {self.min_bytes_per_s:g} bytes/s or more on average (min_body_bytes_per_s)")
+
+
+class PacedReceive:
+    """``receive`` held to ``pace`` until the body has ended: a wait past the pace's due time raises
+    :class:`BodyStalled` (nothing of ``receive``'s state is lost: the wait is cancelled, not a message). After the
+    body (or a disconnect), ``receive`` unchanged."""
+
+    def __init__(self, receive: Callable[[], Awaitable[dict]], pace: BodyPace, started_s: float | None = None):
+        self._receive = receive
+        self.pace = pace
+        self.started_s = time.monotonic() if started_s is None else started_s
+        self.received = 0  # body bytes so far
+        self.ended = False  # the body's last message (or a disconnect) has been received
+
+    async def __call__(self) -> dict:
+        if self.ended:
+            return await self._receive()
+        left_s = self.started_s + self.pace.due_s(self.received) - time.monotonic()
+        try:
+            if left_s <= 0:
+                raise TimeoutError
+            async with asyncio.timeout(left_s):
+                message = await self._receive()
+        except TimeoutError:
+            raise BodyStalled(self.pace.stalled(self.received, time.monotonic() - self.started_s)) from None
+        if message["type"] == "http.request":
+            self.received += len(message.get("body", b""))
+            self.ended = not message.get("more_body", False)
+        else:
+            self.ended = True
+        return message
+
+
+async def read_head(receive: PacedReceive, size: int) -> tuple[bytes, bool] | None:
+    """Read a body until ``size`` bytes or its end, whichever comes first: ``(bytes read, whether the body
+    ended)``, or None if the client disconnected. Raises :class:`BodyStalled` as ``receive`` does."""
+    chunks: list[bytes] = []
+    while receive.received < size:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if receive.ended:
+            break
+    return b"".join(chunks), receive.ended
+
+
+def replaying(head: bytes, ended: bool, receive: Callable[[], Awaitable[dict]]) -> Callable[[], Awaitable[dict]]:
+    """A receive that gives ``head`` (read by :func:`read_head`) as the body's first message, then ``receive``'s."""
+    replayed = False
+
+    async def replay() -> dict:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": head, "more_body": not ended}
+        return await receive()
+
+    return replay
+
+
+async def answer_stalled(send, exc: BodyStalled, headers: list[tuple[bytes, bytes]] = ()) -> None:
+    """408 to a body that stopped arriving, with ``Connection: close``: uvicorn closes the connection after it."""
+    await send_json(send, 408, {"error": str(exc)}, [(b"connection", b"close"), *headers])
+
+
 class PayloadLimitMiddleware:
     def __init__(self, app, max_bytes: int | None = None, max_parsing: int | None = None,
                  max_parsing_small: int | None = None, slots: BodySlots | None = None,
@@ -201,7 +311,10 @@ class PayloadLimitMiddleware:
                     return await send_json(send, 413, self._too_large(f"{declared} bytes"))
         chunks, size = [], 0
         while True:
-            message = await receive()
+            try:
+                message = await receive()  # held to the body's pace where the front door paces it
+            except BodyStalled as exc:
+                return await answer_stalled(send, exc)
             if message["type"] == "http.disconnect":
                 return
             chunk = message.get("body", b"")

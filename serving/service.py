@@ -55,7 +55,7 @@ from serving.library_patches import (
     serve_behind_front_door,
     trace_only_when_exported,
 )
-from serving.limits import BodySlots, PayloadLimitMiddleware, release_body_slot
+from serving.limits import BodyPace, BodySlots, PayloadLimitMiddleware, release_body_slot
 from serving.metrics import service_metrics
 from serving.validation import PredictRequest, RequestError, parse_payload, parse_predict_request
 from training.checkpoint import WEIGHTS

@@ -26,11 +26,14 @@ class _App:
         await send({"type": "http.response.body", "body": b"app"})
 
 
-def _call(door, method: str, path: str, headers=()) -> tuple[int, dict, bytes]:
+def _call(door, method: str, path: str, headers=(), reads: list | None = None) -> tuple[int, dict, bytes]:
+    """``door``'s answer to a request whose (empty) body arrives at once; ``reads`` gets one entry per body read."""
     sent: list[dict] = []
+    reads = [] if reads is None else reads
 
     async def receive():
-        raise AssertionError("the front door read a body")
+        reads.append(1)
+        return {"type": "http.request", "body": b"", "more_body": False}
 
     async def send(message):
         sent.append(message)
@@ -86,9 +89,10 @@ def test_a_body_while_every_slot_is_taken_is_refused_at_the_door_as_the_body_lim
     door, refusals = _door(app, slots)
     assert _call(door, "POST", "/predict")[0] == 200 and app.seen == [("POST", "/predict")]
     release = slots.take()
-    status, headers, body = _call(door, "POST", "/predict")
+    reads: list[int] = []
+    status, headers, body = _call(door, "POST", "/predict", reads=reads)
     assert status == 503 and headers[b"retry-after"] == b"1" and headers[b"server"] == b"transdenoiser"
-    assert len(app.seen) == 1 and refusals == [1]
+    assert len(app.seen) == 1 and refusals == [1] and not reads
     inner_refusals: list[int] = []
     inner = PayloadLimitMiddleware(_App(), max_bytes=1000, slots=slots, on_full=lambda: inner_refusals.append(1))
     inner_status, inner_headers, inner_body = _call(inner, "POST", "/predict")
@@ -235,7 +239,7 @@ def test_an_abandoned_upload_gives_its_slot_back_although_the_layers_around_it_w
     async def service(scope, receive, send):
         raise AssertionError("an abandoned upload reached the service")
 
-    behind = PayloadLimitMiddleware(service, max_bytes=1000, slots=slots)
+    behind = PayloadLimitMiddleware(service, max_bytes=10**6, slots=slots)
 
     async def timeout_like(scope, receive, send):
         await behind(scope, receive, send)  # returns at the disconnect without answering
@@ -244,16 +248,18 @@ def test_an_abandoned_upload_gives_its_slot_back_although_the_layers_around_it_w
     door = FrontDoor(timeout_like, slots, Readiness(), api_key=None)
 
     async def run():
-        async def receive():
-            return {"type": "http.disconnect"}
+        messages = [{"type": "http.request", "body": b"x" * SMALL_BODY_BYTES, "more_body": True}]
+
+        async def receive():  # the first SMALL_BODY_BYTES of a large body (the door then takes the slot), then gone
+            return messages.pop() if messages else {"type": "http.disconnect"}
 
         async def send(message):
             raise AssertionError("nothing is sent to a client that has gone")
 
-        task = asyncio.create_task(door({"type": "http", "method": "POST", "path": "/predict", "headers": []},
-                                        receive, send))
+        scope = {"type": "http", "method": "POST", "path": "/predict", "headers": [(b"content-length", b"200000")]}
+        task = asyncio.create_task(door(scope, receive, send))
         await asyncio.sleep(0.01)
-        assert slots.taken == 0 and not task.done()
+        assert SLOT_KEY in scope and slots.taken == 0 and not task.done()
         task.cancel()
 
     asyncio.run(run())
