@@ -278,6 +278,15 @@ MUTANTS: tuple[Mutant, ...] = (
            'PoissonSampler(num_examples, schedule["sample_rate"])',
            'PoissonSampler(num_examples, min(1.0, 2 * schedule["sample_rate"]))', TRAIN_SAMPLING,
            "the sampler's rate is the q the accountant is given"),
+    Mutant("sound_edges_shifted", "certify/sound_noise.py", "_edge",
+           "(ctx.mpf(k) + ctx.mpf(0.5)) / scale", "(ctx.mpf(k) + ctx.mpf(0.55)) / scale",
+           ("tests/test_sound_noise.py", "-k", "cell_edges"),
+           "sound noise is exactly the discretized Gaussian: cell edges at k + 1/2 levels (here moved 0.05 level)"),
+    Mutant("sound_edges_at_levels", "certify/sound_noise.py", "_edge",
+           "(ctx.mpf(k) + ctx.mpf(0.5)) / scale", "ctx.mpf(k) / scale",
+           ("tests/test_sound_noise.py", "-k", "cell_edges"),
+           "sound noise's cell edges at Phi((k + 1/2) h / sigma); at Phi(k h / sigma) the table never becomes "
+           "certain (Phi(0) = 1/2) and the sampler hangs: the tests' time limit fails it"),
     # ------------------------------------------------------------------ clipping and noise
     Mutant("clip_at_2c", "training/privacy/dp.py", "PerExampleClipper.factors",
            "(self.clip_norm / (norms + 1e-12))", "(2 * self.clip_norm / (norms + 1e-12))", CLIPPING,

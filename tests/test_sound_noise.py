@@ -15,6 +15,11 @@ from certify import sound_noise
 from certify.core import Smooth
 from transdenoiser.errors import UserError
 
+# A sampler whose table can never be made certain (an edge exactly on a multiple of 2^-B, e.g. edges at Phi(k / s)
+# with Phi(0) = 1/2) raises the precision forever: the time limit turns that hang into a failure. Every test here
+# takes under 4 s on 2 idle cores (the slowest 15 s while other jobs shared them).
+pytestmark = pytest.mark.timeout(60)
+
 
 def _chisquare_against_pmf(samples: np.ndarray, sigma: float) -> float:
     """p-value of samples against the discretized Gaussian, values beyond +-4 sigma pooled into two tail bins."""
@@ -36,6 +41,85 @@ def test_sampler_draws_the_discretized_gaussian():
     assert draws.dtype == np.int32
     assert _chisquare_against_pmf(draws, 0.02) > 1e-3
     assert abs(draws.std() - 0.02 * 255) < 0.05  # sigma in grid steps (rounding adds 1/12 variance: negligible)
+
+
+def _exact_cell_edges(sigma: float, half_width: int, bits: int) -> list[int]:
+    """floor(F_k 2^bits) for the upper cell edges F_k = Phi((k + 1/2) / (255 sigma)), k = -half_width - 1 ..
+    half_width, computed apart from the module: mpmath's erfc at 320 bits at (2k + 1) / (510 sigma), sigma the
+    float64 exactly, each floor checked to be certain (the scaled edge more than 2^-100 from an integer)."""
+    import mpmath
+
+    floors = []
+    with mpmath.workprec(320):
+        sigma_exact = mpmath.mpf(sigma)  # the float64 sigma, exactly
+        for k in range(-half_width - 1, half_width + 1):
+            z = mpmath.mpf(2 * k + 1) / (510 * sigma_exact)
+            scaled = mpmath.erfc(-z / mpmath.sqrt(2)) / 2 * mpmath.mpf(2) ** bits
+            floor = int(mpmath.floor(scaled))
+            assert min(scaled - floor, floor + 1 - scaled) > mpmath.mpf(2) ** -100  # the floor is certain
+            floors.append(floor)
+    return floors
+
+
+@pytest.mark.parametrize("sigma", [0.02, 0.12, 0.25, 0.5, 1.0])
+def test_cell_edges_are_the_exact_discretized_gaussian(sigma):
+    """The sampler's integer thresholds are exactly floor(Phi((k + 1/2) h / sigma) 2^62), the cell edges of
+    K = round(e / h): any edge moved (by a fraction of a level, or to Phi(k h / sigma)) changes some floor. Also
+    within float64 rounding of scipy's norm.cdf (an independent implementation), and the table's range covers
+    9.5 sigma: the first and last thresholds are 0 and 2^62 - 1 (the tails, resolved exactly, hold < 2^-62)."""
+    sampler = sound_noise.DiscretizedGaussian(sigma)
+    width, bits = sampler.half_width, sampler.uniform_bits
+    assert width >= 9.5 * sigma * 255
+    got = sampler.thresholds.tolist()
+    assert len(got) == 2 * width + 2
+    assert got == _exact_cell_edges(sigma, width, bits)
+    ks = np.arange(-width - 1, width + 1)
+    edges = norm.cdf((ks + 0.5) / (255 * sigma))
+    assert np.max(np.abs(np.array(got, dtype=np.float64) / 2.0 ** bits - edges)) < 1e-15
+    assert got[0] == 0 and got[-1] == 2 ** bits - 1
+
+
+def test_cell_edges_guide_table_places_buckets_by_the_exact_edges():
+    """Every guide bucket the table places directly (no search) has all its uniforms in the one cell the exact
+    edges give, and no edge inside it; every other bucket holds an edge or a tail."""
+    sigma = 0.25
+    sampler = sound_noise.DiscretizedGaussian(sigma)
+    exact = np.array(_exact_cell_edges(sigma, sampler.half_width, sampler.uniform_bits), dtype=np.int64)
+    starts = np.arange(1 << sampler.guide_bits, dtype=np.int64) << sampler.guide_shift
+    ends = starts + (1 << sampler.guide_shift) - 1
+    cell = np.searchsorted(exact, starts, side="right") - sampler.half_width - 1
+    no_edge = np.searchsorted(exact, starts, side="left") == np.searchsorted(exact, ends, side="right")
+    placed = no_edge & (cell > -sampler.half_width - 1) & (cell <= sampler.half_width)
+    guide = sampler.guide.numpy()
+    assert np.array_equal(~np.isnan(guide), placed)
+    assert np.array_equal(guide[placed], cell[placed].astype(np.float32))
+    assert placed.mean() > 0.99
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_cell_edges_settle_straddling_draws_exactly(seed):
+    """A 10-bit uniform U equal to a threshold straddles an edge; :meth:`_resolve` draws more 10-bit uniforms until
+    V's interval lies in one cell. Replaying the same draws against the exact edges gives the same cell."""
+    import mpmath
+
+    sigma, bits = 0.02, 10
+    sampler = sound_noise.DiscretizedGaussian(sigma, uniform_bits=bits)
+    rng = np.random.default_rng(seed)
+    for u in rng.choice(sampler.thresholds.numpy()[1:-1], size=5, replace=False).tolist():
+        got = sampler._resolve(u, torch.Generator().manual_seed(seed), "cpu")
+        replay, low, width = torch.Generator().manual_seed(seed), u, bits
+        with mpmath.workprec(320):
+            def edge(k):  # Phi((k + 1/2) / (255 sigma)), the upper edge of cell k
+                return mpmath.erfc(-mpmath.mpf(2 * k + 1) / (510 * mpmath.mpf(sigma)) / mpmath.sqrt(2)) / 2
+
+            while True:
+                v_low, v_high = mpmath.mpf(low) / 2 ** width, mpmath.mpf(low + 1) / 2 ** width
+                cell = next(k for k in range(-sampler.half_width - 1, sampler.half_width + 2) if edge(k) > v_low)
+                if v_high <= edge(cell):
+                    break
+                low = (low << bits) | int(torch.randint(0, 1 << bits, (1,), generator=replay, dtype=torch.int64))
+                width += bits
+        assert got == cell, (u, got, cell)
 
 
 @pytest.mark.parametrize("head_bits", [30, 6])
