@@ -125,6 +125,11 @@ class DecideRule(Rule):
     def __post_init__(self):
         if not (math.isfinite(self.radius) and self.radius > 0):
             raise UserError(f"the radius to decide must be > 0, got {self.radius}")
+        largest = max_decidable_radius(self.sigma)
+        if self.radius > largest:
+            raise UserError(f"the radius {self.radius} cannot be decided at sigma {self.sigma:g}: float64's "
+                            f"Phi(R / sigma) is 1 beyond R / sigma = 8.29; the largest radius that can be decided is "
+                            f"{largest}")
         if self.ladder is not None:
             if self.ladder.alpha != self.cs.alpha or self.ladder.sigma != self.sigma:
                 raise ValueError("the ladder's alpha and sigma must be the rule's")

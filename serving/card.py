@@ -112,12 +112,15 @@ def model_card(bundle: ModelBundle, device: str, batching: str, as_run: str | No
         "denoiser": denoiser,
         "privacy": privacy,
         "certification": {
-            "method": "CERTIFY: n0 selection samples, n fresh estimation samples, one-sided Clopper-Pearson "
-                      "lower bound pA at level 1 - alpha; radius = sigma * Phi^-1(pA); abstain when pA < 1/2",
+            "method": "n0 selection samples choose the class; the image's one stream of estimation samples is read by "
+                      "one family of anytime-valid tests (decide's one-sided mixture at every radius of the 0.001 "
+                      "grid, made monotone in the radius: certify.ladder); a fixed n answers the highest radius "
+                      "certified by the first n samples; abstain when none is",
             "sigma": config.sigma, "sigma_units": "[0,1]-pixel units",
             "n0": config.n0, "default_n": config.n, "max_n": config.max_n, "alpha": config.alpha,
             "noise": "keyed per image: each image's noise seed is HMAC-SHA256, under a server secret, of the "
-                     "served weights' hashes, the image on its 8-bit grid and the sampling settings; client seeds "
+                     "served weights' hashes, the image on its 8-bit grid and the stream settings (sigma, n0, alpha, "
+                     "the confidence sequence; not the request kind, n or radius); client seeds "
                      + ("accepted" if config.allow_client_seed else "refused"),
             "sound_noise": config.sound_noise,
             "noise_kind": ("sound: images must be on the 8-bit grid k/255 (others are refused with 400); noise is an "
@@ -125,10 +128,12 @@ def model_card(bundle: ModelBundle, device: str, batching: str, as_run: str | No
                            "point (Voracek and Hein 2023; docs/CERTIFY.md)" if config.sound_noise else
                            "gaussian: float32 x + sigma * randn, the usual implementation, which is not sound in "
                            "floating point against a base model that reads low-order bits (docs/CERTIFY.md)"),
-            "guarantee": "each certificate holds with probability >= 1 - alpha over its noise; the same input "
-                         "with the same settings always gets the same certificate, so asking again cannot shop "
-                         "for a larger radius; inputs that differ in any pixel get independent certificates "
-                         "(docs/SERVING.md, 'One certificate per input')",
+            "guarantee": "per image (on its 8-bit grid): all the certificates this server gives about it, at any "
+                         "n, radius and request kind, in any number of requests, are wrong together with "
+                         "probability at most alpha (one test per image; across restarts and replicas only with a "
+                         "fixed noise_key). Different images, including one pixel one 8-bit level apart, are "
+                         "different questions, each at alpha. 'certified: false' and abstentions are not "
+                         "certificates (docs/SERVING.md, 'One image, one test')",
             "adaptive_requests": {
                 "decide": "send \"radius\": R to ask whether the prediction is certified at L2 radius R",
                 "estimate": "send \"adaptive\": true for the largest certifiable radius under the budget",

@@ -396,7 +396,8 @@ def test_service_metadata_card(service_client):
     assert {k: card["limits"][k] for k in ("max_images", "max_payload_bytes", "max_n")} == {
         "max_images": 4, "max_payload_bytes": 200_000, "max_n": 500}
     assert card["limits"]["max_request_samples"] > 0 and card["limits"]["max_queued_requests"] > 0
-    assert "HMAC" in card["certification"]["noise"] and "cannot shop" in card["certification"]["guarantee"]
+    assert "HMAC" in card["certification"]["noise"]
+    assert "wrong together with probability at most alpha" in card["certification"]["guarantee"]
     assert card["certification"]["adaptive_requests"]["default_budget"] == 500  # the server's max_n
     from serving.service import shared_rule  # the card names the confidence sequence the server's rules use
     served = {shared_rule(kind, 0.25, 500, 0.001, radius).cs.name for kind, radius in (("decide", 0.5),

@@ -328,33 +328,37 @@ def test_service_answers_reproduce_offline_and_duplicates_agree(service, smooth,
     offline = smooth.certify_adaptive(x[0], N0, 2000, ALPHA, smooth.generator(estimate["noise_seed"]))
     assert estimate["certified_radius"] == pytest.approx(offline.radius) and estimate["samples"] == offline.samples
     assert "certified" not in estimate and estimate["outcome"] == "estimated" and not estimate["abstained"]
-    # keyed seeds differ by kind and by the rule's settings; fixed-n answers gain "samples"
+    # one image, one test: every kind, radius and n reads the image's one stream (docs/SERVING.md)
     other_radius = service.post("/predict", json={"images": [x[0].tolist()], "radius": 0.25}).json()
     fixed = service.post("/predict", json={"images": [x[0].tolist()]}).json()["predictions"][0]
     seeds = {first[0]["noise_seed"], estimate["noise_seed"], other_radius["predictions"][0]["noise_seed"],
              fixed["noise_seed"]}
-    assert len(seeds) == 4
+    assert len(seeds) == 1
     assert fixed["samples"] == N0 + 100 and "certified" not in fixed
 
 
-def test_a_larger_budget_continues_the_same_stream_and_a_fixed_n_does_not(service, smooth, digits):
-    """Decide and estimate requests rest on confidence sequences valid at every sample count: the budget is not in
-    the noise key, so asking the same image again with a larger ``n`` continues one test on one stream of votes
-    (each answer is the offline one for that seed and budget), instead of drawing a fresh test at level alpha.
-    Fixed-n requests are Clopper-Pearson tests at one n: n stays in their key."""
+def test_every_budget_and_kind_continues_the_same_stream(service, smooth, digits):
+    """Every request about an image reads its one stream of votes (docs/SERVING.md, "One image, one test"): asking
+    again with a larger ``n`` continues one test, and each answer, fixed n included, is the offline one for that seed
+    and budget (a fixed n: the ladder's highest rung certified by the votes of the first n estimation samples)."""
+    from certify.adaptive import adaptive_many, sequential_rule
+
     x, _ = digits
-    for fields, mode in (({"radius": 0.675}, "decide"), ({"adaptive": True}, "estimate")):
+    for fields, mode in (({"radius": 0.675}, "decide"), ({"adaptive": True}, "estimate"), ({}, "fixed")):
         answers = [service.post("/predict", json={"images": [x[0].tolist()], **fields, "n": n}).json()
                    ["predictions"][0] for n in (100, 500, 2000)]
         assert len({a["noise_seed"] for a in answers}) == 1, mode
-        for answer in answers:
+        for answer, n in zip(answers, (100, 500, 2000), strict=True):
             generator = smooth.generator(answer["noise_seed"])
-            offline = (smooth.decide(x[0], 0.675, N0, answer["n_max"], ALPHA, generator) if mode == "decide"
-                       else smooth.certify_adaptive(x[0], N0, answer["n_max"], ALPHA, generator))
+            if mode == "decide":
+                offline = smooth.decide(x[0], 0.675, N0, n, ALPHA, generator)
+            elif mode == "estimate":
+                offline = smooth.certify_adaptive(x[0], N0, n, ALPHA, generator)
+            else:
+                rule = sequential_rule("fixed", smooth.sigma, n, ALPHA)
+                offline = adaptive_many(smooth, x[0].unsqueeze(0), N0, rule, [generator])[0]
+                assert answer["certified_radius"] == offline.radius and answer["n"] == n
             assert (answer["samples"], answer["count"]) == (offline.samples, offline.count), mode
-    fixed = [service.post("/predict", json={"images": [x[0].tolist()], "n": n}).json()["predictions"][0]
-             for n in (100, 500)]
-    assert fixed[0]["noise_seed"] != fixed[1]["noise_seed"]
 
 
 def test_service_form_fields_and_refusals(service, digits):

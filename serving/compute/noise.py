@@ -1,4 +1,4 @@
-"""Keyed noise: one certificate per input, so a client cannot shop for a larger radius by asking again.
+"""Keyed noise: one stream of noise per input, so every answer about an image is one test (docs/SERVING.md).
 
 Without a client seed, the noise seed of each image is an HMAC-SHA256, under a server secret, of
 
@@ -6,16 +6,16 @@ Without a client seed, the noise seed of each image is an HMAC-SHA256, under a s
 - the image quantised to its 8-bit grid (each pixel ``round(255 x)`` as one byte, C-contiguous, shape stated):
   a PNG/JPEG input is exactly on that grid; a float input shares its key with every float image that rounds to
   the same 8-bit image (a pixel 0 sent as 1e-40 is the same question), and
-- the sampling settings (request kind, sigma, n0, n, alpha, chunk_samples; ``n`` and a decide radius are already
-  on their grids, ``serving.validation``).
+- the stream settings (``serving.service.stream_settings``: sigma, n0, alpha, the confidence sequence; not the
+  request kind, n or radius, so every request about an image reads the same selection and the same stream).
 
 The model still sees the submitted pixels, so the certificate is about them; two float images in one 8-bit cell
 get the same noise, hence the same votes unless their difference itself moves a vote. The same image under the
 same settings therefore always gets the same noise and the same certificate, within a request (duplicates) and
-across requests, while an image differing by one 8-bit level in one pixel, or an ``n`` on another grid point,
-gets noise no client can predict without the secret. The secret comes from the ``noise_key`` setting or,
+across requests, while an image differing by one 8-bit level in one pixel gets noise no client can predict without
+the secret. The secret comes from the ``noise_key`` setting or,
 when that is unset, from the operating system's CSPRNG at start-up (then certificates are repeatable only
-until the server restarts). See docs/SERVING.md, "One certificate per input".
+until the server restarts). See docs/SERVING.md, "One image, one test".
 """
 from __future__ import annotations
 
