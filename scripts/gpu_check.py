@@ -17,8 +17,13 @@ alone), bench_serving at 16 clients (after a 1 s warm-up, three 3 s phases per m
 bench_serving_adaptive (one-image decide requests at R = 0.5, and estimate requests, against
 fixed n = 10,000 from 16 clients: the API's noisy samples per second, and the server's passes per request,
 samples per pass and busy time). Needs no network. A failing step is recorded and the check goes on; the exit
-status is 1 if any step failed. Writes OUT/gpu_check.json (every step: seconds, status, figures, the error) and
-prints one table.
+status is 1 if any step failed. Prints one table.
+
+Every run starts from a clean folder of its own, OUT/<UTC time>-<pid>/ (:func:`fresh_run_dir`), so a second run in
+the same checkout (a second GPU loan in one session) never meets the first one's checkpoints, which train,
+privacy-audit and bundle would refuse to overwrite. The run writes its JSON there (every step: seconds, status,
+figures, the error; ``gpu_check.partial.json`` after each step), copies it to OUT/gpu_check.json, the stable path
+of the latest finished run, and points OUT/latest at its folder when it starts.
 """
 from __future__ import annotations
 
@@ -26,6 +31,8 @@ import argparse
 import contextlib
 import io
 import json
+import os
+import shutil
 import sys
 import tempfile
 import time
@@ -67,8 +74,9 @@ class Check:
         return record.get("figures")
 
     def save_partial(self) -> None:
-        """The steps so far, rewritten after each one (OUT/gpu_check.partial.json), so that a run stopped by a
-        time limit still leaves every finished step's figures."""
+        """The steps so far, rewritten after each one (the run's folder's gpu_check.partial.json, also reached as
+        OUT/latest/gpu_check.partial.json), so that a run stopped by a time limit still leaves every finished step's
+        figures."""
         path = self.out / "gpu_check.partial.json"
         path.write_text(json.dumps({"format": "transdenoiser-gpu-check", "partial": True, "steps": self.steps},
                                    indent=2) + "\n")
@@ -80,6 +88,33 @@ class Check:
         if code != 0:
             raise RuntimeError(f"transdenoiser {argv[0]} exited {code}")
         return {}
+
+
+LATEST_LINK, SUMMARY = "latest", "gpu_check.json"
+
+
+def fresh_run_dir(base: Path) -> Path:
+    """A new, empty folder for one run under ``base``: ``<UTC time>-<pid>``, with ``-2``, ``-3``... added if that
+    exists (two runs in one second of one process). Never an existing folder: created here, or an error."""
+    base.mkdir(parents=True, exist_ok=True)
+    stem = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{os.getpid()}"
+    for attempt in range(1, 1000):
+        run = base / (stem if attempt == 1 else f"{stem}-{attempt}")
+        try:
+            run.mkdir()
+        except FileExistsError:
+            continue
+        return run
+    raise RuntimeError(f"gpu_check: no free run folder name under {base} for {stem}")
+
+
+def point_latest(base: Path, run: Path) -> None:
+    """``base/latest`` -> ``run`` (relative), replaced atomically; left alone where links cannot be made."""
+    link, temporary = base / LATEST_LINK, base / f".{LATEST_LINK}.{os.getpid()}"
+    with contextlib.suppress(OSError):
+        temporary.unlink(missing_ok=True)
+        temporary.symlink_to(run.name, target_is_directory=True)
+        os.replace(temporary, link)
 
 
 def summary_figures(run: Path) -> dict:
@@ -116,8 +151,9 @@ def run_commands(check: Check, args) -> None:
     base = ["--classifier", clf, "--denoiser", den, "--sigma", "0.25", "--max-index", "4" if quick else "100",
             "--skip", "1", *dev]
     runs = {}
-    for label, extra in (("fixed n", ["--n", n]), ("decide R=0.25", ["--n", n, "--radius", "0.25"]),
-                         ("estimate", ["--n", n, "--adaptive"]),
+    # decide and estimate certify the fixed-n run's images on its seed with another test (the ladder): --new-test
+    for label, extra in (("fixed n", ["--n", n]), ("decide R=0.25", ["--n", n, "--radius", "0.25", "--new-test"]),
+                         ("estimate", ["--n", n, "--adaptive", "--new-test"]),
                          ("fixed n, bf16", ["--n", n, "--precision", "bf16"]),
                          ("fixed n, bf16 + compile", ["--n", n, "--precision", "bf16", "--compile"])):
         if quick and "compile" in label:
@@ -145,7 +181,8 @@ def run_commands(check: Check, args) -> None:
         "--classifier", clf, "--lambda", "0.01", *(["--steps", "50"] if quick else []), "--out", out / "head", *dev))
     check.step("bundle (bf16)", lambda: check.cli(
         "bundle", "--classifier", clf, "--denoiser", den, "--n0", "20", "--n", "100", "--max-n", "1000",
-        "--precision", "bf16", "--out", out / "model", "--allow-client-seed"))
+        "--precision", "bf16", "--out", out / "model", "--allow-client-seed",
+        "--allow-worse-than-classifier"))  # the check's seconds-trained denoiser may be worse than none: bundled
     check.step("serve: one certify, decide and estimate request", lambda: _serve(out, args.device))
     del torch
 
@@ -226,6 +263,12 @@ def run_benchmarks(check: Check, args) -> None:
         bench_training.main(["--device", device, "--steps", "40", "--warmup", "5", "--repeats", "3",
                              "--out", str(out / "bench_training.json")]),
         out / "bench_training.json", ("median_examples_per_second",)))
+    # the DP step through the frozen classifier (objective stability: cnn28 / resnet20) against MSE's, side by side
+    check.step("bench_training objectives (sepdp stability vs mse)", lambda: _json_figures(
+        bench_training.main(["--device", device, "--objectives", "stability", "--only", "autoencoder:256",
+                             "dncnn:64", "--steps", "20", "--warmup", "3", "--repeats", "3",
+                             "--out", str(out / "bench_training_objectives.json")]),
+        out / "bench_training_objectives.json", ("median_examples_per_second", "over_sepdp_mse")))
     from benchmarks import bench_layer_pieces
 
     # one DnCNN layer's pieces of a DP step, each alone: where the step's time beyond non-private SGD's goes
@@ -292,7 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="CPU, smallest sizes, the certify benchmark only (the test suite runs this)")
     parser.add_argument("--device", default=None, help="cuda (default) or cpu (default with --quick)")
-    parser.add_argument("--out", type=Path, default=Path("runs/gpu_check"), help="folder for runs and gpu_check.json")
+    parser.add_argument("--out", type=Path, default=Path("runs/gpu_check"),
+                        help="folder for the runs: each run writes into a new OUT/<UTC time>-<pid>/, then copies its "
+                             "JSON to OUT/gpu_check.json (the latest run; OUT/latest links to its folder)")
     parser.add_argument("--skip-benchmarks", action="store_true", help="the commands only")
     parser.add_argument("--adaptive-models", type=Path, default=None, metavar="DIR",
                         help="a folder holding classifier/ and denoiser/ for bench_adaptive (default: runs/demo when "
@@ -320,7 +365,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.quick:
         torch.set_num_threads(min(2, torch.get_num_threads()))
-    args.out.mkdir(parents=True, exist_ok=True)
+    base = args.out
+    args.out = fresh_run_dir(base)  # every step's outputs: a clean folder of this run's own
+    point_latest(base, args.out)
     hardware = hardware_description(device)
     print(f"gpu_check{' --quick' if args.quick else ''}: {hardware}; runs in {args.out}", file=sys.stderr)
     check = Check(args.out, args.device, quiet=not args.verbose)
@@ -335,16 +382,17 @@ def main(argv: list[str] | None = None) -> int:
     failed = [s["step"] for s in check.steps if s["status"] != "ok"]
     result = {"format": "transdenoiser-gpu-check", "quick": args.quick, "device": str(device), "hardware": hardware,
               "torch": torch.__version__, "commit": checkout_commit(), "seconds": round(total, 1), "failed": failed,
-              "steps": check.steps}
-    path = args.out / "gpu_check.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
+              "run_dir": str(args.out), "steps": check.steps}
+    (args.out / SUMMARY).write_text(json.dumps(result, indent=2) + "\n")
+    path = base / SUMMARY  # the stable path: the latest finished run's JSON
+    shutil.copyfile(args.out / SUMMARY, path)
     print(f"\n{'step':<58} {'status':<7} {'seconds':>8}  figures")
     for s in check.steps:
         figures = json.dumps(s.get("figures") or {}, separators=(",", ":"))
         print(f"{s['step']:<58} {s['status']:<7} {s['seconds']:>8.1f}  "
               f"{figures if len(figures) <= 160 else figures[:157] + '...'}")
     print(f"\n{len(check.steps) - len(failed)} of {len(check.steps)} steps ok in {total:.0f} s on {hardware}; "
-          f"wrote {path}")
+          f"wrote {path} (this run's folder: {args.out})")
     return 1 if failed else 0
 
 

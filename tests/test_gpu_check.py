@@ -54,3 +54,41 @@ def test_benchmark_figures_are_found_at_any_depth_of_their_json(tmp_path):
         "speedup": {"16": 1.6}, "rows.0.sepdp.median_examples_per_second": 9.0}
     with pytest.raises(RuntimeError, match="exited 2"):
         _json_figures(2, path, ("speedup",))
+
+
+def test_two_runs_in_one_checkout_each_start_from_a_clean_folder_of_their_own(tmp_path, monkeypatch):
+    """A second run with the same --out (a second GPU loan in one session) must not meet the first run's outputs:
+    train, privacy-audit and bundle refuse an --out that holds a checkpoint or a model directory (6 of 17 steps
+    failed so). Each run gets a new folder under --out, every step's output path lies inside it, and
+    OUT/gpu_check.json is the latest run's summary (OUT/latest its folder). The commands themselves are recorded
+    here, not run (the slow test above runs them)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    calls: list[list[str]] = []
+
+    def record(check, *argv):
+        calls[-1].append([str(a) for a in argv])
+        return {}
+
+    monkeypatch.setattr(gpu_check.Check, "cli", record)
+    for name in ("summary_figures", "_audit", "_serve"):
+        monkeypatch.setattr(gpu_check, name, lambda *a, **k: {})
+    base = tmp_path / "gpu_check"
+    for _ in range(2):
+        calls.append([])
+        assert gpu_check.main(["--quick", "--skip-benchmarks", "--out", str(base)]) == 0
+    outs = [[Path(argv[argv.index("--out") + 1]) for argv in argvs if "--out" in argv] for argvs in calls]
+    assert len(outs[0]) >= 10 and len(set(outs[0])) == len(outs[0])
+    assert not set(outs[0]) & set(outs[1]), "the second run writes where the first one did"
+    runs = [out[0].parent for out in outs]  # each run's folder: where its first step (pretrain) writes
+    assert runs[0] != runs[1] and runs[0].parent == runs[1].parent == base
+    for run, argvs in zip(runs, calls, strict=True):  # every path a command is given (--out, --classifier...)
+        paths = [Path(a) for argv in argvs for a in argv if a.startswith(str(base))]
+        assert all(run in path.parents for path in paths), paths
+    summary = json.loads((base / "gpu_check.json").read_text())  # the stable path: the latest run's summary
+    assert summary["run_dir"] == str(runs[1]) and not summary["failed"]
+    assert json.loads((runs[0] / "gpu_check.json").read_text())["run_dir"] == str(runs[0])
+    assert (base / "latest").resolve() == runs[1].resolve()
