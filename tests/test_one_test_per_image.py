@@ -165,3 +165,17 @@ def test_the_ladder_hull_changes_no_decide_answer_where_the_tests_are_monotone()
     for radius in (0.001, 0.25, 0.5, 0.777):
         rule = DecideRule(cs, radius, SIGMA, shared)
         np.testing.assert_array_equal(rule._certify_at, cs.decide_boundaries(rule.threshold)[0])
+
+
+def test_the_cost_table_quick(capsys):
+    """``benchmarks.one_test_cost --quick``: decide's mean samples and P[certified] are the same with the ladder as
+    with its test alone, and a fixed-n radius at n = 1,000 lies within 6% below Clopper-Pearson's (docs/CERTIFY.md)."""
+    from benchmarks import one_test_cost
+
+    assert one_test_cost.main(["--quick", "--json"]) == 0
+    table = json.loads(capsys.readouterr().out)
+    for row in table["decide"]:
+        assert row["mean_samples_ladder"] == row["mean_samples_alone"]
+        assert row["certified_ladder"] == row["certified_alone"]
+    for row in table["fixed_n"]:
+        assert 0.94 <= row["ladder_radius"] / row["clopper_pearson_radius"] <= 1.0, row
