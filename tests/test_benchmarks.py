@@ -469,3 +469,32 @@ def test_a_serving_benchmark_refuses_a_denoiser_dir_that_is_not_a_checkpoint(tmp
                             str(tmp_path / "missing")])
     err = capsys.readouterr().err
     assert info.value.code == 2 and f"--denoiser-dir {tmp_path / 'missing'}: not a denoiser checkpoint" in err, err
+
+
+@pytest.mark.server
+def test_bench_retry_storm_quick_counts_every_attempt_of_clients_that_obey_retry_after(tmp_path,
+                                                                                   random_classifier_dir):
+    """One run of 5 s against a real server (8 clients, lighter heavy requests): the record adds up."""
+    from benchmarks import bench_retry_storm
+
+    out = tmp_path / "storm.json"
+    assert bench_retry_storm.main(["--quick", "--classifier-dir", str(random_classifier_dir), "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    run, total = result["runs"][0], result["totals"]
+    assert total["runs"] == 1 and run["attempts"] == sum(run["statuses"].values()) > 0
+    assert run["admitted"] == run["answered"] + run["admitted_then_504"] and run["answered"] > 0
+    assert run["small"]["attempts"] + run["heavy"]["attempts"] == run["attempts"]
+    assert run["small"]["idle_p50_s"] > 0 and run["compute_rate"]["min"] > 0
+    assert total["goodput"] == run["goodput"] == run["answered"] / run["admitted"]
+    assert result["settings"]["heavy"]["samples"] == 16 * (bench_retry_storm.QUICK_HEAVY_N + 100)
+
+
+def test_bench_retry_storm_refuses_bad_arguments(capsys, tmp_path):
+    from benchmarks import bench_retry_storm
+
+    for argv, message in ((["--heavy-share", "1.5"], "--heavy-share must lie in [0, 1]"),
+                          (["--classifier-dir", str(tmp_path)], "not a classifier checkpoint"),
+                          (["--runs", "0"], "--runs")):
+        with pytest.raises(SystemExit) as info:
+            bench_retry_storm.main(argv)
+        assert info.value.code == 2 and message in capsys.readouterr().err

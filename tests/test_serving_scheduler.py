@@ -460,36 +460,164 @@ def test_a_broken_loop_fails_its_requests_and_restarts():
 
 # ------------------------------------------------------------------------------------------------ admission by deadline
 
-def test_processor_sharing_finish_times_and_admission_rules():
-    from serving.compute.admission import Admitted, admission, doomed, finish_times, fits_alone
+def test_admission_rules_count_all_admitted_work_and_push_no_admitted_request():
+    from serving.compute.admission import Admitted, admission, doomed, fits_alone, overruns, round_robin_finishes
 
-    left = [300, 100, 100, 50]
-    brute = [sum(min(r, mine) for r in left) / 10 for mine in left]
-    assert finish_times(left, 10) == pytest.approx(brute)
+    left = [300, 100, 100, 50]  # in deadline order: those before computed whole, those after at most as much
+    brute = [(sum(left[:i + 1]) + sum(min(r, left[i]) for r in left[i + 1:])) / 10 for i in range(4)]
+    assert round_robin_finishes(left, 10) == pytest.approx(brute)
     assert admission(100, 1.0, [], 0.0).admit  # rate not measured yet
-    # alone: within 75 % of the deadline at half the rate (the share an admitted request is sure of), 37.5 samples
-    assert admission(37, 1.0, [], 100).admit and admission(38, 1.0, [], 100).reason == "never"
-    assert fits_alone(100, 1.0) == 37
-    # a large request that fits alone is refused next to admitted work only as far as that work pushes it past the
-    # bound: the decision moves with the admitted work, with no jump between an idle server and one small request
-    assert admission(36, 1.0, [Admitted(1, 1.0)], 100).admit
-    assert admission(37, 1.0, [Admitted(1, 1.0)], 100).reason == "busy"
-    # two admitted requests fill the next 60 s of a 100 samples/s server; a large newcomer is refused, with a
-    # Retry-After within the admitted deadlines, a small one still fits in the slack
-    admitted = [Admitted(3000, 70), Admitted(3000, 90)]
-    large = admission(3500, 100, admitted, 100)
-    assert not large.admit and large.reason == "busy" and 1 <= large.retry_after_s <= 90
-    assert admission(100, 100, admitted, 100).admit
-    # an admitted request the rate left behind (projected past 90 % of its time) blocks no newcomer; one that cannot
-    # finish even alone is doomed (the scheduler stops it at once)
-    assert admission(100, 100, [Admitted(3000, 32)], 100).admit
-    assert doomed(3000, 20, 100) and not doomed(3000, 32, 100)
-    # next to a stream of small requests, a large one must fit behind all the admitted work at half the rate (the
-    # share the scheduler's extra rounds give a request left behind): 4,400 samples at 50/s is 88 s, over 75 s;
-    # processor sharing alone (44 s) would admit it. A small newcomer is not held to that bound.
-    stream = [Admitted(200, 100)] * 7
-    assert admission(3000, 100, stream, 100).reason == "busy" and admission(2000, 100, stream, 100).admit
-    assert admission(900, 100, stream * 3, 100).admit  # at half the rate it would not fit (102 s), but it is small
+    # alone: within 75 % of the deadline at the planning rate
+    assert admission(75, 1.0, [], 100).admit and admission(76, 1.0, [], 100).reason == "never"
+    assert fits_alone(100, 1.0) == 75
+    # behind all the admitted work ahead of it, however small it is: next to 70 s of admitted work a 10 s request
+    # would finish after 80 s, over 75 s (round robin alone would put its finish at 20 s); 500 samples fit
+    decision = admission(1000, 100, [Admitted(7000, 100, 100)], 100)
+    assert (decision.reason, decision.retry_after_s) == ("busy", 5) and decision.finish_s == pytest.approx(80)
+    assert admission(500, 100, [Admitted(7000, 100, 100)], 100).admit
+    # an admitted request 40 s into its 100 s deadline, 40 s of work left: planned to finish by 90 s (60 - 10 s
+    # left), its slack (8 s) at least the fallback (2 s). A newcomer that fits behind it by itself (50 s) but
+    # takes 10 s of its rounds leaves it 48.0 + 2 s: refused; 7 s of rounds keep it in time
+    admitted = [Admitted(4000, 60, 100)]
+    assert overruns(admitted, 100) == pytest.approx([40 - 48])
+    pushed = admission(1000, 100, admitted, 100)
+    assert pushed.reason == "busy" and pushed.finish_s == pytest.approx(50) and pushed.retry_after_s == 2
+    assert admission(700, 100, admitted, 100).admit
+    # one already past its plan (the rate fell) refuses every newcomer, the smallest included, until it is back
+    assert admission(1, 100, [Admitted(4900, 60, 100)], 100).reason == "busy"
+    # a Retry-After never beyond the last admitted deadline
+    assert admission(1, 100, [Admitted(4900, 3.5, 100)], 100).retry_after_s == 4
+    # doomed: not even at the best rate measured before its deadline
+    assert doomed(3000, 29, 100) and not doomed(3000, 31, 100) and not doomed(3000, 1, 0)
+
+
+def test_the_planning_rate_is_a_margin_below_the_lowest_rate_of_the_last_minute():
+    from serving.compute.admission import RATE_MARGIN, RateMeter
+
+    meter = RateMeter(window_s=2.0, windows=3)
+    assert meter.plan == 0 and meter.best == 0
+    for rate in (2000, 1000, 3000):  # three windows of 2 busy seconds
+        for _ in range(4):
+            meter.add(rate // 2, 0.5)
+    assert meter.plan == pytest.approx(RATE_MARGIN * 1000) and meter.best == pytest.approx(3000)
+    for _ in range(16):  # four more windows at 3,000/s: the 1,000/s window is forgotten
+        meter.add(1500, 0.5)
+    assert meter.plan == pytest.approx(RATE_MARGIN * 3000, rel=0.01)
+    meter.add(100, 1.0)  # a slow pass lowers the plan at once (the moving average), before its window ends
+    assert meter.plan < RATE_MARGIN * 2000
+
+
+class FixedRate:
+    """A rate meter that reads ``rate`` (measured, planned and best alike) whatever the passes take: with a fake
+    clock the passes take no measured time."""
+
+    def __init__(self, rate: float):
+        self.rate = self.plan = self.best = rate
+
+    def add(self, samples: int, seconds: float) -> None:
+        pass
+
+
+class ClockedCounter:
+    """Counts every sample as class 0 and moves the fake ``clock`` on by samples / ``rate`` (the real rate); a pass
+    that begins at ``pause_at`` or later waits for ``resume`` (set by the test) first."""
+
+    def __init__(self, rate: float, pause_at: float = math.inf):
+        import threading
+
+        self.now = 0.0
+        self.rate = rate
+        self.pause_at = pause_at
+        self.paused = threading.Event()
+        self.resume = threading.Event()
+        self.seeds: set[int] = set()  # every job's seed computed
+
+    def clock(self) -> float:
+        return self.now
+
+    def __call__(self, jobs):
+        if self.now >= self.pause_at and not self.paused.is_set():  # once
+            self.paused.set()
+            self.resume.wait(timeout=30)
+        self.now += sum(job.num_samples for job in jobs) / self.rate
+        self.seeds.update(job.seed for job in jobs)
+        return [np.bincount(np.zeros(job.num_samples, dtype=np.int64), minlength=10) for job in jobs]
+
+
+def clocked_scheduler(counter: ClockedCounter, plan_rate: float, round_samples: int = 100) -> FairScheduler:
+    scheduler = FairScheduler(counter, round_samples=round_samples, pass_samples=1000, share_passes=False,
+                              max_queued=64, clock=counter.clock)
+    scheduler.rate_meter = FixedRate(plan_rate)
+    return scheduler
+
+
+async def outcome(run) -> str:
+    try:
+        await run
+        return "ok"
+    except DeadlineExceeded:
+        return "504"
+
+
+def test_a_newcomer_that_would_push_an_admitted_request_past_its_plan_is_refused():
+    """Admission's check of the admitted requests, in the scheduler (fake clock and rate): a request 40 s into its
+    100 s deadline with 39 s of work left at the planning rate; a newcomer that fits behind it by itself (49 s),
+    but whose rounds would make it finish 1 s after its planned finish less the fallback, is refused at once and
+    computes nothing; a smaller one is admitted, and both admitted requests finish before their deadlines.
+    Without the check the newcomer is admitted."""
+    counter = ClockedCounter(rate=100, pause_at=0.5)  # the first pass (100 samples, 1 s) runs, then the clock waits
+    scheduler = clocked_scheduler(counter, plan_rate=100)
+
+    async def run():
+        first = asyncio.create_task(outcome(scheduler.run(work(1, 3950, seed=1, n0=50), 100, 10**6)))  # 4,000
+        try:
+            while not counter.paused.is_set():
+                await asyncio.sleep(0.001)
+            # two passes taken (the second waits for the clock): 3,800 samples (38 s) left, 60 s before the deadline,
+            # so its planned finish (less the fallback) is 48 s away: 10 s of a newcomer's rounds fit, not 11 s
+            counter.now = 40.0
+            assert scheduler.queued_samples == 3800
+            refused = asyncio.create_task(scheduler.run(work(1, 1050, seed=2, n0=50), 100, 10**6))  # 1,100: 49 s
+            await asyncio.sleep(0)  # its admission is decided before its first wait
+            assert refused.done() and isinstance(refused.exception(), QueueFull), scheduler.depth
+            assert refused.exception().headers["Retry-After"] == "1"
+            assert "no place is held" in refused.exception().message
+            second = asyncio.create_task(outcome(scheduler.run(work(1, 950, seed=3, n0=50), 100, 10**6)))  # 48 s
+            await asyncio.sleep(0)
+            assert scheduler.depth == 2
+        finally:
+            counter.resume.set()
+        return await first, await second
+
+    assert asyncio.run(run()) == ("ok", "ok")
+    assert scheduler.stats.refused == {"busy": 1} and counter.now < 100
+    refused_seeds = {job_seed(2, phase, k) for phase in (SELECTION, ESTIMATION) for k in range(30)}
+    assert counter.seeds and not counter.seeds & refused_seeds  # nothing computed for the refused request
+
+
+def test_admitted_work_finishes_in_deadline_order_when_the_rate_falls_below_the_plan():
+    """A heavy request admitted at the planning rate (1,000 samples/s) computes 20 s; then 14 requests of 2,000
+    samples are admitted beside it, each within its plan, and the real rate falls to 70 % of the plan. Round robin
+    would finish the heavy one after all of them, 117 s in: 504. The scheduler computes in deadline order while a
+    slack is short, and every request finishes before its deadline (fake clock: no real waiting)."""
+    counter = ClockedCounter(rate=1000, pause_at=20.0)
+    scheduler = clocked_scheduler(counter, plan_rate=1000, round_samples=500)
+
+    async def run():
+        heavy = asyncio.create_task(outcome(scheduler.run(work(1, 59_980, seed=1, chunk=500), 100, 10**6)))
+        while not counter.paused.is_set():
+            await asyncio.sleep(0.001)
+        others = [asyncio.create_task(outcome(scheduler.run(work(1, 1980, seed=10 + k, chunk=500), 100, 10**6)))
+                  for k in range(14)]
+        await asyncio.sleep(0)
+        assert scheduler.depth == 15  # all admitted
+        counter.rate = 700
+        counter.resume.set()
+        return await heavy, await asyncio.gather(*others)
+
+    heavy, others = asyncio.run(run())
+    assert heavy == "ok" and others == ["ok"] * 14, (heavy, others, counter.now)
+    assert scheduler.stats.deadline_order_passes > 0 and "deadline" not in scheduler.stats.dropped
 
 
 def test_overload_keeps_goodput_and_answers_small_requests_or_refuses_them_at_once():
@@ -629,4 +757,4 @@ def test_admitted_work_finishes_when_the_rate_falls_after_admission():
         return outcome
 
     assert asyncio.run(run()) == "ok", (scheduler.stats, scheduler.rate)
-    assert scheduler.stats.rescue_passes > 0 and "ok" in small_answers  # the small requests kept being answered
+    assert "ok" in small_answers  # the small requests kept being answered

@@ -12,11 +12,12 @@ deadline has passed (``DeadlineExceeded``), whose client has disconnected (``Cli
 stopped waiting; so a dropped request costs at most the passes already taken (one, or two with ``overlap``). New
 tickets beyond ``max_queued`` are refused at once with
 ``QueueFull`` (a 503 with Retry-After), and a ticket whose work would exceed ``max_samples`` noisy samples
-is refused with ``BudgetExceeded``. Admission is by deadline at the measured rate
-(``serving.compute.admission``): a request is admitted only if it and every admitted request can still finish
-within their deadlines; otherwise ``QueueFull`` at once, with a Retry-After bounded by the admitted deadlines,
-or ``NeverInTime`` when it could not finish within its deadline even alone (at the half of the compute an
-admitted request is sure of).
+is refused with ``BudgetExceeded``. Admission is by deadline at a planning rate the server can count on (a margin
+below the lowest rate measured over the last minute; ``serving.compute.admission``): a request is admitted only if
+it, behind all the admitted work ahead of it, and every admitted request can still finish before their planned
+finish; otherwise ``QueueFull`` at once, with a Retry-After bounded by the admitted deadlines, or ``NeverInTime``
+when it could not finish within its deadline even alone. While an admitted request's slack is short (the rate fell
+below the plan) the passes are taken in deadline order instead of round robin (``behind``).
 
 The scheduler changes when samples are computed, never which: every job carries its own seed, so a
 ticket's result is the same whatever it shared passes with (``serving.compute.engine``).
@@ -41,7 +42,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from serving.compute.admission import ADMITTED_MARGIN, Admitted, RateMeter, admission, doomed, fits_alone
+from serving.compute.admission import Admitted, RateMeter, admission, doomed, fits_alone, needs_deadline_order
 from serving.compute.engine import NoiseJob, read_counted_blocks
 from serving.compute.passes import InFlight, advance, timed
 from serving.compute.refusals import (
@@ -89,7 +90,6 @@ class _Ticket:
     disconnected: Disconnected | None
     max_samples: int
     samples_taken: int = 0
-    behind: bool = False  # fell behind its deadline once: gets extra rounds until it finishes (``at_risk``)
 
 
 @dataclass
@@ -102,7 +102,7 @@ class SchedulerStats:
     refused: dict[str, int] = field(default_factory=dict)  # reason -> requests refused at admission
     finished_samples: int = 0  # noisy samples of requests that finished (goodput's numerator)
     pass_sizes: list[int] = field(default_factory=list)  # tickets served in each of the last passes
-    rescue_passes: int = 0  # passes begun with an extra round for an admitted request at risk
+    deadline_order_passes: int = 0  # passes taken in deadline order (an admitted request's slack was short)
     counter_seconds: float = 0.0  # the counter's own time on the passes (its thread's wall time): the rest of a
     # pass's time is the host's (the event loop taking jobs and handing out counts)
 
@@ -136,13 +136,11 @@ class FairScheduler:
         self.clock = clock
         self.stats = SchedulerStats()
         self._tickets: deque[_Ticket] = deque()
-        self.rate_meter = RateMeter()  # noisy samples per second of busy compute (admission, Retry-After)
+        self.rate_meter = RateMeter()  # noisy samples per second of busy compute; its plan: admission, Retry-After
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
         self._wake: asyncio.Event | None = None
         self._last_served: _Ticket | None = None  # the ticket whose round ended the last pass
-        self._rescue_turn = True  # whether the next pass may serve an admitted request at risk first
-        self._newcomer_went_first = False  # whether the last rescue turn let a new request's first round go first
         self.overlap = overlap
         self._executor: ThreadPoolExecutor | None = None  # the compute thread: one pass at a time
 
@@ -157,16 +155,27 @@ class FairScheduler:
 
     @property
     def rate(self) -> float:
-        """Measured noisy samples per second (0 until the first pass)."""
+        """Measured noisy samples per second, a moving average (0 until the first pass)."""
         return self.rate_meter.rate
 
+    @property
+    def plan_rate(self) -> float:
+        """The rate admission plans with (``RateMeter.plan``; 0 until the first pass)."""
+        return self.rate_meter.plan
+
     def retry_after_s(self) -> int:
-        """Seconds until the queued work would be done at the measured rate, at least 1 and at most the time
+        """Seconds until the queued work would be done at the planning rate, at least 1 and at most the time
         to the last admitted deadline (by then every admitted request has finished or been stopped)."""
-        if self.rate <= 0 or not self._tickets:
+        if self.plan_rate <= 0 or not self._tickets:
             return 1
         horizon = max(ticket.deadline for ticket in self._tickets) - self.clock()
-        return max(1, min(math.ceil(self.queued_samples / self.rate), math.ceil(horizon)))
+        return max(1, min(math.ceil(self.queued_samples / self.plan_rate), math.ceil(horizon)))
+
+    def _admitted(self) -> list[Admitted]:
+        """The tickets as admission sees them, in their order."""
+        now = self.clock()
+        return [Admitted(ticket.work.samples_left, ticket.deadline - now, ticket.deadline_s)
+                for ticket in self._tickets]
 
     def _refuse(self, reason: str, error: SchedulerRefusal) -> SchedulerRefusal:
         self.stats.refused[reason] = self.stats.refused.get(reason, 0) + 1
@@ -176,23 +185,22 @@ class FairScheduler:
 
     def _admit(self, work: Work, deadline_s: float) -> None:
         """Refuse ``work`` unless it and every admitted request can finish in time (``admission``)."""
-        now = self.clock()
-        admitted = [Admitted(ticket.work.samples_left, ticket.deadline - now) for ticket in self._tickets]
-        decision = admission(work.samples_left, deadline_s, admitted, self.rate)
+        rate = self.plan_rate
+        decision = admission(work.samples_left, deadline_s, self._admitted(), rate)
         if decision.reason == "never":
-            fits = fits_alone(self.rate, deadline_s)
+            fits = fits_alone(rate, deadline_s)
             raise self._refuse("never", NeverInTime(
                 f"the request needs {work.samples_left} noisy samples (images x (n0 + n)), about "
-                f"{decision.alone_s:.0f} s at this server's measured {self.rate:.0f} samples/s, more than its "
-                f"deadline of {deadline_s:g} s (max_latency_ms) allows at the half of the compute an admitted "
-                f"request is sure of; lower the number of images or n (about {fits} noisy samples fit), or raise "
-                f"max_latency_ms"))
+                f"{decision.alone_s:.0f} s at the {rate:.0f} samples/s this server plans with (a margin below "
+                f"its lowest measured rate), more than its deadline of {deadline_s:g} s (max_latency_ms) allows; "
+                f"lower the number of images or n (about {fits} noisy samples fit), or raise max_latency_ms"))
         if not decision.admit:
             retry = decision.retry_after_s
             raise self._refuse("busy", QueueFull(
                 f"the server is busy: this request would not finish within its deadline of {deadline_s:g} s "
-                f"(max_latency_ms) next to the {len(self._tickets)} requests already admitted, at the measured "
-                f"{self.rate:.0f} samples/s; retry in {retry} s", {"Retry-After": str(retry)}))
+                f"(max_latency_ms) next to the {len(self._tickets)} requests already admitted without delaying "
+                f"them, at the {rate:.0f} samples/s it plans with; retry in {retry} s (no place is held)",
+                {"Retry-After": str(retry)}))
 
     async def run(self, work: Work, deadline_s: float, max_samples: int,
                   disconnected: Disconnected | None = None) -> Any:
@@ -260,7 +268,8 @@ class FairScheduler:
         for ticket in list(self._tickets):
             if ticket.future.done():
                 self._drop(ticket, None, "abandoned")
-            elif now > ticket.deadline or doomed(ticket.work.samples_left, ticket.deadline - now, self.rate):
+            elif now > ticket.deadline or doomed(ticket.work.samples_left, ticket.deadline - now,
+                                                 self.rate_meter.best):
                 work = ticket.work
                 when = "passed" if now > ticket.deadline else "could no longer meet"
                 self._drop(ticket, DeadlineExceeded(
@@ -271,24 +280,16 @@ class FairScheduler:
                 self._drop(ticket, ClientDisconnected("the client disconnected; its computation was stopped"),
                            "disconnected")
 
-    def at_risk(self) -> _Ticket | None:
-        """The admitted request most urgently behind, or None. A request falls behind when it needs more than
-        its round-robin share of the compute to finish within ``ADMITTED_MARGIN`` of its remaining time (samples
-        left / measured rate > margin x remaining time / requests in flight); it then stays behind until it
-        finishes. Among those, the one with the earliest deadline.
+    def behind(self) -> list[_Ticket] | None:
+        """The tickets in deadline order while some admitted request's slack at the planning rate is below its
+        fallback (``serving.compute.admission.needs_deadline_order``: the rate fell below the plan), else None.
 
-        Admission projects round robin over the requests admitted so far; a steady stream of later requests (each
-        admitted, each small) keeps taking a share, and the rate may fall, so a large request admitted on time
-        can drift behind. Its needed share, unlike that projection, sees both."""
-        if self.rate <= 0 or len(self._tickets) < 2:
+        Computing in deadline order lowers no request's slack (each second at a rate >= the plan removes at least a
+        second of work from every request's work ahead), where round robin lowers the slack of every request ahead
+        of the one it serves; admission refuses every newcomer meanwhile."""
+        if len(self._tickets) < 2 or not needs_deadline_order(self._admitted(), self.plan_rate):
             return None
-        now = self.clock()
-        share = ADMITTED_MARGIN / len(self._tickets)
-        for ticket in self._tickets:
-            if not ticket.behind and ticket.work.samples_left > share * self.rate * (ticket.deadline - now):
-                ticket.behind = True
-        behind = [ticket for ticket in self._tickets if ticket.behind and ticket.work.samples_left > 0]
-        return min(behind, key=lambda ticket: ticket.deadline, default=None)
+        return sorted(self._tickets, key=lambda ticket: ticket.deadline)
 
     def _room(self, ticket: _Ticket, total: int) -> int:
         """Noisy samples ``ticket``'s round may take in a pass that already holds ``total``: ``round_samples``, or
@@ -318,29 +319,24 @@ class FairScheduler:
         the device's batch as several requests do, and a request arriving waits for the passes already taken
         either way.
 
-        Every other pass begins with an extra round for the admitted request at risk (``at_risk``), if any, so
-        work already admitted gets at least about half the compute however many requests arrive after it and
-        however the rate falls (within reason), while every other request keeps its round in turn. A new request
-        whose first round is next in turn goes before the extra round, once in a row: a small request next to a
-        large one at risk still waits for at most the passes already taken."""
+        While an admitted request is ``behind`` its plan, the pass takes its rounds in deadline order instead (the
+        earliest deadline with jobs ready first): admitted work finishes by its planned finish whatever arrived
+        after it, as long as the real rate comes back to the plan."""
         batch: list[tuple[_Ticket, Any, NoiseJob]] = []
         total = 0
-        rescue = self.at_risk() if self._rescue_turn else None
-        if rescue is not None and not self._newcomer_went_first and self._tickets[0].samples_taken == 0 \
-                and self._tickets[0] is not rescue:
-            rescue, self._newcomer_went_first = None, True  # a new request's first round goes first, once
-        else:
-            # after a rescue, the next pass is round robin's, unless a newcomer just took that turn
-            self._rescue_turn = rescue is None or self._newcomer_went_first
-            self._newcomer_went_first = False
-        if rescue is not None:
-            jobs = self._round(rescue, self._room(rescue, 0))
-            if jobs:
-                batch.extend((rescue, key, job) for key, job in jobs)
+        behind = self.behind()
+        if behind is not None:
+            for ticket in behind:
+                jobs = self._round(ticket, self._room(ticket, total))
+                if not jobs:
+                    continue
+                batch.extend((ticket, key, job) for key, job in jobs)
                 total += sum(job.num_samples for _, job in jobs)
-                self.stats.rescue_passes += 1
                 if not self.share_passes or total >= self.pass_samples:
-                    return batch
+                    break
+            if batch:
+                self.stats.deadline_order_passes += 1
+                return batch
         while True:  # sharing passes: further sweeps while the pass has room and some request has jobs ready
             took = False
             for _ in range(len(self._tickets)):
