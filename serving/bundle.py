@@ -10,7 +10,6 @@ import torch
 from certify.pipeline import Pipeline, load_pipeline
 from serving.config import CONFIG_NAMES, ServingConfig, load_config, to_toml, validate_config
 from training.checkpoint import METADATA, WEIGHTS, write_text
-from transdenoiser.checks import check_not_worse_than_classifier
 from transdenoiser.errors import UserError
 
 
@@ -22,17 +21,16 @@ def write_model_dir(out_dir: str | Path, classifier_dir: str | Path, denoiser_di
 
     ``settings`` takes any further :class:`ServingConfig` key (``batch_size``, ``max_images``,
     ``allow_client_seed``, ...). Everything is validated before anything is written. An existing
-    ``out_dir`` is refused unless it is empty. A denoiser that training measured worse than no denoiser
-    (``transdenoiser.checks.worse_than_classifier``) is refused unless ``allow_worse_than_classifier=True``,
-    which serving.toml then records (and the model card shows).
+    ``out_dir`` is refused unless it is empty. A denoiser that training measured worse than no denoiser is
+    not refused here (``transdenoiser bundle`` refuses it: ``transdenoiser.checks.check_not_worse_than_classifier``,
+    which the caller may run first); ``allow_worse_than_classifier=True`` records in serving.toml, and so on the
+    model card, that it was bundled knowingly, and ``serve`` warns about such a denoiser whatever the setting.
     """
     out_dir = Path(out_dir)
     raw = {"sigma": sigma, "n0": n0, "n": n, "max_n": max_n, "alpha": alpha, **settings,
            "classifier": "classifier", "denoiser": "denoiser" if denoiser_dir is not None else None}
     config = validate_config(raw, "write_model_dir")
-    pipeline = load_pipeline(classifier_dir, denoiser_dir)  # hash-checked checkpoints that fit together
-    check_not_worse_than_classifier(pipeline.denoiser_record, allow=config.allow_worse_than_classifier,
-                                    denoiser=f"denoiser {denoiser_dir}")
+    load_pipeline(classifier_dir, denoiser_dir)  # hash-checked checkpoints of the right kinds that fit together
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise UserError(f"{out_dir} already exists and is not an empty directory")
     out_dir.mkdir(parents=True, exist_ok=True)
