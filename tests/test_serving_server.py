@@ -255,8 +255,8 @@ def test_every_answer_about_one_image_reads_one_stream(client, digits):
     for a in fixed:
         assert a["certified_radius"] == float(shared.radius_of_threshold(shared.lower(np.array([a["count"]]),
                                                                                        a["n"]))[0])
-    certified = [a["certified"] for a in decided]
-    assert certified == sorted(certified, reverse=True)  # certified up to some radius, then not
+    certified = [a["certified"] is True for a in decided]
+    assert certified == sorted(certified, reverse=True)  # certified up to some radius, then not (or no answer)
 
 
 # ------------------------------------------------------------------------------------------------ fair scheduling
