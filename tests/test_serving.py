@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from certify.core import Smooth
-from serving.auth import ApiKeyMiddleware
+from serving.auth import ApiKeyMiddleware, key_accepted
 from serving.bundle import load_model_dir, write_model_dir
 from serving.card import epsilon_statements
 from serving.compute.counter import VoteCounter
@@ -281,6 +281,22 @@ def test_api_key_middleware():
     assert client.get("/metadata").status_code == 401 and client.get("/").status_code == 401
     open_client = _client(ApiKeyMiddleware(_ok_app, from_env=False))
     assert open_client.post("/predict").status_code == 200
+
+
+def test_api_key_refuses_a_prefix_an_empty_key_and_one_more_character():
+    """Only the whole key is accepted: its prefixes (the empty one included), the key with a character more, and
+    the key with its last character changed are refused, in both headers and by ``key_accepted`` itself (which the
+    front door also asks)."""
+    key = API_KEY.encode()
+    near_misses = [b"", key[:1], key[:-1], key + b"x", key + key, key[:-1] + b"X", b" " + key[1:]]
+    assert key_accepted(key, key) and not key_accepted(None, key)
+    assert not any(key_accepted(given, key) for given in near_misses)
+    client = _client(ApiKeyMiddleware(_ok_app, api_key=key))
+    for given in near_misses:
+        for headers in ({"X-API-Key": given.decode()}, {"Authorization": "Bearer " + given.decode()}):
+            refused = client.post("/predict", headers=headers)
+            assert refused.status_code == 401 and "API key" in refused.json()["error"], (given, headers)
+    assert client.post("/predict", headers={"X-API-Key": API_KEY}).status_code == 200
 
 
 def test_api_key_from_env_refuses_short_keys(monkeypatch):

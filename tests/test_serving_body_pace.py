@@ -43,7 +43,8 @@ def test_the_pace_is_an_average_rate_after_a_grace_and_a_deadline_for_the_whole_
             started = time.monotonic()
             paced = PacedReceive(_feeder(chunks), pace)
             try:
-                return await _read_all(paced), time.monotonic() - started
+                async with asyncio.timeout(8):  # a body that is never stopped fails here, not the suite's timeout
+                    return await _read_all(paced), time.monotonic() - started
             except BodyStalled as exc:
                 return str(exc), time.monotonic() - started
 
@@ -134,7 +135,8 @@ def test_stalled_bodies_hold_no_slot_and_are_answered_408_and_closed():
         await asyncio.sleep(0.02)
         held = slots.taken
         good = await _request(door, small, _feeder([(0, b"x" * 5000)]))
-        return held, good, await asyncio.gather(*stalled)
+        async with asyncio.timeout(8):
+            return held, good, await asyncio.gather(*stalled)
 
     held, good, stalled = asyncio.run(run())
     assert held == 0 and good[:3] == (200, {}, {"bytes": 5000}) and service.seen == [(5000, 1)]
@@ -155,7 +157,8 @@ def test_a_large_body_that_stalls_after_its_first_bytes_gives_its_slot_back_at_o
         task = asyncio.create_task(_request(door, large, _feeder([(0, b"x" * SMALL_BODY_BYTES), (3, b"x")])))
         await asyncio.sleep(0.05)
         held = slots.taken_large
-        return held, await task
+        async with asyncio.timeout(8):
+            return held, await task
 
     held, (status, headers, body, elapsed_s) = asyncio.run(run())
     assert held == 1 and status == 408 and headers[b"connection"] == b"close" and not service.seen

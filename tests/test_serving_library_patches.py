@@ -97,6 +97,43 @@ def test_changed_bentoml_internals_stop_the_start(middleware, app_source, messag
     assert not hasattr(middleware, "_transdenoiser_bounded")
 
 
+def _recording_metrics_middleware():
+    """A stand-in for BentoML's request-metrics middleware, under its name (BentoML's app installs a class of that
+    name, which the patch checks), recording the label it takes from the path."""
+    class RunnerTrafficMetricsMiddleware:
+        labels: list[str] = []
+
+        def __init__(self, app, namespace="x"):
+            self.app = app
+
+        async def __call__(self, scope, receive, send):
+            type(self).labels.append(scope["path"])
+            await self.app(scope, receive, send)
+
+    return RunnerTrafficMetricsMiddleware
+
+
+def test_static_paths_share_one_bounded_metric_label_while_the_app_sees_the_real_path():
+    """BentoML's static files (its Swagger UI's scripts and styles under /static_content/) get one label between
+    them, any unknown path the one UNKNOWN_PATH label, routes their own; the application behind still gets every
+    request's real path."""
+    from serving.library_patches import UNKNOWN_PATH
+
+    middleware = _recording_metrics_middleware()
+    bound_request_labels(frozenset({"/predict", "/docs.json"}), middleware=middleware)
+    seen: list[str] = []
+
+    async def app(scope, receive, send):
+        seen.append(scope["path"])
+
+    paths = ["/static_content/swagger-ui-bundle.js", "/static_content/a/b/index.css", "/docs.json", "/predict",
+             "/probe-1", "/probe-2"]
+    for path in paths:
+        asyncio.run(middleware(app)({"type": "http", "method": "GET", "path": path, "headers": []}, None, None))
+    assert seen == paths
+    assert middleware.labels == ["/static_content/{path}"] * 2 + ["/docs.json", "/predict"] + [UNKNOWN_PATH] * 2
+
+
 class _Protocol:
     def send_400_response(self, msg):
         self.transport.write(self.conn.send(msg))
