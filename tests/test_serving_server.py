@@ -468,14 +468,17 @@ def test_probes_answer_quickly_under_a_burst_of_large_bodies(servers, client):
 
 def _hold_body_slots(url: str, count: int, key: str | None = None) -> list[socket.socket]:
     """``count`` connections, each with a request whose large body (declared over 64 KiB) is started and never
-    finished: each holds a large body slot (max_parsing_requests) until closed."""
+    finished: each holds a large body slot (max_parsing_requests) until closed, or until the body's pace drops it
+    (the door takes the slot once the first SMALL_BODY_BYTES have arrived; at the default 8 KiB/s after 2 s, those
+    bytes keep the slot for about 10 s)."""
     host, port = url.split("://")[1].split(":")
     held = []
+    first_bytes = b'{"images": ' + b" " * (SMALL_BODY_BYTES - 11)
     for _ in range(count):
         sock = socket.create_connection((host, int(port)), timeout=10)
         sock.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      + f"Content-Length: {SMALL_BODY_BYTES + 1000}\r\n".encode()
-                     + (f"X-API-Key: {key}\r\n".encode() if key else b"") + b"\r\n{\"images\": ")
+                     + (f"X-API-Key: {key}\r\n".encode() if key else b"") + b"\r\n" + first_bytes)
         held.append(sock)
     return held
 
