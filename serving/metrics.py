@@ -16,12 +16,13 @@ Gauges use the ``livesum`` multiprocess mode: the sum over the live worker proce
 - ``transdenoiser_dropped_requests_total{reason}``: requests stopped before finishing (``deadline``,
   ``disconnected``, ``budget``, ``abandoned``)
 - ``transdenoiser_refused_requests_total{reason}``: requests refused at admission, before any compute
-  (``queue``: max_queued_requests in flight; ``busy``: would not finish within its deadline next to the
-  admitted work; ``never``: would not finish within its deadline even alone, at half the rate; ``parsing``: a
+  (``queue``: max_queued_requests in flight; ``busy``: would not finish within its deadline behind the
+  admitted work, or would delay an admitted request; ``never``: not even alone, at the planning rate; ``parsing``: a
   body sent while every body slot of its kind was taken (``max_parsing_requests`` for bodies over 64 KiB,
   ``max_queued_requests`` for smaller ones), refused before reading it, mostly by
   the front door ahead of BentoML's middlewares, so that these refusals are not in BentoML's request counter)
-- ``transdenoiser_compute_rate``: the measured noisy samples per second that admission uses
+- ``transdenoiser_compute_rate``: the measured noisy samples per second, a moving average (admission plans with 75 %
+  of the lowest of it and of the last minute's 2-second windows: ``serving.compute.admission``)
 - ``transdenoiser_passes_total``: forward passes computed (noisy samples per pass: the samples' rate over this one)
 - ``transdenoiser_counter_seconds_total``: the time the passes took to compute (noise, forward passes, votes);
   its rate is the fraction of the time the compute was busy, the rest went to the host (taking jobs, handing out

@@ -1,11 +1,10 @@
 """A real server under a small overload: admitted heavy work finishes next to a steady stream of small requests.
 
 One ``transdenoiser serve`` subprocess on 127.0.0.1 with a short deadline (15 s), so that overload is reached in
-seconds. Admission projects round robin over the requests admitted so far; a stream of small requests admitted
-later keeps taking a share, so a heavy request admitted on that projection gets about 1/9 of the compute next to eight
-streams and ends in 504. The scheduler gives an admitted request that falls behind an extra round every other
-pass (``FairScheduler.at_risk``), and admits a large request only if it fits at half the rate
-(``serving.compute.admission``): it finishes. Every wait is bounded; the process is stopped in teardown.
+seconds. Round robin alone gives a heavy request about 1/9 of the compute next to eight streams of small requests, and
+it ended in 504. Admission (``serving.compute.admission``) admits a small request only while it pushes no admitted
+request past its planned finish, and the scheduler computes in deadline order while a slack is short
+(``FairScheduler.behind``): the heavy request finishes. Every wait is bounded; the process is stopped in teardown.
 """
 from __future__ import annotations
 
