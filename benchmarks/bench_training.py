@@ -2,7 +2,7 @@
 
     python -m benchmarks.bench_training [--device cpu|cuda] [--quick] [--clipping auto|ghost|vmap] [--compile]
                                         [--cuda-graphs auto|off] [--steps 4] [--warmup 3] [--repeats 5]
-                                        [--smin] [--out FILE]
+                                        [--smin] [--objectives mse stability classification] [--out FILE]
 
 Rows: non-private SGD (plain autograd, the floor), sepdp (``SepDPArm.gradient`` + SGD, its clipping planned
 for the device as in training), the transdenoiser arm with S_min not computed (its merged step), Opacus 1.6
@@ -17,6 +17,12 @@ per-repeat value (examples/s; fraction of non-private; ratios), so a noisy neigh
 Peak memory: on CUDA the allocator's peak per row; on CPU the peak resident memory of a fresh process running
 that row (torch's own few hundred MB included; not in --quick). Prints one JSON object (also to --out) and a
 markdown table on stderr.
+
+``--objectives``: instead of the rows above, the sepdp step with each training objective (training/objectives.py:
+``mse``, and ``stability`` / ``classification``, whose backward pass runs through a frozen classifier: cnn28 for
+1x28x28, resnet20 for 3x32x32, random weights) and non-private MSE SGD, interleaved as above; each objective's
+figure also as a ratio to the MSE step's examples/s (median of per-repeat ratios). ``stability+mse``'s private
+step is the stability step.
 """
 from __future__ import annotations
 
@@ -32,6 +38,7 @@ import torch
 from benchmarks import prepare_process, print_result
 from training.arms import SepDPArm, TransDenoiserArm
 from training.models import build_model, count_parameters
+from training.objectives import PHASES, build_objective
 from training.privacy.dp import standard_normal
 from training.privacy.graphed import record_graph
 from training.train_config import TrainConfig
@@ -86,6 +93,68 @@ def ours_step(arm_class, denoiser: str, kwargs: dict, x: torch.Tensor, max_smin_
     step = _sgd_step(model, lambda: arm.gradient(x, generator)[0])
     step.arm = arm
     return step, model
+
+
+CLASSIFIERS = {(1, 28, 28): ("cnn28", {"in_channels": 1}), (3, 32, 32): ("resnet20", {"in_channels": 3})}
+
+
+def objective_step(objective: str, denoiser: str, kwargs: dict, x: torch.Tensor, settings: dict):
+    """One sepdp step (gradient, then SGD with momentum) minimising ``objective`` through a frozen classifier of
+    the images' shape (random weights, eval mode), as a closure; its ``arm`` attached."""
+    torch.manual_seed(0)
+    model = build_model(denoiser, **kwargs).to(x.device)
+    name, classifier_kwargs = CLASSIFIERS[tuple(x.shape[1:])]
+    classifier = build_model(name, num_classes=10, **classifier_kwargs).to(x.device)
+    config = TrainConfig(arm="sepdp", denoiser=denoiser, objective=objective, **settings)
+    arm = SepDPArm(model, config, xi_up=2.0, expected_batch=float(len(x)), total_steps=1000,
+                   objective=build_objective(PHASES[objective][1], classifier))
+    generator = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, 10, (len(x),), generator=torch.Generator().manual_seed(1)).to(x.device)
+    step = _sgd_step(model, lambda: arm.gradient(x, generator, labels)[0])
+    step.arm = arm
+    return step
+
+
+def objectives_grid(args, device) -> dict:
+    """The sepdp step with each of ``args.objectives`` and non-private MSE SGD at every (model, batch) of the
+    grid, interleaved; examples/s medians, fraction of non-private, and each objective's ratio to MSE's."""
+    grid = _grid(args)
+    settings = {"clipping": args.clipping, "compile": args.compile, "cuda_graphs": args.cuda_graphs}
+    steps, warmup, repeats = (1, 1, 2) if args.quick else (args.steps, args.warmup, args.repeats)
+    objectives = ["mse", *[o for o in args.objectives if o != "mse"]]
+    out = {}
+    for denoiser, kwargs, shape, batches in grid:
+        for batch in batches:
+            x = synthetic_images(batch, shape, device)
+            rows = {"nonprivate_sgd": nonprivate_step(denoiser, kwargs, x),
+                    **{f"sepdp_{o}": objective_step(o, denoiser, kwargs, x, settings) for o in objectives}}
+            timed = compare(rows, batch, max(1, steps * 64 // batch) if not args.quick else steps, warmup,
+                            repeats, device)
+            floor, mse = timed["nonprivate_sgd"]["examples_per_second"], timed["sepdp_mse"]["examples_per_second"]
+            for name, row in timed.items():
+                row["fraction_of_nonprivate"] = statistics.median(
+                    a / b for a, b in zip(row["examples_per_second"], floor, strict=True))
+                row["over_sepdp_mse"] = statistics.median(
+                    a / b for a, b in zip(row["examples_per_second"], mse, strict=True))
+                if name != "nonprivate_sgd":
+                    plan = rows[name].arm.execution
+                    row["execution"] = plan.as_dict() if plan is not None else None
+            out[f"{denoiser} {'x'.join(map(str, shape))} batch {batch}"] = {"rows": timed}
+    return out
+
+
+def format_objectives_table(grid: dict) -> str:
+    names = list(next(iter(grid.values()))["rows"]) if grid else []
+    lines = ["| model, batch | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for key, entry in grid.items():
+        cells = []
+        for name in names:
+            row = entry["rows"][name]
+            engine = (row.get("execution") or {}).get("clipping")
+            cells.append(f"{row['median_examples_per_second']:.0f} ({row['over_sepdp_mse']:.2f}x MSE"
+                         + (f", {engine}" if engine else "") + ")")
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def nonprivate_step(denoiser: str, kwargs: dict, x: torch.Tensor):
@@ -319,13 +388,19 @@ def peak_resident_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def throughput_grid(args, device) -> dict:
-    """Every row at every (model, batch) of the grid, interleaved; examples/s medians, fraction of non-private,
-    peak memory."""
+def _grid(args) -> tuple:
+    """The (model, kwargs, shape, batches) grid: the quick one or the full one, restricted by ``--only``."""
     grid = QUICK_GRID if args.quick else GRID
     if args.only:  # e.g. ["autoencoder:64,256", "dncnn:64"]
         wanted = {name: {int(b) for b in sizes.split(",")} for name, sizes in (item.split(":") for item in args.only)}
         grid = tuple((d, k, s, tuple(b for b in batches if b in wanted[d])) for d, k, s, batches in grid if d in wanted)
+    return grid
+
+
+def throughput_grid(args, device) -> dict:
+    """Every row at every (model, batch) of the grid, interleaved; examples/s medians, fraction of non-private,
+    peak memory."""
+    grid = _grid(args)
     settings = {"clipping": args.clipping, "compile": args.compile, "cuda_graphs": args.cuda_graphs}
     names = ROWS + (CUDA_ROWS if device.type == "cuda" else ())
     steps, warmup, repeats = (1, 1, 2) if args.quick else (args.steps, args.warmup, args.repeats)
@@ -396,6 +471,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     parser.add_argument("--activation-study", type=Path, default=None, metavar="CLASSIFIER_DIR",
                         help="instead: the ReLU-vs-smooth S_min study with the tiny denoiser (about 5 min CPU)")
+    parser.add_argument("--objectives", nargs="+", default=None, choices=tuple(PHASES), metavar="OBJECTIVE",
+                        help="instead: the sepdp step with each training objective (mse, stability, "
+                             "classification, stability+mse), side by side with MSE's, as ratios")
     parser.add_argument("--peak-row", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
@@ -410,8 +488,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     result = {"hardware": hardware_description(device), "allocator": allocator, "device": str(device),
               "command": "python -m benchmarks.bench_training " + " ".join(
-                  argv if argv is not None else sys.argv[1:]),
-              "grid": throughput_grid(args, device)}
+                  argv if argv is not None else sys.argv[1:])}
+    if args.objectives:
+        result["objectives"] = objectives_grid(args, device)
+        print_result(args.out, result)
+        print(format_objectives_table(result["objectives"]), file=sys.stderr)
+        return 0
+    result["grid"] = throughput_grid(args, device)
     if args.smin:
         result["smin_cost"] = bench_smin([int(w) for w in args.smin_widths.split(",")], args.smin_examples, device)
     print_result(args.out, result)

@@ -99,6 +99,7 @@ def model_card(bundle: ModelBundle, device: str, batching: str, as_run: str | No
         privacy = {"statement": NO_DENOISER, "noise": None, "epsilons": [], "not_released": [], "report": None}
     else:
         denoiser = _model_summary(pipeline.denoiser_record)
+        denoiser["objective"] = pipeline.denoiser_record.training_objective  # what it was trained to minimise
         denoiser["versus_classifier_alone"] = versus_classifier_section(pipeline.denoiser_record,
                                                                         config.allow_worse_than_classifier)
         privacy = privacy_section(pipeline.denoiser_record.privacy)

@@ -14,6 +14,7 @@ from training.privacy.clipping import (
     ClippedGradients,
     ExecutionPlan,
     device_chunk_size,
+    measure_engines,
     parse_size,
     plan_execution,
 )
@@ -303,3 +304,78 @@ def test_ghost_norms_and_weighted_sums_are_formed_without_tf32_and_the_settings_
             assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == (True, True)
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+class TiedLayers(nn.Module):
+    """Two Linear layers sharing one weight (tied weights): each layer's hooks see only its own use."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.second.weight = self.first.weight
+
+    def forward(self, x):
+        return self.second(torch.tanh(self.first(x)))
+
+
+class WeightReadOutside(nn.Module):
+    """A layer's weight also read by a functional call in the parent's forward, outside the layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer, self.out = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = torch.tanh(self.layer(x))
+        return self.out(h) + torch.nn.functional.linear(h, self.layer.weight)
+
+
+@pytest.mark.parametrize("model_class", [TiedLayers, WeightReadOutside])
+def test_a_parameter_shared_or_used_outside_its_module_takes_the_per_example_path(model_class):
+    """Ghost clipping sees a parameter through the hooks of the module owning it: tied weights or a use outside
+    that module would give silently wrong norms and clipped sums. Either is detected (tied weights at set-up, the
+    outside use in the first forward pass) and the engine takes the per-example vmap path, which equals the
+    per-example autograd loop; the plan says why."""
+    torch.manual_seed(0)
+    model = model_class()
+    z, x = data(model, (4,), 6, 1, seed=2)
+    clip = float(reference(model, z, x, 1)[0].median())
+    norms, expected = reference(model, z, x, 1, clip=clip)
+    assert (norms > clip).any() and (norms < clip).any()  # some examples clipped, some not
+    with pytest.raises(GhostUnsupported, match="shared by several modules|used outside the module"):
+        GhostClipping(model)(z, x)
+    plan = ExecutionPlan("ghost", 0, 0)
+    engine = ClippedGradients(model, clip, plan)
+    clipped = engine(z, x)
+    assert plan.clipping == "vmap" and "ghost clipping cannot follow this model" in "; ".join(plan.reasons)
+    torch.testing.assert_close(clipped.factors, (clip / norms).clamp(max=1.0), rtol=1e-5, atol=1e-7)
+    for k, v in clipped.whole().items():
+        torch.testing.assert_close(v, expected[k], rtol=1e-5, atol=1e-6)
+    timings = measure_engines(model, (4,), 6, torch.device("cpu"),
+                              {"ghost": ExecutionPlan("ghost", 0, 0), "vmap": ExecutionPlan("vmap", 0, 0)}, repeats=1)
+    assert set(timings) == {"vmap"}  # auto never times (or picks) ghost clipping for such a model
+
+
+def test_reading_a_weight_outside_its_layer_without_a_gradient_keeps_ghost_clipping():
+    """Only uses that take part in autograd count: reading a weight's shape, or using it under no_grad, does not
+    send the model to the slower path."""
+
+    class Reads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.Linear(4, 4)
+
+        def forward(self, x):
+            with torch.no_grad():
+                scale = self.layer.weight.abs().max()
+            return self.layer(x) * (self.layer.weight.shape[0] / 4) + 0 * scale
+
+    torch.manual_seed(0)
+    model = Reads()
+    z, x = data(model, (4,), 5, 1, seed=3)
+    norms, expected = reference(model, z, x, 1, clip=0.5)
+    plan = ExecutionPlan("ghost", 0, 0)
+    clipped = ClippedGradients(model, 0.5, plan)(z, x)
+    assert plan.clipping == "ghost"
+    for k, v in clipped.whole().items():
+        torch.testing.assert_close(v, expected[k], rtol=1e-5, atol=1e-6)

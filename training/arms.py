@@ -6,7 +6,10 @@
 - ``transdenoiser`` (:class:`TransDenoiserArm`): Algorithm 1 of the TransDenoiser paper, line by line, with the unit
   mapping of docs/PRIVACY.md; :func:`line16_sigma_bar` is its line 16 in noise-multiplier units.
 
-The update is (clipped sum + noise) / B with B the expected batch size. Every random number comes from the CPU
+Each arm minimises its :class:`training.objectives.Objective` (``objective``: eq. (1) by default, or a frozen
+classifier's cross-entropy on the denoised image); each example's loss is its own, so clipping bounds every
+example's contribution by C whatever the objective. The update is (clipped sum + noise) / B with B the expected
+batch size. Every random number comes from the CPU
 generator passed in (on CUDA drawn on the device by a generator it seeds, :func:`training.privacy.dp.standard_normal`),
 so a resumed run continues bit-for-bit.
 """
@@ -19,6 +22,7 @@ from torch import nn
 
 from training.distributed import RankGroup
 from training.models import count_parameters
+from training.objectives import Objective
 from training.privacy.clipping import ClippedGradients, ClippedSums, device_chunk_size, plan_execution
 from training.privacy.dp import (
     GaussianNoise,
@@ -48,9 +52,10 @@ class Arm:
     name = "base"
 
     def __init__(self, model: nn.Module, config: TrainConfig, xi_up: float, expected_batch: float, total_steps: int,
-                 group: RankGroup | None = None):
+                 group: RankGroup | None = None, objective: Objective | None = None):
         self.model = model
         self.config = config
+        self.objective = objective if objective is not None else Objective()  # eq. (1) unless given
         self.xi_up = xi_up
         self.expected_batch = expected_batch
         self.total_steps = total_steps
@@ -58,7 +63,10 @@ class Arm:
         # for its own share only, and the clipped sums are added over ranks once per step (training.distributed)
         self.group = group if group is not None else RankGroup()
 
-    def gradient(self, x: torch.Tensor, generator: torch.Generator) -> tuple[dict[str, torch.Tensor], StepRecord]:
+    def gradient(self, x: torch.Tensor, generator: torch.Generator, labels: torch.Tensor | None = None
+                 ) -> tuple[dict[str, torch.Tensor], StepRecord]:
+        """The update for the batch of clean images ``x`` (``labels``: theirs, read by the classification
+        objective only) and the step's record."""
         raise NotImplementedError
 
     def noisy(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -72,22 +80,23 @@ class NoDPArm(Arm):
 
     name = "nodp"
 
-    def gradient(self, x, generator):
+    def gradient(self, x, generator, labels=None):
         z = self.noisy(x, generator)
         params = [p for p in self.model.parameters() if p.requires_grad]
         names = [k for k, p in self.model.named_parameters() if p.requires_grad]
+        targets = self.objective.targets(x, labels)
         if self.group.distributed:
-            return self.distributed_gradient(z, x, params, names)
-        loss = (self.model(z) - x).pow(2).flatten(1).sum(1).mean()
+            return self.distributed_gradient(z, targets, params, names)
+        loss = self.objective.row_loss(self.model(z), targets).mean()
         grads = torch.autograd.grad(loss, params)
         return dict(zip(names, grads, strict=True)), StepRecord(len(x), mean_loss=float(loss.detach()))
 
     def distributed_gradient(self, z, x, params, names):
         """This rank's share of the batch's summed loss, divided by the whole batch's size, then summed over ranks
         (one all-reduce, the loss sum riding in the same bucket)."""
-        z_local, x_local = self.group.local(z), self.group.local(x)
+        z_local, x_local = self.group.local(z), self.group.local(x)  # x: the rows' targets
         if len(x_local):
-            loss_sum = (self.model(z_local) - x_local).pow(2).flatten(1).sum(1).sum()
+            loss_sum = self.objective.row_loss(self.model(z_local), x_local).sum()
             grads = torch.autograd.grad(loss_sum / max(1, len(x)), params)
         else:
             loss_sum, grads = torch.zeros((), device=x.device), [torch.zeros_like(p) for p in params]
@@ -120,23 +129,27 @@ class DPArm(Arm):
                     physical_batch_size=self.config.physical_batch_size, rows_per_example=self.config.noise_draws,
                     compile_model=self.config.compile, cuda_graphs=self.config.cuda_graphs)
             self._engine = ClippedGradients(self.model, self.config.clip_norm, self.execution,
-                                            compile_model=self.config.compile)
+                                            compile_model=self.config.compile,
+                                            row_loss=None if self.objective.loss == "mse" else self.objective.row_loss)
         return self._engine
 
-    def clipped_sums(self, x, generator, split=None) -> ClippedSums:
+    def clipped_sums(self, x, generator, split=None, labels=None) -> ClippedSums:
         """This rank's share of the batch: losses, clip factors and clipped sums (of the share, or of ``split``'s
-        two groups); :meth:`clipped`'s noise draws and rank shares, without a per-example gradient kept."""
+        two groups); :meth:`clipped`'s noise draws and rank shares, without a per-example gradient kept. Each
+        row's target is the objective's, from that example alone (``labels``: the classification objective's)."""
         draws = self.config.noise_draws
         share = self.group.share(len(x))
         repeated = x.repeat_interleave(draws, dim=0) if draws > 1 else x  # example i's draws: rows i*K .. i*K+K-1
         z = self.noisy(repeated, generator)
+        targets = self.objective.targets(x, labels)
+        targets = targets.repeat_interleave(draws, dim=0) if draws > 1 else targets
         if share.stop == share.start:  # a share can be empty when the batch is smaller than the world
             empty = torch.zeros(0, device=x.device)
             names = ("whole",) if split is None else ("nonneg", "negative")
             return ClippedSums(empty, empty, {name: self.zeros() for name in names},
                                None if split is None else empty.bool())
         rows = slice(share.start * draws, share.stop * draws)
-        return self.engine(x.shape[1:])(z[rows], repeated[rows], draws, split)
+        return self.engine(x.shape[1:])(z[rows], targets[rows], draws, split)
 
     def zeros(self) -> dict[str, torch.Tensor]:
         return {k: torch.zeros_like(p) for k, p in self.model.named_parameters() if p.requires_grad}
@@ -170,11 +183,11 @@ class DPArm(Arm):
     def finish(self, summed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v / self.expected_batch for k, v in summed.items()}
 
-    def whole_batch_step(self, x, generator, multiplier: float
+    def whole_batch_step(self, x, generator, multiplier: float, labels=None
                          ) -> tuple[dict[str, torch.Tensor], float | torch.Tensor]:
         """sepdp's step on a non-empty batch: the clipped sum of the whole batch (over ranks: one all-reduce with
         the loss sum), ``multiplier`` x C noise drawn once on it, divided by B; and the mean loss."""
-        clipped = self.clipped_sums(x, generator)
+        clipped = self.clipped_sums(x, generator, labels=labels)
         summed, losses = clipped.whole(), clipped.losses
         mean_loss = losses.mean().detach()  # a device tensor: read at the epoch's end (StepRecord.settle)
         if self.group.distributed:  # the one all-reduce of the step: every rank's clipped sum (and loss sum)
@@ -190,14 +203,14 @@ class SepDPArm(DPArm):
     name = "sepdp"
     shaper = None  # --noise shaped|optimized: set by training.privacy.shaped_noise.attach_noise_shaper
 
-    def gradient(self, x, generator):
+    def gradient(self, x, generator, labels=None):
         if self.shaper is not None:
             update, multiplier, mean_loss = self.shaper.gradient(self, x, generator)
             return update, StepRecord(len(x), explicit_multiplier=multiplier, mean_loss=mean_loss)
         if len(x) == 0:
             return self.finish(self.noise.add(self.zeros(), self.xi_up, generator)), StepRecord(
                 0, explicit_multiplier=self.xi_up)
-        update, mean_loss = self.whole_batch_step(x, generator, self.xi_up)
+        update, mean_loss = self.whole_batch_step(x, generator, self.xi_up, labels)
         return update, StepRecord(len(x), explicit_multiplier=self.xi_up, mean_loss=mean_loss)
 
 
@@ -221,11 +234,14 @@ class TransDenoiserArm(DPArm):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        if self.objective.loss != "mse":  # the config refuses it first (TrainConfig.validate)
+            raise ValueError("the transdenoiser arm's analysis (Algorithm 1's Taylor split) holds for the MSE "
+                             f"objective only, got {self.objective.loss}")
         self.remainders = TaylorRemainders(self.model)  # line 8 in float64: (o_i, tolerance_i)
         self.credit_possible = not uncredited_by_construction(self.config.merge_uncredited_noise,
                                                               count_parameters(self.model), self.config.max_smin_dim)
 
-    def gradient(self, x, generator):
+    def gradient(self, x, generator, labels=None):  # MSE only: labels are never read
         if len(x) == 0:  # an empty Poisson batch: full noise, still a step
             return self.finish(self.noise.add(self.zeros(), self.xi_up, generator)), StepRecord(
                 0, explicit_multiplier=self.xi_up)

@@ -8,3 +8,4 @@ ARMS = ("nodp", "sepdp", "transdenoiser",  # training.train_config.ARMS
 OPTIMIZERS = ("sgd", "adam")  # training.train_config.OPTIMIZERS
 DENOISERS = ("autoencoder", "tiny", "dncnn")  # training.denoisers.DENOISERS
 ACTIVATIONS = ("relu", "tanh", "silu", "softplus")  # the keys of training.denoisers.ACTIVATIONS
+OBJECTIVES = ("mse", "stability", "classification", "stability+mse")  # training.objectives.OBJECTIVES

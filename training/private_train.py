@@ -30,6 +30,7 @@ from training.denoisers import check_denoiser_fits, denoiser_kwargs
 from training.distributed import RankGroup
 from training.evaluation import FrozenClassifier, check_classifier_fits, classifier_baselines, evaluate, subset
 from training.models import build_model, count_parameters
+from training.objectives import PHASES, PUBLIC_PHASE, build_objective
 from training.privacy.clipping import plan_for_arm
 from training.privacy.dp import PoissonSampler
 from training.recipe import ParameterAverage, refuse_batch_norm
@@ -107,6 +108,26 @@ def initialise_from_public(model: nn.Module, config: TrainConfig, dataset: Datas
     return meta["files"][WEIGHTS]
 
 
+def public_phase_config(config: TrainConfig) -> TrainConfig:
+    """The nodp MSE run on the public split that objective ``stability+mse`` trains before its private phase."""
+    from dataclasses import replace
+
+    return replace(config, **PUBLIC_PHASE, denoiser_kwargs=dict(config.denoiser_kwargs))
+
+
+def train_public_phase(model: nn.Module, config: TrainConfig, dataset: Dataset, classifier: FrozenClassifier,
+                       device: torch.device, track: Track, group: RankGroup) -> str:
+    """Objective stability+mse: train ``model``'s weights with MSE on the public split (no privacy: the public
+    split is not private), copy them into ``model``; return their SHA-256 (recorded as a public initialisation)."""
+    if len(dataset.public) == 0:
+        raise UserError(f"objective stability+mse trains MSE on the public split first, and {dataset.name} has no "
+                        "public split: give --init-from DIR (a denoiser trained with MSE on public data) or use "
+                        "objective stability")
+    public_model, _ = train_denoiser(public_phase_config(config), dataset, classifier, device, track, group=group)
+    model.load_state_dict(public_model.state_dict())
+    return _weights_digest(model)
+
+
 def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint | FrozenClassifier,
                    device: torch.device,
                    track: Track = silent, *, checkpoint_dir: str | Path | None = None, resume: bool = False,
@@ -163,6 +184,11 @@ def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint
     if config.arm != "nodp":
         refuse_batch_norm(model, config.arm)
     init_weights_sha256 = initialise_from_public(model, config, dataset) if config.init_from is not None else None
+    public_phase = PHASES[config.objective][0] is not None and config.init_from is None
+    if public_phase and not resume:  # stability+mse: MSE on the public split first (a resumed run has its weights)
+        init_weights_sha256 = train_public_phase(model, config, dataset, classifier, device, track, group)
+    elif public_phase:
+        init_weights_sha256 = _recorded_initialisation(checkpoint_dir)
     average = ParameterAverage(model, config.ema_decay) if config.ema_decay else None  # released: the average
     released_model = average.model if average is not None else model
     optimizer = build_optimizer(config, model)
@@ -178,13 +204,14 @@ def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint
     classifier_model = classifier.model.to(device).eval()
     for p in classifier_model.parameters():
         p.requires_grad_(False)
-    x_train, _ = train_split.tensors(device)
+    x_train, y_train = train_split.tensors(device)
+    objective = build_objective(PHASES[config.objective][1], classifier_model)  # the private phase's loss
     test = subset(dataset.test, config.eval_examples)
     x_test, y_test = test.tensors(device)
     baselines = classifier_baselines(classifier_model, x_test, y_test, config.sigma, config.eval_noise_seed)
 
     arm = ARM_CLASSES[config.arm](model, config, schedule["xi_up"] or 0.0, float(config.batch_size),
-                                  schedule["total_steps"], group=group)
+                                  schedule["total_steps"], group=group, objective=objective)
     if config.arm == "sepdp":  # --noise shaped|optimized (training/privacy/shaped_noise.py)
         from training.privacy.shaped_noise import attach_noise_shaper
 
@@ -211,8 +238,9 @@ def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint
             batches = None
         for step in track(range(schedule["steps_per_epoch"]), desc=f"{config.arm} epoch {epoch + 1}/{config.epochs}",
                           total=schedule["steps_per_epoch"]):
-            index = batches[step] if batches is not None else sampler.sample(generator)
-            grads, record = arm.gradient(x_train[index.to(device)], generator)
+            index = (batches[step] if batches is not None else sampler.sample(generator)).to(device)
+            labels = {"labels": y_train[index]} if objective.needs_labels else {}  # read by classification only
+            grads, record = arm.gradient(x_train[index], generator, **labels)
             for name, p in model.named_parameters():
                 if p.requires_grad:
                     p.grad = grads[name].detach()
@@ -244,6 +272,12 @@ def train_denoiser(config: TrainConfig, dataset: Dataset, classifier: Checkpoint
     group.barrier()  # the last checkpoint is written before any rank returns
     released_model.eval()
     return released_model, run.released(records, metrics, epochs_done)
+
+
+def _recorded_initialisation(checkpoint_dir: Path) -> str | None:
+    """The SHA-256 of the public-phase weights a saved run's released report records (``--resume``)."""
+    meta = json.loads((checkpoint_dir / "metadata.json").read_text())
+    return ((meta.get("privacy") or {}).get("initialisation") or {}).get("weights_sha256")
 
 
 def _weights_digest(model: nn.Module) -> str:

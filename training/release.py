@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from training.objectives import PUBLIC_PHASE, PUBLIC_PHASE_SOURCE
 from training.privacy.report import NOT_RELEASED, build_privacy_report, json_safe, released_privacy_report
 from training.train_config import HISTORY_FIELDS, StepRecord, TrainConfig
 from transdenoiser.errors import UserError
@@ -59,12 +60,7 @@ class RunFacts:
             smin_methods=[r.smin_method for r in records], max_smin_dim=config.max_smin_dim,
             num_parameters=self.num_parameters, noise=noise_description(config),
             merge_uncredited_noise=config.merge_uncredited_noise,
-            initialisation=({"kind": "public", "checkpoint": config.init_from,
-                             "weights_sha256": self.init_weights_sha256,
-                             "note": "weights of a denoiser trained without noise on the public split, as that "
-                                     "checkpoint's own metadata.json says (a check against mistakes: an edited "
-                                     "metadata file is not detected; the trainer answers for the weights' origin)"}
-                            if config.init_from else {"kind": "random", "seed": config.seed}),
+            initialisation=self.initialisation(),
             target_epsilon=config.target_epsilon if config.arm != "nodp" else None,
             calibration_accountant=config.calibration_accountant
             if config.target_epsilon is not None and config.arm != "nodp" else None)
@@ -73,6 +69,22 @@ class RunFacts:
         report = noise_report(report, config, [r.explicit_multiplier for r in records])
         self._report = (len(records), report)
         return report
+
+    def initialisation(self) -> dict[str, Any]:
+        """Where the weights the private phase starts from came from: ``--init-from``'s checkpoint, this run's own
+        MSE phase on the public split (objective stability+mse), or the seed."""
+        config = self.config
+        if config.init_from:
+            return {"kind": "public", "checkpoint": config.init_from, "weights_sha256": self.init_weights_sha256,
+                    "note": "weights of a denoiser trained without noise on the public split, as that "
+                            "checkpoint's own metadata.json says (a check against mistakes: an edited "
+                            "metadata file is not detected; the trainer answers for the weights' origin)"}
+        if config.objective == "stability+mse":
+            return {"kind": "public", "checkpoint": PUBLIC_PHASE_SOURCE, "weights_sha256": self.init_weights_sha256,
+                    "phase": {**PUBLIC_PHASE, "epochs": config.epochs, "sigma": config.sigma},
+                    "note": "weights trained by this run without noise, with MSE, on the public split before the "
+                            "private phase: the public split is not private, so no privacy is spent on them"}
+        return {"kind": "random", "seed": config.seed}
 
     def released(self, records, metrics, epochs_done) -> dict[str, Any]:
         return released_metadata(self, records, metrics, epochs_done)
@@ -120,6 +132,7 @@ def released_metadata(run: RunFacts, records: list[StepRecord], metrics: list[di
                     "fingerprints": dataset.released_fingerprints(),
                     "source": dataset.source},
         "sigma": config.sigma,
+        "objective": config.objective,
         "config": asdict(config), "schedule": run.schedule, "epochs_done": epochs_done, "steps_done": len(records),
         "complete": epochs_done == config.epochs,
         "metrics": [{k: row[k] for k in RELEASED_METRICS} for row in metrics],

@@ -46,7 +46,7 @@ def batch_size_or_auto(text: str):
 
 
 def register(subparsers, common) -> None:
-    from training.choices import ACTIVATIONS, ARMS, DENOISERS, OPTIMIZERS
+    from training.choices import ACTIVATIONS, ARMS, DENOISERS, OBJECTIVES, OPTIMIZERS
     from training.cli import add_dataset_args
 
     p = subparsers.add_parser(
@@ -90,6 +90,11 @@ def register(subparsers, common) -> None:
     g.add_argument("--train-on", choices=("private", "public"), default=None,
                    help="the split to train on: public needs --arm nodp and spends no privacy; such a denoiser can "
                         "then initialise a private run with --init-from (default: private)")
+    g.add_argument("--objective", choices=OBJECTIVES, default=None,
+                   help="each example's loss: mse (pixel error), stability (the frozen classifier's cross-entropy "
+                        "against its prediction on the clean image), classification (against the private label), "
+                        "stability+mse (MSE on the public split first, then stability on the private split); "
+                        "the transdenoiser arm takes mse only (default: mse)")
     g.add_argument("--init-from", type=str, default=None,
                    help="start from this denoiser checkpoint, which must have been trained on the public split "
                         "(public initialisation, recorded in the privacy report; refused otherwise)")
@@ -374,7 +379,8 @@ def _train_denoiser(args, method, device, group, print=builtins.print) -> int:  
     config.validate(len(dataset.private) if not config.train_examples
                     else min(config.train_examples, len(dataset.private)))
     print(f"train {config.arm}: {config.denoiser} ({config.activation}) on {dataset.name} {config.train_on} split, "
-          f"sigma {config.sigma}, device {hardware_description(device)}", file=sys.stderr)
+          f"objective {config.objective}, sigma {config.sigma}, device {hardware_description(device)}",
+          file=sys.stderr)
     if group is not None and group.distributed:
         print(f"torchrun: {group.world_size} processes ({group.backend}); each step's Poisson batch is shared out "
               "among them, their clipped sums added by one all-reduce, the noise drawn once; rank 0 writes "

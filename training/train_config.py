@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from training.denoisers import ACTIVATIONS, DENOISERS
+from training.objectives import OBJECTIVES
 from training.privacy.clipping import CLIPPING_MODES, CUDA_GRAPH_MODES
 from training.privacy.smin import DEFAULT_CHUNK_SIZE, DEFAULT_MAX_DIM
 from transdenoiser.errors import UserError
@@ -86,6 +87,11 @@ class TrainConfig:
     # parameter averaging: 0 = off; else the EMA decay of the weights after each step (training/recipe.py). The
     # average is what is evaluated and released (post-processing of the noisy iterates: no privacy cost)
     ema_decay: float = 0.0
+    # what each example's loss is (training/objectives.py): "mse" (eq. 1), "stability" (the frozen classifier's
+    # cross-entropy against its own prediction on the clean image), "classification" (against the private label),
+    # "stability+mse" (MSE on the public split first, then stability on the private split). A checkpoint written
+    # before this setting existed trained with "mse"
+    objective: str = "mse"
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> TrainConfig:
@@ -141,6 +147,17 @@ class TrainConfig:
              f"training on the public split needs no privacy: use arm nodp there, got arm {self.arm!r}"),
             (isinstance(self.ema_decay, (int, float)) and 0 <= self.ema_decay < 1,
              f"ema_decay must lie in [0, 1) (0: no parameter averaging), got {self.ema_decay!r}"),
+            (self.objective in OBJECTIVES,
+             f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}"),
+            (self.objective == "mse" or self.arm != "transdenoiser",
+             f"objective {self.objective} is refused by the transdenoiser arm: its privacy analysis (Algorithm 1's "
+             "Taylor split of line 8) holds for the quadratic MSE loss only; use --arm sepdp or recipe"),
+            (self.objective == "mse" or self.noise == "isotropic",
+             f"objective {self.objective} needs --noise isotropic (shaped noise forms per-example gradients of "
+             "the MSE loss only)"),
+            (self.objective != "stability+mse" or self.train_on == "private",
+             "objective stability+mse trains MSE on the public split, then stability on the private split: "
+             "train_on must be private (for a public run give one objective, e.g. mse)"),
             (self.noise_draws == 1 or self.arm == "sepdp",
              f"noise_draws > 1 is available for the sepdp arm only (Algorithm 1's Taylor split of line 8 is "
              f"defined for one input-noise draw per example), got arm {self.arm!r}"),

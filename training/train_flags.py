@@ -27,6 +27,7 @@ FLAG_FIELDS = {"arm": "arm", "sigma": "sigma", "clip_norm": "clip_norm", "xi_up"
                "noise_draws": "noise_draws", "train_on": "train_on", "init_from": "init_from",
                "noise": "noise", "shape_examples": "shape_examples", "i_understand_unsound": "acknowledge_unsound"}
 FLAG_FIELDS["ema"] = "ema_decay"  # the tuned recipe (training/recipe.py)
+FLAG_FIELDS["objective"] = "objective"  # each example's loss (training/objectives.py)
 FLAG_FIELDS["min_steps"] = "min_steps"  # the recipe's batch plan (training/methods/denoiser_config.py)
 FLAG_FIELDS.update({"clipping": "clipping", "grad_chunk_size": "grad_chunk_size",  # training/privacy/clipping.py
                     "physical_batch_size": "physical_batch_size", "compile": "compile",

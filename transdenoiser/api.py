@@ -213,16 +213,22 @@ _FloatSplit = _float_split_class()
 
 
 def _in_memory_dataset(private: np.ndarray, test_images: np.ndarray, test_labels: np.ndarray, num_classes: int,
-                       name: str):
+                       name: str, private_labels: np.ndarray | None = None, public: np.ndarray | None = None):
     from training.datasets import Dataset
 
-    if private.shape[1:] != test_images.shape[1:]:
-        raise UserError(f"training images have shape {list(private.shape[1:])}, test images "
-                        f"{list(test_images.shape[1:])}")
-    empty = np.zeros((0, *private.shape[1:]), dtype=private.dtype)
+    for what, images in (("test", test_images), ("public", public)):
+        if images is not None and private.shape[1:] != images.shape[1:]:
+            raise UserError(f"training images have shape {list(private.shape[1:])}, {what} images "
+                            f"{list(images.shape[1:])}")
+    if private_labels is not None and int(private_labels.max(initial=0)) >= num_classes:
+        raise UserError(f"training labels go up to {int(private_labels.max())}, the classifier has {num_classes} "
+                        "classes")
+    public = public if public is not None else np.zeros((0, *private.shape[1:]), dtype=private.dtype)
     return Dataset(name=name, classes=tuple(str(c) for c in range(num_classes)),
-                   public=_split(empty, np.zeros(0, dtype=np.int64)),
-                   private=_split(private, np.zeros(len(private), dtype=np.int64)),  # labels are never used
+                   public=_split(public, np.zeros(len(public), dtype=np.int64)),  # its labels are never used
+                   # the private labels are read by objective classification only
+                   private=_split(private, private_labels if private_labels is not None
+                                  else np.zeros(len(private), dtype=np.int64)),
                    test=_split(test_images, test_labels), source=IN_MEMORY, split_seed=0)
 
 
@@ -234,14 +240,17 @@ def train_private_denoiser(classifier: nn.Module, images, *, test, arm: str = "s
                            target_epsilon: float | None = None, delta: float | None = None,
                            num_classes: int | None = None, device: torch.device | str | None = None,
                            out: str | Path | None = None, track: Track = silent, dataset_name: str = "in-memory",
-                           **settings: Any) -> tuple[nn.Module, PrivacyReport]:
+                           public=None, **settings: Any) -> tuple[nn.Module, PrivacyReport]:
     """Train a denoiser on ``images`` with differential privacy, in front of the frozen ``classifier``.
 
     ``classifier``: any module mapping (N, C, H, W) pixels in [0, 1] to logits; never changed (it is
     moved to ``device`` and used in eval mode; its ``requires_grad`` flags and mode are restored after).
     ``images``: the private training images: a tensor (N, C, H, W) of floats in [0, 1] or uint8, or a torch
-    Dataset yielding images or (image, label) pairs (labels are not used). ``test``: (images, labels) or a
-    Dataset of (image, label): the public evaluation set whose metrics the result carries.
+    Dataset yielding images or (image, label) pairs (labels are read by ``objective="classification"`` only, which
+    needs them). ``test``: (images, labels) or a Dataset of (image, label): the public evaluation set whose metrics
+    the result carries. ``objective`` (a setting): ``mse`` (default), ``stability``, ``classification`` or
+    ``stability+mse``, which trains MSE on ``public`` (public images, as ``images``; no privacy spent on them)
+    first, then stability on ``images``.
     ``arm``: ``sepdp`` (DP-SGD, a data-independent epsilon), ``transdenoiser`` (Algorithm 1; its epsilon rests
     on a data-dependent analysis and the report says so) or ``nodp`` (no privacy claim).
     ``noise_multiplier``: std of the Gaussian noise on the summed clipped gradient over the clipping norm
@@ -277,8 +286,10 @@ def train_private_denoiser(classifier: nn.Module, images, *, test, arm: str = "s
     if arm in ARM_CONFIGS:  # another arm's setting, given explicitly here, is refused (unknown arms: validate)
         refuse_unknown(arm, ARM_CONFIGS[arm], settings, SettingsSource("train_private_denoiser", spelled),
                        subject=f"train_private_denoiser: arm {arm}")
-    private, _ = _as_arrays(images, "images", need_labels=False)
+    objective = settings.get("objective", "mse")
+    private, private_labels = _as_arrays(images, "images", need_labels=objective == "classification")
     test_images, test_labels = _as_arrays(test, "test", need_labels=True)
+    public_images = _as_arrays(public, "public", need_labels=False)[0] if public is not None else None
     if device is None:
         first = next(iter(classifier.parameters()), None)
         device = first.device if first is not None else torch.device("cpu")
@@ -292,7 +303,8 @@ def train_private_denoiser(classifier: nn.Module, images, *, test, arm: str = "s
                 num_classes = int(classifier.to(device).eval()(probe).shape[-1])
         if int(test_labels.max(initial=0)) >= num_classes:
             raise UserError(f"test labels go up to {int(test_labels.max())}, the classifier has {num_classes} classes")
-        dataset = _in_memory_dataset(private, test_images, test_labels, num_classes, dataset_name)
+        dataset = _in_memory_dataset(private, test_images, test_labels, num_classes, dataset_name,
+                                     private_labels if objective == "classification" else None, public_images)
         frozen = FrozenClassifier(model=classifier, architecture=f"python:{type(classifier).__qualname__}",
                                   input_shape=tuple(dataset.image_shape), num_classes=num_classes, path=IN_MEMORY,
                                   dataset={"name": dataset_name, "source": IN_MEMORY})

@@ -274,7 +274,7 @@ class CheckpointMetadata(_Record):
             "class_names": (("list", "str"), False), "normalization": ("mapping", False),
             "dataset": (DatasetRef, False), "classifier": ("mapping", False), "sigma": ("number", False),
             "test_accuracy": ("number", False), "privacy": (PrivacyReport, False), "num_parameters": ("int", False),
-            "package_version": ("str", False), "torch_version": ("str", False)}
+            "package_version": ("str", False), "torch_version": ("str", False), "objective": ("str", False)}
 
     @classmethod
     def from_json(cls, data: Any, where: str | None = None) -> CheckpointMetadata:
@@ -303,6 +303,17 @@ class CheckpointMetadata(_Record):
     def trained_sigma(self) -> float | None:
         """The input-noise sigma a denoiser was trained at (``sigma``, else its ``config``'s), None if unknown."""
         return trained_sigma(self.sigma, self.extra.get("config"))
+
+    @property
+    def training_objective(self) -> str | None:
+        """A denoiser's training objective (``mse``, ``stability``, ``classification``, ``stability+mse``): its
+        ``objective``, else its ``config``'s; ``mse`` for a denoiser written before objectives were recorded
+        (all of those trained with MSE); None for any other kind of checkpoint that records none."""
+        config = self.extra.get("config")
+        value = self.objective or (config.get("objective") if isinstance(config, Mapping) else None)
+        if value is None and self.kind == "denoiser":
+            return "mse"
+        return str(value) if value is not None else None
 
     @property
     def classifier_classes(self) -> int | None:

@@ -57,6 +57,7 @@ class DenoiserConfig:
     train_on: str = _D.train_on
     init_from: str | None = _D.init_from
     ema_decay: float = _D.ema_decay
+    objective: str = _D.objective  # every arm reads it; the transdenoiser arm's config refuses all but mse
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> DenoiserConfig:

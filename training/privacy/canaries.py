@@ -195,9 +195,9 @@ def audited_arm_class(base: type, canaries: GradientCanaries) -> type:
             if hasattr(self, "noise"):
                 self.noise = _CanaryNoise(self.noise, canaries, self)
 
-        def gradient(self, x, generator):
+        def gradient(self, x, generator, labels=None):
             canaries.begin_step(generator)
-            grads, record = super().gradient(x, generator)
+            grads, record = super().gradient(x, generator, labels)
             batch = float(self.expected_batch)
             if not hasattr(self, "noise"):  # nodp: no noise; the canaries join the mean gradient
                 extra = canaries.deliver({k: torch.zeros_like(v) for k, v in grads.items()})

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from training.privacy.dp import Params, PerExampleClipper, PerExampleGradients, per_example_norms
+from training.privacy.dp import Params, PerExampleClipper, PerExampleGradients, RowLoss, per_example_norms
 from training.privacy.ghost_clipping import GhostClipping, GhostUnsupported
 from training.privacy.graphed import GraphedPieces, default_granule, graphs_possible
 
@@ -45,6 +45,7 @@ VMAP_FOOTPRINT = 4
 GHOST_FOOTPRINT = 6  # bytes held per example per byte of its layer inputs and outputs (saved tensors + products)
 
 Split = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (noisy rows, clean rows) -> bool mask per example
+TargetsOf = Callable[[torch.Tensor], torch.Tensor]  # clean synthetic rows -> their targets for the row loss
 
 
 @dataclass
@@ -169,18 +170,23 @@ def device_physical_batch(model: nn.Module, clipping: str, example_shape: tuple[
 
 
 class ClippedGradients:
-    """Clipped sums of per-example gradients of ``||model(z) - x||^2`` by the engine of ``plan``."""
+    """Clipped sums of per-example gradients of ``||model(z) - x||^2`` (or of ``row_loss(model(z), x)`` per row,
+    ``x`` the rows' targets: e.g. a frozen classifier's cross-entropy, training/objectives.py) by the engine of
+    ``plan``. Only ``model``'s parameters get per-example gradients: a module the loss runs after the model (the
+    frozen classifier) is backpropagated through, never hooked."""
 
-    def __init__(self, model: nn.Module, clip_norm: float, plan: ExecutionPlan, compile_model: bool = False):
+    def __init__(self, model: nn.Module, clip_norm: float, plan: ExecutionPlan, compile_model: bool = False,
+                 row_loss: RowLoss | None = None):
         self.model, self.plan = model, plan
         self.clipper = PerExampleClipper(clip_norm)
         # compile: torch.compile of vmap's per-example function. The ghost engine stays eager: it needs the
         # layer outputs as autograd nodes, which a compiled graph does not expose
-        self.vmap = PerExampleGradients(model, chunk_size=plan.grad_chunk_size, compiled=compile_model)
+        self.vmap = PerExampleGradients(model, chunk_size=plan.grad_chunk_size, compiled=compile_model,
+                                        row_loss=row_loss)
         self.ghost = None
         if plan.clipping == "ghost":
             try:
-                self.ghost = GhostClipping(model)
+                self.ghost = GhostClipping(model) if row_loss is None else GhostClipping(model, row_loss)
             except GhostUnsupported as exc:
                 self._fall_back(exc)
         self.graphs: GraphedPieces | None = None  # built on the first piece (its example shape sizes the memory)
@@ -287,15 +293,22 @@ def synthetic_batch(example_shape: tuple[int, ...], batch_size: int, device: tor
 
 def measure_engines(model: nn.Module, example_shape: tuple[int, ...], batch_size: int, device: torch.device,
                     plans: dict[str, ExecutionPlan], repeats: int = 3, rows_per_example: int = 1,
-                    compile_model: bool = False) -> dict[str, float]:
+                    compile_model: bool = False, row_loss: RowLoss | None = None,
+                    targets_of: TargetsOf | None = None) -> dict[str, float]:
     """Median seconds of one clipped sum per engine on a synthetic batch, the engines interleaved (each
-    warmed up once first); an engine that cannot follow the model is left out."""
+    warmed up once first); an engine that cannot follow the model (found at set-up or in its warm-up pass) is
+    left out. ``row_loss``: the loss per row (default eq. 1), ``targets_of``: the synthetic rows' targets for
+    it (default the clean rows)."""
     z, x = synthetic_batch(example_shape, max(1, batch_size) * rows_per_example, device)
-    engines = {name: ClippedGradients(model, 1.0, plan, compile_model) for name, plan in plans.items()}
+    if targets_of is not None:
+        x = targets_of(x)
+    engines = {name: ClippedGradients(model, 1.0, plan, compile_model, row_loss) for name, plan in plans.items()}
     engines = {name: e for name, e in engines.items() if e.plan.clipping == name}
     times: dict[str, list[float]] = {name: [] for name in engines}
     for attempt in range(repeats + 1):
         for name, engine in engines.items():
+            if engine.plan.clipping != name:  # fell back to vmap in its warm-up pass: not this engine's time
+                continue
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             started = time.perf_counter()
@@ -307,16 +320,19 @@ def measure_engines(model: nn.Module, example_shape: tuple[int, ...], batch_size
     for engine in engines.values():
         if engine.ghost is not None:
             engine.ghost.close()
-    return {name: sorted(t)[len(t) // 2] for name, t in times.items() if t}
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()
+            if t and engines[name].plan.clipping == name}
 
 
 def plan_execution(model: nn.Module, example_shape: tuple[int, ...], batch_size: int, device: torch.device, *,
                    clipping: str = "auto", grad_chunk_size: int = AUTO, physical_batch_size: int = AUTO,
                    rows_per_example: int = 1, compile_model: bool = False,
-                   cuda_graphs: str = "auto") -> ExecutionPlan:
+                   cuda_graphs: str = "auto", row_loss: RowLoss | None = None,
+                   targets_of: TargetsOf | None = None) -> ExecutionPlan:
     """The engine, vmap chunk and physical piece size for ``model`` on ``device`` at an expected batch of
-    ``batch_size`` examples; ``auto`` clipping measures both engines (:func:`measure_engines`); ``cuda_graphs``
-    auto: the ghost engine replays CUDA graphs where :func:`training.privacy.graphed.graphs_possible` allows."""
+    ``batch_size`` examples; ``auto`` clipping measures both engines (:func:`measure_engines`, with the run's
+    ``row_loss`` and ``targets_of``); ``cuda_graphs`` auto: the ghost engine replays CUDA graphs where
+    :func:`training.privacy.graphed.graphs_possible` allows."""
     if clipping not in CLIPPING_MODES:
         raise ValueError(f"clipping must be one of {', '.join(CLIPPING_MODES)}, got {clipping!r}")
     if cuda_graphs not in CUDA_GRAPH_MODES:
@@ -353,8 +369,8 @@ def plan_execution(model: nn.Module, example_shape: tuple[int, ...], batch_size:
         plans[clipping].reasons.insert(0, f"clipping {clipping} as configured")
         return plans[clipping]
     timings = measure_engines(model, example_shape, batch_size, device, plans, rows_per_example=rows_per_example,
-                              compile_model=compile_model)
-    best = min(timings, key=timings.get)
+                              compile_model=compile_model, row_loss=row_loss, targets_of=targets_of)
+    best = min(timings, key=timings.get) if timings else "vmap"
     plan = plans[best]
     shown = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in sorted(timings.items()))
     plan.reasons.insert(0, f"auto: the faster on a synthetic batch of {batch_size} ({shown})")
@@ -382,7 +398,7 @@ def plan_for_arm(arm, config, image_shape, device, record: dict | None) -> Execu
                                    clipping=clipping, grad_chunk_size=config.grad_chunk_size,
                                    physical_batch_size=config.physical_batch_size,
                                    rows_per_example=config.noise_draws, compile_model=config.compile,
-                                   cuda_graphs=config.cuda_graphs)
+                                   cuda_graphs=config.cuda_graphs, **_objective_of(arm))
     if clipping != config.clipping:
         arm.execution.reasons[0] = "auto with reproducible noise: ghost, not timed, so that runs repeat bit for bit"
     if arm.group.distributed:  # the same engine on every rank
@@ -393,6 +409,15 @@ def plan_for_arm(arm, config, image_shape, device, record: dict | None) -> Execu
         arm.execution.reasons.append("transdenoiser: no step can be credited (merged noise, w > max_smin_dim), so "
                                      "line 8's Taylor remainder is not computed and every step is sepdp's")
     return arm.execution
+
+
+def _objective_of(arm) -> dict:
+    """The arm's loss per row and the synthetic rows' targets, for timing the engines on the loss the run trains
+    (training/objectives.py); nothing for an arm without an objective (eq. 1)."""
+    objective = getattr(arm, "objective", None)
+    if objective is None or objective.loss == "mse":
+        return {}
+    return {"row_loss": objective.row_loss, "targets_of": objective.synthetic_targets}
 
 
 def parse_size(text: str, what: str) -> int:

@@ -16,13 +16,17 @@ from torch.func import functional_call, grad_and_value, vmap
 
 Params = dict[str, torch.Tensor]
 ExampleLoss = Callable[[Params, Params, torch.Tensor, torch.Tensor], torch.Tensor]
+RowLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (model output rows, target rows) -> (n,) losses
 
 
-def functional_example_loss(model: nn.Module) -> ExampleLoss:
-    """``loss(params, buffers, z, x) = ||g(z) - x||^2`` for ONE example (eq. 1, summed over pixels)."""
+def functional_example_loss(model: nn.Module, row_loss: RowLoss | None = None) -> ExampleLoss:
+    """``loss(params, buffers, z, x) = ||g(z) - x||^2`` for ONE example (eq. 1, summed over pixels); with
+    ``row_loss``, ``row_loss(g(z), x)`` of that one row (``x`` its target: an image or a class index)."""
 
     def loss(params: Params, buffers: Params, z: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         out = functional_call(model, (params, buffers), (z.unsqueeze(0),))
+        if row_loss is not None:
+            return row_loss(out, x.unsqueeze(0)).sum()
         return (out.squeeze(0) - x).pow(2).sum()
 
     return loss
@@ -67,7 +71,8 @@ class PoissonSampler:
 
 
 class PerExampleGradients:
-    """Per-example gradients of eq. (1) with torch.func (``vmap(grad)``).
+    """Per-example gradients of eq. (1) (or of ``row_loss``: :func:`functional_example_loss`) with torch.func
+    (``vmap(grad)``).
 
     ``chunk_size``: a batch of n examples is split into ceil(n / chunk_size) near-equal chunks, each one
     vmapped call (None or 0: the whole batch in one call). Chunks change only speed and memory, never the
@@ -76,10 +81,11 @@ class PerExampleGradients:
     whole batch of 64 for the paper's autoencoder (docs/results/training.md has the sweep).
     """
 
-    def __init__(self, model: nn.Module, chunk_size: int | None = None, compiled: bool = False):
+    def __init__(self, model: nn.Module, chunk_size: int | None = None, compiled: bool = False,
+                 row_loss: RowLoss | None = None):
         self.model = model
         self.chunk_size = chunk_size or None
-        loss = functional_example_loss(model)
+        loss = functional_example_loss(model, row_loss)
         self._grads = vmap(grad_and_value(loss), in_dims=(None, None, 0, 0))
         if compiled:  # torch.compile of the vmapped function (the first calls pay for compilation)
             self._grads = torch.compile(self._grads)

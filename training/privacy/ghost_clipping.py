@@ -23,9 +23,17 @@ Layers handled this way (p, q per position t):
 
 Any other module that owns trainable parameters gets per-example gradients of ITS OWN parameters with
 ``torch.func.vmap`` over (its input, its output gradient): exact, only costlier. Models this module cannot
-follow (a module called twice per forward, a module whose input is not one tensor) raise
-:class:`GhostUnsupported`; the caller then uses plain vmap per-example
-gradients for the whole model.
+follow (a module called twice per forward, a module whose input is not one tensor, a parameter owned by two
+modules (tied weights), a parameter used outside the module that owns it, e.g. read by a functional call in its
+parent's forward) raise :class:`GhostUnsupported`; the caller then uses plain vmap per-example
+gradients for the whole model. Each of those would otherwise give a silently wrong norm: a layer's hooks see only
+the uses inside that layer. Tied weights are found at set-up (each parameter's owning modules are counted);
+uses outside the owner on the first forward pass, which records every torch function a parameter enters while
+no module owning it is the innermost module running (:class:`_OutsideUses`; once, then not again).
+
+The loss may run modules after the model (``row_loss``: e.g. a frozen classifier's cross-entropy on the model's
+output): the backward pass to the layer outputs goes through them, and as only the model's modules are hooked,
+their layers carry no per-example gradients and their parameters (which must not require gradients) none at all.
 
 With ``rows_per_example`` K > 1 (K input-noise draws per example), rows ``i*K .. i*K+K-1`` are one example:
 its gradient is the MEAN of its K row gradients (the loss is scaled by 1/K and the rows' positions are
@@ -41,6 +49,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vjp, vmap
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
 
 Params = dict[str, torch.Tensor]
 RowLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (model output, target) -> per-row loss
@@ -212,6 +222,55 @@ def _saved_group_norm_statistics(output: torch.Tensor, a: torch.Tensor
     return mean, inv_std
 
 
+def _shared_parameters(layers: list[_Layer]) -> list[list[str]]:
+    """The names under which each parameter owned by more than one layer is owned (tied weights)."""
+    owners: dict[int, list[str]] = {}
+    for layer in layers:
+        for key, p in layer.params.items():
+            owners.setdefault(id(p), []).append(layer.full(key))
+    return [names for names in owners.values() if len(names) > 1]
+
+
+class _OutsideUses(TorchFunctionMode):
+    """While active (one forward pass of ``model``), records the name of every trainable parameter that enters a
+    torch function whose result takes part in autograd while the innermost running module of ``model`` does not
+    own it: a use no layer's hooks see, so its gradient would be missing from that layer's per-example norm."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.owner = {id(p): m for m in model.modules() for p in m.parameters(recurse=False) if p.requires_grad}
+        self.names = {id(p): k for k, p in model.named_parameters() if p.requires_grad}
+        self.stack: list[nn.Module] = []
+        self.outside: list[str] = []
+        self._handles = []
+        for m in model.modules():
+            self._handles.append(m.register_forward_pre_hook(self._enter))
+            self._handles.append(m.register_forward_hook(self._leave, always_call=True))
+
+    def _enter(self, module: nn.Module, inputs) -> None:
+        self.stack.append(module)
+
+    def _leave(self, module: nn.Module, inputs, output) -> None:
+        self.stack.pop()
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        current = self.stack[-1] if self.stack else None
+        for t in tree_leaves((args, kwargs)):
+            if isinstance(t, torch.Tensor) and self.owner.get(id(t), current) is not current \
+                    and any(isinstance(r, torch.Tensor) and r.requires_grad for r in tree_leaves(result)):
+                name = self.names[id(t)]
+                if name not in self.outside:
+                    self.outside.append(name)
+        return result
+
+
 @contextmanager
 def _float32_products(cuda: bool) -> Iterator[None]:
     """Matrix products and cuDNN convolutions in float32, not TF32, inside the block (on CUDA; the settings are
@@ -247,7 +306,12 @@ class GhostClipping:
         missing = [k for k, p in model.named_parameters() if p.requires_grad and id(p) not in covered]
         if missing:
             raise GhostUnsupported(f"parameters outside the model's modules: {', '.join(missing)}")
+        shared = _shared_parameters(self.layers)
+        if shared:
+            raise GhostUnsupported(f"a parameter is shared by several modules ({' = '.join(shared[0])}): each "
+                                   "module's hooks would see only its own use of it")
         self.names = [k for k, p in model.named_parameters() if p.requires_grad]
+        self._uses_checked = False  # the first forward pass also looks for parameters used outside their module
         self._capturing = False
         self._copy_outputs = False
         self._handles = [layer.module.register_forward_hook(self._hook(layer)) for layer in self.layers]
@@ -286,7 +350,7 @@ class GhostClipping:
             layer.statistics = None
         self._capturing = True
         try:
-            out = self.model(*inputs)
+            out = self._checked_forward(inputs) if not self._uses_checked else self.model(*inputs)
         finally:
             self._capturing = False
         for layer in self.layers:
@@ -307,6 +371,21 @@ class GhostClipping:
             layer.inputs, layer.outputs, layer.statistics = [], [], None
         losses = row_losses.detach().reshape(n, rows_per_example).mean(1)
         return GhostBatch(self, squares.sqrt(), losses)
+
+    def _checked_forward(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """The model's forward pass, watched by :class:`_OutsideUses`: raises :class:`GhostUnsupported` if a
+        parameter was used outside the module owning it (then the caller takes the per-example vmap path)."""
+        uses = _OutsideUses(self.model)
+        try:
+            with uses:
+                out = self.model(*inputs)
+        finally:
+            uses.close()
+        if uses.outside:
+            raise GhostUnsupported(f"parameter {uses.outside[0]} is used outside the module that owns it: that "
+                                   "module's hooks would not see that use")
+        self._uses_checked = True
+        return out
 
     def _prepare(self, layer: _Layer, a: torch.Tensor, b: torch.Tensor, n: int) -> torch.Tensor:
         """Save what the layer's weighted sums need; return its per-example squared gradient norms (n,)."""

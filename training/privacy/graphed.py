@@ -80,9 +80,10 @@ class _Capture:
     """One padded size: static input buffers, the recorded graph, and its static outputs."""
 
     def __init__(self, piece: PieceFn, z_shape: torch.Size, x_shape: torch.Size, examples: int,
-                 dtype: torch.dtype, device: torch.device, record: bool = True):
+                 dtype: torch.dtype, device: torch.device, record: bool = True, x_dtype: torch.dtype | None = None):
         self.z = torch.zeros(z_shape, dtype=dtype, device=device)
-        self.x = torch.zeros(x_shape, dtype=dtype, device=device)
+        # the targets keep their own dtype (class indices for a cross-entropy objective; a padded row's is 0)
+        self.x = torch.zeros(x_shape, dtype=x_dtype or dtype, device=device)
         self.mask = torch.zeros(examples, dtype=torch.float32, device=device)
         self.graph, self.piece = None, piece
         if not record:  # the same buffers and padding, the piece run eagerly on each call (CPU tests)
@@ -132,7 +133,7 @@ class GraphedPieces:
         no graph of its padded size exists or fits (the caller runs it eagerly)."""
         examples = len(z) // rows_per_example
         padded = padded_size(examples, self.granule)
-        key = (padded, rows_per_example, tuple(z.shape[1:]), tuple(x.shape[1:]), z.dtype)
+        key = (padded, rows_per_example, tuple(z.shape[1:]), tuple(x.shape[1:]), z.dtype, x.dtype)
         capture = self.captures.get(key)
         if capture is None:
             if not self.capturable(padded):
@@ -140,7 +141,7 @@ class GraphedPieces:
             rows = padded * rows_per_example
             before = torch.cuda.memory_reserved(z.device) if self.record else 0
             capture = _Capture(self.piece, torch.Size((rows, *z.shape[1:])), torch.Size((rows, *x.shape[1:])),
-                               padded, z.dtype, z.device, self.record)
+                               padded, z.dtype, z.device, self.record, x.dtype)
             self.captures[key] = capture
             if self.record:  # the memory this capture took, measured (its warm-up's cached blocks included): the
                 # next captures are budgeted by it rather than by the estimate the first one was

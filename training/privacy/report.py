@@ -247,8 +247,9 @@ def format_privacy_report(report: dict[str, Any] | PrivacyReport) -> str:
     init = report.get("initialisation") or {}
     if init.get("kind") == "public":
         digest = f", weights sha256 {init['weights_sha256'][:16]}..." if init.get("weights_sha256") else ""
-        lines.append(f"  initialisation: public ({init['checkpoint']}{digest}; trained on the public split by its own "
-                     "metadata: no privacy spent on it)")
+        how = ("trained without noise by this run" if init.get("phase") else
+               "trained on the public split by its own metadata")
+        lines.append(f"  initialisation: public ({init['checkpoint']}{digest}; {how}: no privacy spent on it)")
     if report.get("target_epsilon") is not None:
         lines.append(f"  xi_up calibrated for target epsilon {report['target_epsilon']} with the "
                      f"{report['calibration_accountant']} accountant")
