@@ -522,6 +522,74 @@ def test_full_body_slots_refuse_at_the_door_and_unauthenticated_requests_still_g
             time.sleep(0.1)
 
 
+def _stalled_bodies(url: str, count: int, body_bytes: int) -> list[socket.socket]:
+    """``count`` connections that send a POST's headers (a 5,000-byte JSON body declared) and ``body_bytes`` of it."""
+    host, port = url.split("://")[1].split(":")
+    head = (b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n"
+            + b'{"images": [[['[:body_bytes])
+    socks = []
+    for _ in range(count):
+        sock = socket.create_connection((host, int(port)), timeout=5)
+        sock.sendall(head)
+        socks.append(sock)
+    return socks
+
+
+def _until_closed(socks: list[socket.socket], deadline: float) -> dict[socket.socket, bytes]:
+    """What the server sent on each socket until it closed it, for those it closed before ``deadline``."""
+    import select
+
+    received = {sock: b"" for sock in socks}
+    closed: dict[socket.socket, bytes] = {}
+    while len(closed) < len(socks) and time.monotonic() < deadline:
+        waiting = [sock for sock in socks if sock not in closed]
+        readable, _, _ = select.select(waiting, [], [], max(0.0, min(0.5, deadline - time.monotonic())))
+        for sock in readable:
+            try:
+                data = sock.recv(65536)
+            except OSError:
+                data = b""
+            if data:
+                received[sock] += data
+            else:
+                closed[sock] = received[sock]
+    return closed
+
+
+def test_stalled_bodies_neither_hold_the_slots_nor_stay_open(servers, client):
+    """uvicorn alone, no nginx (issue 68): 60 connections stalled after their headers and 60 after 13 bytes of a small
+    body, against 10 small-body slots (max_queued_requests). Small requests sent meanwhile are all answered promptly
+    (the stalled ones hold no slot: the door takes a body's slot once the body has arrived), and every stalled
+    connection gets 408 and is closed 2 s after its headers (nothing arrived within the pace's first 2 s). Before
+    the pace every small request got 503. At scale: benchmarks/bench_stalled_bodies.py (docs/SERVING.md)."""
+    body = {"images": [(np.random.default_rng(0).integers(0, 256, SHAPE) / 255).tolist()], "n": 100}
+
+    def small() -> tuple[int, float]:
+        started = time.perf_counter()
+        status = client.post("/predict", json=body).status_code
+        return status, time.perf_counter() - started
+
+    limits = client.post("/metadata").json()["limits"]
+    assert (limits["body_timeout_ms"], limits["min_body_bytes_per_s"]) == (60_000, 8192)  # the defaults
+    idle = [small() for _ in range(6)]
+    opened = time.monotonic()
+    stalled = _stalled_bodies(servers["open"].url, 60, 0) + _stalled_bodies(servers["open"].url, 60, 13)
+    try:
+        busy = []
+        while time.monotonic() < opened + 3.5:  # the stalled connections open, then dropped
+            busy.append(small())
+            time.sleep(0.25)
+        answers = _until_closed(stalled, opened + 10)
+    finally:
+        for sock in stalled:
+            sock.close()
+    assert [status for status, _ in busy] == [200] * len(busy), busy
+    idle_s = sorted(seconds for _, seconds in idle[1:])[2]
+    assert max(seconds for _, seconds in busy) < max(2.0, 10 * idle_s), (idle, busy)
+    assert len(answers) == len(stalled), f"{len(stalled) - len(answers)} stalled connections still open"
+    assert all(answer.startswith(b"HTTP/1.1 408 ") and b"min_body_bytes_per_s" in answer for answer in answers.values())
+
+
 # ------------------------------------------------------------------------------------------------ slow clients
 
 PROXY_CAP = 64  # nginx's worker_connections in this test: clients and upstream connections together
