@@ -20,6 +20,15 @@ DEFAULT_SEQUENTIAL = "one-sided-mixture"  # certify.confidence.DEFAULT_METHOD
 DEFAULT_TOLERANCE = 0.05  # certify.sequential.DEFAULT_TOLERANCE
 
 
+NEW_TEST_HELP = {
+    "certify": "certify images again in a new test, which spends its alpha again (refused without this flag; "
+               "docs/CERTIFY.md): an existing --out's images with another --seed or --alpha, or images that another "
+               "run certified on this seed with another test (n, mode and radius included; adaptive runs with the "
+               "default --sequential are all one test; the ledger of certification tests, docs/FORMATS.md)",
+    "predict": "certify the images of an existing --out again with another --seed or --alpha: a new test that "
+               "spends its alpha again (refused without this flag; docs/CERTIFY.md)"}
+
+
 def workers_arg(text: str) -> int | str:
     """``--workers``: ``auto`` or an integer >= 1."""
     return text if text == "auto" else positive_int(text)
@@ -155,9 +164,7 @@ def _add_run_args(p: argparse.ArgumentParser, task: str) -> None:
     run = p.add_argument_group("run")
     run.add_argument("--out", type=Path, default=Path(f"runs/{task}"),
                      help=f"run directory (default: runs/{task}); an existing run there is resumed")
-    run.add_argument("--new-test", action="store_true",
-                     help="certify the images of an existing --out again with another --seed or --alpha: a new "
-                          "test that spends its alpha again (refused without this flag; docs/CERTIFY.md)")
+    run.add_argument("--new-test", action="store_true", help=NEW_TEST_HELP[task])
     run.add_argument("--threads", type=positive_int, default=None,
                      help="CPU threads for torch (default: torch's choice; on a busy machine 1 can be much faster)")
     run.add_argument("--shard", type=_shard, default=None, metavar="I/K",

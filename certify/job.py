@@ -204,6 +204,16 @@ def _run_locked(job: CertifyJob, mode: str | None, shard, track: Track, warn: Ca
     indices = select_indices(len(split), job.skip, job.max_index, job.indices, what=what)
     n0 = job.n0 if task == "certify" else None
     n = job.n_max if mode and job.n_max is not None else job.n
+    fingerprint = split.fingerprint()
+    entry = ledger_entry(job, mode, pipeline, dataset.name, fingerprint, indices, n, device.type)
+    from certify.rundir import SETTINGS_FILE
+
+    if entry is not None and not (job.out / SETTINGS_FILE).exists():
+        # a new run, before any forward pass: another test of these images on this stream is refused (in an existing
+        # --out, its settings are compared first, then the ledger's record checks again)
+        from certify import ledger
+
+        ledger.check(entry, job.new_test)
     batch = job.batch_size or DEFAULT_BATCH.get(device.type, DEFAULT_BATCH["cpu"])
     smooth = Smooth(pipeline.classifier, pipeline.num_classes, job.sigma, pipeline.denoiser, batch, device,
                     job.memory_format, job.workers, precision=job.precision, compile=job.compile, noise=job.noise)
@@ -225,7 +235,6 @@ def _run_locked(job: CertifyJob, mode: str | None, shard, track: Track, warn: Ca
                      "tolerance": (job.tolerance if job.tolerance is not None else DEFAULT_TOLERANCE)
                      if mode == "estimate" else None,
                      **look_settings(job.sequential)}
-        fingerprint = split.fingerprint()
         trained = pipeline.classifier_record.dataset
         if trained is not None and trained.fingerprint(trained.trained_on) == fingerprint:
             warn(f"note: the classifier was trained on this very split ({what}): the figures are not test figures")
@@ -242,12 +251,47 @@ def _run_locked(job: CertifyJob, mode: str | None, shard, track: Track, warn: Ca
             memory_format=smooth.memory_format, precision=smooth.precision, compile=smooth.compile,
             noise=smooth.noise, extra=extra)
         run = RunDirectory(job.out, settings, shard, new_test=job.new_test)
-        return _work(job, run, split, smooth, pipeline, indices, pack, mode, n, extra, device, shard, track)
+        return _work(job, run, split, smooth, pipeline, indices, pack, mode, n, extra, device, shard, track, entry)
     finally:
         smooth.close()
 
 
-def _work(job, run, split, smooth, pipeline, indices, pack, mode, n, extra, device, shard, track) -> JobOutcome:
+def ledger_entry(job: CertifyJob, mode: str | None, pipeline, dataset: str, fingerprint: str, indices: Sequence[int],
+                 n: int, device_type: str):
+    """The :class:`certify.ledger.LedgerEntry` of a certify run (None for predict): its stream (the settings that
+    fix each image's votes) and its test (:func:`certify.ledger.identify_test`)."""
+    if job.task != "certify":
+        return None
+    from certify.ledger import identify_test, new_entry, weights_identity
+    from certify.numerics import canonical_precision
+
+    denoiser = pipeline.denoiser_record
+    stream = {"classifier_sha256": weights_identity(pipeline.classifier_record.weights_sha256, job.classifier),
+              "denoiser_sha256": weights_identity(denoiser.weights_sha256 if denoiser else None, job.denoiser),
+              "dataset": dataset, "split": job.split, "split_fingerprint": fingerprint, "seed": job.seed,
+              "n0": job.n0, "sigma": job.sigma, "alpha": job.alpha, "noise": job.noise,
+              "precision": canonical_precision(job.precision), "compile": bool(job.compile),
+              "noise_device": device_type}
+    return new_entry(stream, indices, identify_test(mode, n, job.radius, job.sequential), job.out)
+
+
+def _record_test(run, entry, new_test: bool) -> None:
+    """Add the run to the ledger (checked again under its lock) and write its test and the ledger's count of tests
+    of these images and stream to the run's test.json (the summary's ``test``)."""
+    from certify import ledger
+    from certify.rundir import TEST_FILE, write_json
+
+    verdict = ledger.record(entry, new_test)
+    write_json(run.root / TEST_FILE, {
+        "format_version": ledger.FORMAT_VERSION, "test": entry.test, "stream_key": entry.stream_key,
+        "tests_of_these_images": verdict.tests, "ledger": str(ledger.ledger_path()),
+        "note": f"the ledger held {verdict.tests} test(s) of these images on this stream (seed {entry.stream['seed']}) "
+                "when this run started, this one included: their answers hold together with probability >= "
+                "1 - tests * alpha; answers of one test hold together at alpha"})
+
+
+def _work(job, run, split, smooth, pipeline, indices, pack, mode, n, extra, device, shard, track,
+          entry=None) -> JobOutcome:
     from certify.report import finalize_run
     from certify.rundir import collect_rows, expected_indices, missing_report
     from certify.runner import iter_certify, iter_certify_adaptive, iter_predict, run_session
@@ -256,6 +300,8 @@ def _work(job, run, split, smooth, pipeline, indices, pack, mode, n, extra, devi
 
     task = job.task
     run.open()
+    if entry is not None:
+        _record_test(run, entry, job.new_test)
     run.write_models(pipeline.classifier_metadata, pipeline.denoiser_metadata)
     images, labels = split.tensors("cpu")
     units = plan_units(indices, pack)

@@ -15,6 +15,7 @@ from certify.rundir import (
     HEARTBEAT_SECONDS,
     MODELS_FILE,
     SETTINGS_FILE,
+    TEST_FILE,
     CertifyRecord,
     collect_rows,
     missing_report,
@@ -244,6 +245,8 @@ def finalize_run(run_dirs: Sequence[Path], out_dir: Path | None = None) -> dict[
                          + (f"; {cut} session(s) killed before closing count up to their last record (every "
                             f"{HEARTBEAT_SECONDS:g} s), so the sum may fall short" if cut else "")}
     summary["settings"] = settings
+    if (run_dirs[0] / TEST_FILE).exists():  # certify runs since the ledger (certify.ledger): which test, of how many
+        summary["test"] = read_json(run_dirs[0] / TEST_FILE, "the run's test")
     summary["classifier_metadata"] = models.get("classifier_metadata")
     summary["denoiser_metadata"] = models.get("denoiser_metadata")
     write_json(out_dir / SUMMARY_FILE, summary)

@@ -5,6 +5,8 @@ Run directory (``--out DIR``):
   another ``seed`` or ``alpha`` is a new test of the same images and is refused without ``--new-test``
   (each test spends its alpha); with it, the earlier test's files move to ``tests/K/`` and ``tests.json``
   lists the earlier tests (seed, alpha);
+- ``test.json`` (certify): the run's test and how many tests of its images and seed the ledger of
+  certification tests held when it started (:mod:`certify.ledger`), copied into the summary as ``test``;
 - ``certify.tsv`` (or ``certify.shard-I-of-K.tsv`` per shard): one row per image, flushed as it is done;
 - ``certify.status.json`` (or ``certify.shard-I-of-K.status.json``): hardware, device, wall time, completeness;
 - after the run (or after the merge of all shards): ``summary.json``, ``report.md``, ``certified_accuracy.png``.
@@ -45,6 +47,7 @@ PATH_SETTINGS = ("classifier", "denoiser", "data_root")
 # its alpha again, so a run directory refuses it unless asked, and keeps the earlier test in tests/K/.
 TEST_SETTINGS = ("seed", "alpha")
 TESTS_FOLDER, TESTS_FILE = "tests", "tests.json"
+TEST_FILE = "test.json"  # this run's test and the ledger's count of tests of its images (certify.ledger)
 
 
 # ----------------------------------------------------------------------------------------------- records

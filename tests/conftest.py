@@ -12,11 +12,38 @@ torch.set_num_threads(2)
 def pytest_sessionfinish(session, exitstatus):
     """An in-process service's warm-up freezes every object then alive (``freeze_start_up_objects``, right for a
     server): in the test process, every earlier test's objects too. Unfrozen and collected at the end, they are gone
-    before the interpreter exits, so no extension module reports them as leaked (triton's bindings list hundreds)."""
+    before the interpreter exits, so no extension module reports them as leaked (triton's bindings list hundreds).
+    The session's state directory (``pytest_configure``) is removed."""
     import gc
+    import shutil
 
     gc.unfreeze()
     gc.collect()
+    if SESSION_STATE:
+        shutil.rmtree(SESSION_STATE[0], ignore_errors=True)
+
+
+SESSION_STATE: list[str] = []  # the session's state directory, made by pytest_configure
+
+
+def pytest_configure(config):
+    """Certify runs record their tests in a ledger in the user's state directory (certify.ledger): for the whole
+    session (fixtures of module or session scope, their subprocesses included) a state directory of the session's
+    own, never the user's; each test then gets a fresh one (``certification_ledger``)."""
+    import os
+    import tempfile
+
+    SESSION_STATE.append(tempfile.mkdtemp(prefix="transdenoiser-state-"))
+    os.environ["TRANSDENOISER_STATE_DIR"] = SESSION_STATE[0]
+
+
+@pytest.fixture(autouse=True)
+def certification_ledger(tmp_path_factory, monkeypatch):
+    """Each test's own state directory (TRANSDENOISER_STATE_DIR), so that certify runs record their tests in a
+    fresh ledger (certify.ledger): never in the user's home, never seen by another test. Yields the ledger's path."""
+    state = tmp_path_factory.mktemp("state")
+    monkeypatch.setenv("TRANSDENOISER_STATE_DIR", str(state))
+    yield state / "certify-ledger.jsonl"
 
 
 @pytest.fixture(scope="session")

@@ -314,8 +314,8 @@ def test_adaptive_runs_write_samples_resume_shard_merge_and_overlay(tiny_classif
         assert "not certified" in (single / "report.md").read_text() and "not certified" in stdout
         assert "clean accuracy (" not in (single / "report.md").read_text()
         fixed = tmp_path / "fixed_for_decide"
-        assert run_cli(["certify", "--classifier", tiny_classifier_dir, *FAST, "--max-index", "3", "--out", fixed],
-                       capsys)[0] == 0
+        assert run_cli(["certify", "--classifier", tiny_classifier_dir, *FAST, "--max-index", "3", "--out", fixed,
+                        "--new-test"], capsys)[0] == 0  # images 0-2 again, fixed n beside the ladder: another test
         assert run_cli(["report", single, fixed, "--out", tmp_path / "overlay_decide"], capsys)[0] == 0
         overlay = json.loads((tmp_path / "overlay_decide" / "overlay.json").read_text())
         decide_row = next(row for row in overlay if "decide R = 0.1" in row["label"])
@@ -343,8 +343,8 @@ def test_adaptive_runs_write_samples_resume_shard_merge_and_overlay(tiny_classif
                             "--out", single], capsys)
     assert code == 2 and "different settings" in err
     fixed = tmp_path / "fixed"
-    assert run_cli(["certify", "--classifier", tiny_classifier_dir, *FAST, "--max-index", "3", "--out", fixed],
-                   capsys)[0] == 0
+    assert run_cli(["certify", "--classifier", tiny_classifier_dir, *FAST, "--max-index", "3", "--out", fixed,
+                    "--new-test"], capsys)[0] == 0  # images 0-2 again, fixed n beside the ladder: another test
     assert run_cli(["report", single, fixed, "--out", tmp_path / "overlay"], capsys)[0] == 0
     assert (tmp_path / "overlay" / "certified_accuracy.png").is_file()
 
