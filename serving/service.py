@@ -12,6 +12,7 @@ serving.service:TransDenoiser``. Endpoints (POST, BentoML's convention for APIs)
 - ``/metadata``: the model card (architectures, dataset fingerprints, the denoiser's privacy report
   with the analysis behind each epsilon, certification settings).
 - ``/healthz``, ``/livez``, ``/readyz``, ``/metrics`` (BentoML's probes; never behind the API key).
+- ``GET /`` and ``/docs``: the API page; ``GET /docs.json``: the OpenAPI document (serving.page; open, as the probes).
 
 Requests share the compute in fair rounds (serving.compute.scheduler); each image's noise is keyed to the model, its
 pixels and the settings (serving.compute.noise), so asking again gives the same certificate.
@@ -57,6 +58,7 @@ from serving.library_patches import (
 )
 from serving.limits import BodyPace, BodySlots, PayloadLimitMiddleware, release_body_slot
 from serving.metrics import service_metrics
+from serving.page import ApiPage
 from serving.validation import PredictRequest, RequestError, parse_payload, parse_predict_request
 from training.checkpoint import WEIGHTS
 from transdenoiser.errors import UserError
@@ -64,8 +66,8 @@ from transdenoiser.runtime import freeze_start_up_objects, keep_freed_memory, re
 
 logger = logging.getLogger(__name__)
 # the service's routes (BentoML's and ours): the only paths that get their own label in BentoML's request metrics
-ROUTES = frozenset({"/", "/predict", "/metadata", "/healthz", "/livez", "/readyz", "/metrics", "/docs.json",
-                    "/schema.json", "/static_content"})
+ROUTES = frozenset({"/", "/docs", "/predict", "/metadata", "/healthz", "/livez", "/readyz", "/metrics",
+                    "/docs.json", "/schema.json", "/static_content"})
 RULES_KEPT = 64  # adaptive requests' stopping rules kept for reuse, by settings
 REQUEST_TIMEOUT_S = 600  # BentoML traffic timeout; the scheduler's deadline (max_latency_ms) stops requests earlier
 # this process's body slots (max_parsing_requests, max_queued_requests), shared by the front door and the
@@ -391,6 +393,8 @@ def _front_door(app) -> FrontDoor:
 
 # Outermost first: every error answer as our JSON; refuse unauthenticated requests before reading their bodies.
 TransDenoiser.add_asgi_middleware(JsonErrorMiddleware)
+# the API page and the OpenAPI document (serving.page): open, so that a person can load the page and type the key
+TransDenoiser.add_asgi_middleware(ApiPage, spec=lambda: TransDenoiser.openapi_spec.asdict())
 TransDenoiser.add_asgi_middleware(ApiKeyMiddleware)
 TransDenoiser.add_asgi_middleware(PayloadLimitMiddleware, slots=BODY_SLOTS, on_full=_count_parsing_refusal)
 # Checked patches of library internals (serving.library_patches): a changed BentoML or uvicorn stops the start here
