@@ -25,6 +25,14 @@ def summary_test(out) -> dict:
     return json.loads((out / "summary.json").read_text())["test"]
 
 
+def statistic(test: str) -> str:
+    """The statistic part of a test identity ("clopper-pearson n=16 | n0=8 sigma=..." -> "clopper-pearson n=16")."""
+    return test.split(" | ")[0]
+
+
+SAMPLING = "n0=8 sigma=0.25 alpha=0.001 noise=gaussian precision=float32 compile=False device=cpu"
+
+
 def ledger_lines(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -33,27 +41,27 @@ def test_another_fixed_n_on_one_seed_is_refused_then_run_with_new_test(random_cl
                                                                        certification_ledger):
     first, second = tmp_path / "a", tmp_path / "b"
     assert run_cli(certify(random_classifier_dir, first, "--n", "16"), capsys)[0] == 0
-    assert summary_test(first)["test"] == "clopper-pearson n=16"
+    assert summary_test(first)["test"] == f"clopper-pearson n=16 | {SAMPLING}"
     assert summary_test(first)["tests_of_these_images"] == 1
     code, _, err = run_cli(certify(random_classifier_dir, second, "--n", "32"), capsys)
     assert code == 2 and err.count("\n") == 1, err
-    assert f"{first} certified images 0-3 on seed 0 with clopper-pearson n=16" in err
-    assert "(clopper-pearson n=32) spends alpha again: pass --new-test" in err and str(certification_ledger) in err
+    assert f"{first} certified images 0-3 on seed 0 with clopper-pearson n=16 | {SAMPLING}" in err
+    assert f"(clopper-pearson n=32 | {SAMPLING}) spends alpha again: pass --new-test" in err and str(certification_ledger) in err
     assert not second.exists()  # refused before the run directory was made
     assert len(ledger_lines(certification_ledger)) == 1
     assert run_cli(certify(random_classifier_dir, second, "--n", "32", "--new-test"), capsys)[0] == 0
     assert summary_test(second) | {"note": None} == {
-        "format_version": 1, "test": "clopper-pearson n=32", "stream_key": summary_test(first)["stream_key"],
+        "format_version": 1, "test": f"clopper-pearson n=32 | {SAMPLING}", "stream_key": summary_test(first)["stream_key"],
         "tests_of_these_images": 2, "ledger": str(certification_ledger), "note": None}
-    assert [line["test"] for line in ledger_lines(certification_ledger)] == ["clopper-pearson n=16",
-                                                                             "clopper-pearson n=32"]
+    assert [statistic(line["test"]) for line in ledger_lines(certification_ledger)] == ["clopper-pearson n=16",
+                                                                                        "clopper-pearson n=32"]
     assert run_cli(certify(random_classifier_dir, first, "--n", "16"), capsys)[0] == 0  # its own test, resumed
     assert len(ledger_lines(certification_ledger)) == 2
     # overlapping images only: a later run on images 2-5 meets both tests there
     code, _, err = run_cli(certify(random_classifier_dir, tmp_path / "c", "--n", "16", "--radius", "0.25",
                                    images=("--indices", "2-5")), capsys)
     assert code == 2 and "certified images 2-3 on seed 0 with clopper-pearson n=16" in err
-    assert "(and 1 other run)" in err and "(ladder)" in err
+    assert "(and 1 other run)" in err and f"(ladder | {SAMPLING})" in err
 
 
 def test_adaptive_runs_at_other_radii_and_modes_are_one_test(random_classifier_dir, tmp_path, capsys,
@@ -62,12 +70,16 @@ def test_adaptive_runs_at_other_radii_and_modes_are_one_test(random_classifier_d
     assert run_cli(certify(random_classifier_dir, decide, "--radius", "0.25", "--n-max", "64"), capsys)[0] == 0
     assert run_cli(certify(random_classifier_dir, estimate, "--adaptive", "--n-max", "128", "--tolerance", "0.1"),
                    capsys)[0] == 0
-    assert summary_test(decide)["test"] == summary_test(estimate)["test"] == "ladder"
+    assert summary_test(decide)["test"] == summary_test(estimate)["test"] == f"ladder | {SAMPLING}"
     assert summary_test(estimate)["tests_of_these_images"] == 1
     assert summary_test(decide)["stream_key"] == summary_test(estimate)["stream_key"]
     # a fixed-n run beside them is another test
     code, _, err = run_cli(certify(random_classifier_dir, tmp_path / "fixed", "--n", "16"), capsys)
-    assert code == 2 and "with ladder; another test of the same images and seed (clopper-pearson n=16)" in err
+    assert code == 2 and f"with ladder | {SAMPLING}; another test of the same images and seed (clopper-pearson" in err
+    # another alpha (or n0, sigma, precision) on the same seed and images is another test of the same draws
+    code, _, err = run_cli(certify(random_classifier_dir, tmp_path / "alpha", "--radius", "0.25", "--n-max", "64",
+                                   "--alpha", "0.01"), capsys)
+    assert code == 2 and "alpha=0.01" in err and "pass --new-test" in err
 
 
 def test_the_same_test_again_and_another_seed_are_accepted(random_classifier_dir, tmp_path, capsys,
