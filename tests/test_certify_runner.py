@@ -133,7 +133,7 @@ def test_cli_writes_all_four_files_and_report_overlays(tiny_classifier_dir, tmp_
 
     other = tmp_path / "run_sigma"
     code, _, _ = run_cli(["certify", "--classifier", tiny_classifier_dir, *FAST, "--sigma", "0.5", "--max-index", "4",
-                          "--out", other], capsys)
+                          "--new-test", "--out", other], capsys)  # another sigma on the same draws: another test
     assert code == 0
     code, stdout, _ = run_cli(["report", out, other, "--out", tmp_path / "overlay"], capsys)
     assert code == 0
