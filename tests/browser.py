@@ -185,8 +185,15 @@ class Browser:
                 entry["params"]["entry"].get("text", "")]
 
     def close(self) -> None:
+        """Close the browser (asked to, so that its helper processes end with it; killed after 10 s) and remove its
+        profile."""
         if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(timeout=10)
+            try:
+                os.write(self._to_browser, json.dumps({"id": -1, "method": "Browser.close"}).encode() + b"\0")
+                self.process.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.process.kill()
+                self.process.wait(timeout=10)
         os.close(self._to_browser)
+        self._reader.join(timeout=10)  # the browser's helpers have closed their ends of its pipe: all have ended
         shutil.rmtree(self.profile, ignore_errors=True)
