@@ -266,15 +266,15 @@ def ledger_entry(job: CertifyJob, mode: str | None, pipeline, dataset: str, fing
     from certify.numerics import canonical_precision
 
     denoiser = pipeline.denoiser_record
-    # the stream: what fixes each image's random draws (models, images, seed); every other setting that changes the
-    # votes or the level (n0, sigma, alpha, noise, precision, compile, device) is part of the test: two runs on one
-    # seed that differ in any of them are two tests of the same draws
+    # the stream: what fixes the question (the smoothed classifier of the models as run: sigma, noise, precision,
+    # compile, device) and each image's random draws (models, images, seed); n0 and alpha, which change the test of
+    # that question but not the question, are part of the test: another of them on the same stream is another test
     stream = {"classifier_sha256": weights_identity(pipeline.classifier_record.weights_sha256, job.classifier),
               "denoiser_sha256": weights_identity(denoiser.weights_sha256 if denoiser else None, job.denoiser),
-              "dataset": dataset, "split": job.split, "split_fingerprint": fingerprint, "seed": job.seed}
-    sampling = (f"n0={job.n0} sigma={job.sigma:g} alpha={job.alpha:g} noise={job.noise} "
-                f"precision={canonical_precision(job.precision)} compile={bool(job.compile)} device={device_type}")
-    test = f"{identify_test(mode, n, job.radius, job.sequential)} | {sampling}"
+              "dataset": dataset, "split": job.split, "split_fingerprint": fingerprint, "seed": job.seed,
+              "sigma": job.sigma, "noise": job.noise, "precision": canonical_precision(job.precision),
+              "compile": bool(job.compile), "noise_device": device_type}
+    test = f"{identify_test(mode, n, job.radius, job.sequential)} | n0={job.n0} alpha={job.alpha:g}"
     return new_entry(stream, indices, test, job.out)
 
 

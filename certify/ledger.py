@@ -156,9 +156,9 @@ def describe_ranges(ranges: Sequence[tuple[int, int]]) -> str:
 class LedgerEntry:
     """One certify run in the ledger (one JSON line; its keys are these fields).
 
-    ``stream_key``: :func:`stream_key` of ``stream`` (what fixes each image's random draws: both models' weights, the
-    data and the seed; the settings that change the votes or the level, n0, sigma, alpha, noise, precision, compile
-    and the noise device, are part of ``test``, so another of them on one seed is another test); ``images``: the
+    ``stream_key``: :func:`stream_key` of ``stream`` (what fixes the question and each image's random draws: both
+    models' weights, the data, the seed, sigma, noise, precision, compile and the noise device; n0 and alpha change
+    the test of that question, not the question, and are part of ``test``); ``images``: the
     run's image indices as :func:`compact_ranges`; ``test``: :func:`identify_test`; ``run_dir``: the run's
     directory (absolute); ``time``: when the run started, local ISO 8601.
     """
