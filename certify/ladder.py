@@ -130,12 +130,7 @@ class RadiusLadder:
         if t < 1:
             raise ValueError(f"a sample count must be >= 1, got {t}")
         count = self._certifiable(t)
-        qs, p = self._qs(count), self.thresholds[:count]
-        low, high = np.zeros(count, dtype=np.int64), np.full(count, t, dtype=np.int64)  # S = t certifies
-        while np.any(low < high):
-            mid = (low + high) // 2
-            hit = log_mixture_rows(mid, t, p, qs, self._weights) >= self.log_threshold
-            high, low = np.where(hit, mid, high), np.where(hit, low, mid + 1)
+        low = self._boundaries(t, count)
         hull = np.maximum.accumulate(low) if count else low
         hull.flags.writeable = False
         self._columns[t] = hull
@@ -143,9 +138,13 @@ class RadiusLadder:
 
     def raw_column(self, t: int) -> np.ndarray:
         """c_t(p_k) for the rungs of :meth:`column` (before the running maximum): for the monotonicity check."""
-        count = len(self.column(t))
+        return self._boundaries(int(t), len(self.column(t)))
+
+    def _boundaries(self, t: int, count: int) -> np.ndarray:
+        """c_t(p_k) for rungs 1 .. ``count``: the fewest votes with which each rung's test certifies at count t
+        (bisection over the votes, all rungs at once; S = t certifies every rung up to ``count``)."""
         qs, p = self._qs(count), self.thresholds[:count]
-        low, high = np.zeros(count, dtype=np.int64), np.full(count, int(t), dtype=np.int64)
+        low, high = np.zeros(count, dtype=np.int64), np.full(count, t, dtype=np.int64)
         while np.any(low < high):
             mid = (low + high) // 2
             hit = log_mixture_rows(mid, t, p, qs, self._weights) >= self.log_threshold

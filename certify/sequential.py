@@ -32,7 +32,7 @@ from scipy.special import ndtr, ndtri
 from scipy.stats import norm
 
 from certify.confidence import ConfidenceSequence
-from certify.ladder import RadiusLadder, grid_radius, rung_of
+from certify.ladder import RADIUS_GRID, RadiusLadder, grid_radius, rung_of
 from transdenoiser.errors import UserError
 
 # Outcomes of one stream.
@@ -44,7 +44,6 @@ ESTIMATED = 4  # estimate: stopped; the radius comes from the lower bound
 OUTCOME_NAMES = {CONTINUE: "continue", CERTIFIED: "certified", NOT_CERTIFIED: "not_certified",
                  BUDGET_SPENT: "budget_spent", ESTIMATED: "estimated"}
 DEFAULT_TOLERANCE = 0.05  # estimate mode: stop when the radius cannot grow by more than this (L2, [0,1] pixels)
-DECIDE_RADIUS_STEP = 1e-3  # max_decidable_radius is stated on this grid (the server's radius grid)
 
 
 def radius_of(p_lower: np.ndarray | float, sigma: float) -> np.ndarray:
@@ -54,7 +53,7 @@ def radius_of(p_lower: np.ndarray | float, sigma: float) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=64)  # asked by every decide request the server reads; a pure function of two floats
-def max_decidable_radius(sigma: float, step: float = DECIDE_RADIUS_STEP) -> float:
+def max_decidable_radius(sigma: float, step: float = RADIUS_GRID) -> float:
     """The largest multiple of ``step`` (a ``step`` / 10^j where no multiple of ``step`` qualifies) whose decide
     threshold Phi(R / sigma), computed as :class:`DecideRule` does in float64, is below 1: R / sigma at most about
     8.29, beyond which Phi rounds to 1 and no count can certify or refute R. Every radius up to it has a threshold

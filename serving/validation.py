@@ -43,6 +43,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from certify.decisions import max_certifiable_radius
+from certify.ladder import RADIUS_GRID, radius_on_grid  # the request grid is the ladder's rungs
 from certify.sequential import max_decidable_radius
 from serving.compute.engine import MAX_SEED
 from serving.config import ServingConfig
@@ -53,7 +54,6 @@ JSON_KEYS = ("images", "n", "seed", "radius", "adaptive")
 MAX_INTEGER_DIGITS = 40  # longest integer literal read from a body: n and seed need at most 19 digits
 PLAIN_DECIMAL = re.compile(rf"[0-9]{{1,{MAX_INTEGER_DIGITS}}}", re.ASCII)  # form fields: digits only
 MAX_JSON_DEPTH = 8  # a request needs 5 levels: {"images": [image [C [H [W]]]]}
-RADIUS_GRID = 1e-3  # radii are rounded up to multiples of this ([0,1]-pixel units)
 _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _JSON_WHITESPACE = b" \t\n\r"
 _DIGITS_AS_ONES = bytes.maketrans(b"0123456789", b"1111111111")  # a run of 19 digits becomes b"1" * 19
@@ -113,15 +113,6 @@ def largest_servable_radius(config: ServingConfig) -> float:
     max_n votes out of max_n under the one-sided Clopper-Pearson bound at level alpha (the adaptive kinds'
     confidence sequences are stricter still)."""
     return max_certifiable_radius(config.sigma, config.max_n, config.alpha)
-
-
-def radius_on_grid(radius: float) -> float:
-    """``radius`` rounded up to a multiple of ``RADIUS_GRID``; within 1e-9 of a grid point it snaps to it. Rounding
-    up keeps a "certified" answer a claim at least as strong as the question asked."""
-    steps = radius / RADIUS_GRID
-    nearest = round(steps)
-    cells = nearest if abs(steps - nearest) <= 1e-9 / RADIUS_GRID else math.ceil(steps)
-    return round(max(1, cells) * RADIUS_GRID, 12)
 
 
 def check_seed(value: Any, config: ServingConfig) -> int | None:
