@@ -1,19 +1,16 @@
-"""Certification for the server: Cohen's CERTIFY split into noise jobs that a scheduler computes pass by pass.
+"""Certification for the server: the work of a request, split into noise jobs that a scheduler computes pass by pass.
 
-Each image of a request becomes *noise jobs* of at most ``chunk_samples`` noisy samples: selection
-jobs (``n0`` samples in total) and estimation jobs (``n`` samples), never sharing a draw. Every job
-carries its own seed, derived from the image's noise seed (``serving.compute.noise``), the phase and the chunk
-index, so a certificate depends on the image's seed only, never on how the jobs were grouped into forward
-passes or which other requests shared them (``serving.compute.counter.VoteCounter`` evaluates any list of jobs
-in shared forward passes; a job that fails yields its own exception and never another job's). ``CertifyWork`` is
-the work of one certify request for ``serving.compute.scheduler.FairScheduler``; its certificate is
-``certify.core.certificate_from_counts`` (Clopper-Pearson lower bound pA, radius sigma * Phi^-1(pA), abstain
-when pA < 1/2), the same rule as ``certify.core.Smooth.certify``.
+``SequentialWork`` answers every request kind the server takes (``certify``, a fixed n; ``decide`` at a radius;
+``estimate`` the largest radius under a budget) from each image's one stream (docs/SERVING.md, "One image, one
+test"): selection samples, then estimation samples block by block of the offline rule (``certify.streams``), each
+image's noise drawn exactly as ``Smooth.decide`` / ``Smooth.certify_adaptive`` draw it from a generator seeded with
+the image's noise seed, so an answer depends on that seed only, never on how the jobs were grouped into forward
+passes or which other requests shared them (``serving.compute.counter.VoteCounter`` evaluates any list of jobs in
+shared forward passes; a job that fails yields its own exception and never another job's).
 
-``SequentialWork`` is the work of an adaptive request (``decide`` at a radius, or ``estimate`` the largest
-radius under a budget): selection samples, then estimation samples block by block of the offline rule
-(``certify.streams``), each image's noise one stream drawn exactly as ``Smooth.decide`` /
-``Smooth.certify_adaptive`` draw it from a generator seeded with the image's noise seed.
+``CertifyWork`` is Cohen's CERTIFY as scheduler work (independent per-chunk seeds derived from the image's seed,
+``certify.core.certificate_from_counts``): the simplest work of the scheduler's protocol, which its tests and
+benchmarks drive; the server no longer answers requests with it.
 """
 from __future__ import annotations
 
@@ -85,8 +82,8 @@ def plan_jobs(images: torch.Tensor, image_seeds: Sequence[int], n0: int, n: int,
 
 
 class CertifyWork:
-    """The work of one certify request for the scheduler: every image's selection and estimation jobs, in
-    image order; ``result()`` gives one certificate per image once every job's counts are in. A job's seed is
+    """Cohen's CERTIFY as scheduler work (the scheduler's tests and benchmarks; the server answers a fixed n from
+    the image's stream, ``SequentialWork``): every image's selection and estimation jobs, in image order; ``result()`` gives one certificate per image once every job's counts are in. A job's seed is
     derived when the job is taken (the jobs of ``plan_jobs``, in its order), not when the request arrives: the
     work is built on the server's event loop before admission, and deriving the 1,616 seeds of a 16-image request
     at n = 10,000 there would cost about 19 ms (on 2 CPU cores; benchmarks/bench_work_build.py), for requests
