@@ -85,9 +85,9 @@ class CertifyWork:
     """Cohen's CERTIFY as scheduler work (the scheduler's tests and benchmarks; the server answers a fixed n from
     the image's stream, ``SequentialWork``): every image's selection and estimation jobs, in image order;
     ``result()`` gives one certificate per image once every job's counts are in. A job's seed is derived when the
-    job is taken (the jobs of ``plan_jobs``, in its order), not when the request arrives: the work is built on the server's event loop before admission, and deriving the 1,616 seeds of a 16-image request
-    at n = 10,000 there would cost about 19 ms (on 2 CPU cores; benchmarks/bench_work_build.py), for requests
-    that admission may then refuse."""
+    job is taken (the jobs of ``plan_jobs``, in its order), not when the request arrives: deriving the 1,616 seeds
+    of a 16-image request at n = 10,000 costs about 19 ms (on 2 CPU cores; benchmarks/bench_work_build.py), on the
+    event loop, before admission may refuse it."""
 
     kind = "certify"
 
