@@ -3,6 +3,10 @@
 # usage: scripts/measure_recipe.sh DATASET SIGMA EPSILON CLASSIFIER RECIPE_CONFIG OUTDIR IMAGES N [ARM ...]
 # N: fixed n per image (e.g. 10000), or estimate:N_MAX for the adaptive estimate mode (`certify --adaptive --n-max`)
 # ARM: nodp sepdp transdenoiser public_init sepdp_init sepdp_draws td_merged sepdp_recipe recipe_full
+#      none (the classifier alone), retrain (the classifier $RETRAIN_CLASSIFIER alone: `pretrain --noise-sigma SIGMA`),
+#      recipe_OBJECTIVE, nodp_OBJECTIVE (OBJECTIVE: stability, classification, stability_mse; issue 66; the
+#      recipe's MSE row is recipe_full, public initialisation included, and stability_mse starts from the same
+#      public initialisation, so it is the reference's recipe: MSE on the public split, then stability)
 # Every heavy command runs under nice -n 10; logs go to OUTDIR/logs.
 set -euo pipefail
 # One torch thread per process: on a shared, oversubscribed machine two threads per process ran ~30x slower.
@@ -36,11 +40,15 @@ train() {  # name, flags...
     fi
     nice -n 10 $T train "$@" "${resume[@]}" --out "$out/train/$name" >> "$out/logs/train_$name.log" 2>&1
 }
-certify() {  # name
-    local name=$1
+certify() {  # name [classifier]: with a second argument, that classifier alone (no denoiser)
+    local name=$1 models=(--classifier "$clf" --denoiser "$out/train/$1")
+    [ $# -gt 1 ] && models=(--classifier "$2")
     [ -f "$out/cert/$name/summary.json" ] && return 0
-    nice -n 10 $T certify --classifier "$clf" --denoiser "$out/train/$name" --dataset "$dataset" --sigma "$sigma" \
+    nice -n 10 $T certify "${models[@]}" --dataset "$dataset" --sigma "$sigma" \
         --n0 100 "${sampling[@]}" --alpha 0.001 --skip "$skip" --max-index "$max_index" --out "$out/cert/$name" > "$out/logs/cert_$name.log" 2>&1
+}
+objective() {  # recipe_stability_mse -> stability+mse
+    local o=${1#*_}; echo "${o/_mse/+mse}"
 }
 for arm in "${arms[@]}"; do
     case $arm in
@@ -57,6 +65,22 @@ for arm in "${arms[@]}"; do
         recipe_full) train public_init "${paper[@]}" --arm nodp --optimizer adam --lr 1e-3 --train-on public
                      train recipe_full --config "$recipe" --dataset "$dataset" --sigma "$sigma" --target-epsilon "$eps" \
                          --classifier "$clf" --init-from "$out/train/public_init" ;;
+        none) certify none "$clf"; continue ;;
+        retrain) certify retrain "${RETRAIN_CLASSIFIER:?retrain needs RETRAIN_CLASSIFIER, a pretrain --noise-sigma checkpoint}"
+                 continue ;;
+        recipe_stability_mse)
+                 train public_init "${paper[@]}" --arm nodp --optimizer adam --lr 1e-3 --train-on public
+                 train "$arm" --config "$recipe" --dataset "$dataset" --sigma "$sigma" --target-epsilon "$eps" \
+                     --classifier "$clf" --objective stability+mse --init-from "$out/train/public_init" ;;
+        recipe_stability|recipe_classification)
+                 train "$arm" --config "$recipe" --dataset "$dataset" --sigma "$sigma" --target-epsilon "$eps" \
+                     --classifier "$clf" --objective "$(objective "$arm")" ;;
+        nodp_stability_mse)
+                 train public_init "${paper[@]}" --arm nodp --optimizer adam --lr 1e-3 --train-on public
+                 train "$arm" "${paper[@]}" --arm nodp --optimizer adam --lr 1e-3 --objective stability+mse \
+                     --init-from "$out/train/public_init" ;;
+        nodp_stability|nodp_classification)
+                 train "$arm" "${paper[@]}" --arm nodp --optimizer adam --lr 1e-3 --objective "$(objective "$arm")" ;;
         *) echo "unknown arm $arm" >&2; exit 2 ;;
     esac
     [ "$arm" = public_init ] || certify "$arm"

@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from transdenoiser.argtypes import nonnegative_int, positive_float, positive_int
+from transdenoiser.argtypes import nonnegative_float, nonnegative_int, positive_float, positive_int
 from transdenoiser.errors import UserError
 from transdenoiser.progress import bar
 from transdenoiser.runtime import resolve_device, seed_everything
@@ -50,6 +50,10 @@ def register(subparsers, common) -> None:
     p.add_argument("--batch-size", type=positive_int, default=128, help="batch size (default: 128)")
     p.add_argument("--lr", type=positive_float, default=2e-3,
                    help="peak learning rate, one-cycle AdamW (default: 2e-3)")
+    p.add_argument("--noise-sigma", type=nonnegative_float, default=0.0, metavar="SIGMA",
+                   help="Gaussian noise augmentation (Cohen et al. 2019): train on x + N(0, SIGMA^2) pixel noise, "
+                        "the smoothing noise a classifier meets without a denoiser; the retrain reference "
+                        "(default: 0, off)")
     p.add_argument("--out", type=Path, default=Path("runs/classifier"),
                    help="checkpoint directory (default: runs/classifier)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out (default: refuse)")
@@ -112,10 +116,11 @@ def cmd_pretrain(args) -> int:
     seed_everything(args.seed)
     dataset = load_dataset_from_args(args)
     config = PretrainConfig(architecture=args.arch, epochs=args.epochs, batch_size=args.batch_size,
-                            learning_rate=args.lr)
+                            learning_rate=args.lr, noise_sigma=args.noise_sigma)
     model, meta = pretrain_classifier(dataset, config, device, args.seed, track=bar)
     _save_replacing(args.out, model, meta)
-    print(f"classifier {meta['architecture']} on {dataset.name}: test accuracy {meta['test_accuracy']:.4f} "
+    noisy = f", {meta['noisy_test_accuracy']:.4f} under N(0, {args.noise_sigma}^2) noise" if args.noise_sigma else ""
+    print(f"classifier {meta['architecture']} on {dataset.name}: test accuracy {meta['test_accuracy']:.4f}{noisy} "
           f"({len(dataset.test)} test images) after {meta['train']['seconds']:.0f} s on {device}")
     print(f"checkpoint: {args.out}")
     warning = chance_level_warning(meta["test_accuracy"], dataset.num_classes, f"the classifier after "
