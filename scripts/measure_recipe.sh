@@ -8,6 +8,7 @@
 #      recipe's MSE row is recipe_full, public initialisation included, and stability_mse starts from the same
 #      public initialisation, so it is the reference's recipe: MSE on the public split, then stability)
 # Every heavy command runs under nice -n 10; logs go to OUTDIR/logs.
+# CERTIFY_FLAGS: more `certify` flags for every arm, e.g. CERTIFY_FLAGS="--precision bf16" (recorded in each run).
 set -euo pipefail
 # One torch thread per process: on a shared, oversubscribed machine two threads per process ran ~30x slower.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
@@ -45,7 +46,8 @@ certify() {  # name [classifier]: with a second argument, that classifier alone 
     [ $# -gt 1 ] && models=(--classifier "$2")
     [ -f "$out/cert/$name/summary.json" ] && return 0
     nice -n 10 $T certify "${models[@]}" --dataset "$dataset" --sigma "$sigma" \
-        --n0 100 "${sampling[@]}" --alpha 0.001 --skip "$skip" --max-index "$max_index" --out "$out/cert/$name" > "$out/logs/cert_$name.log" 2>&1
+        --n0 100 "${sampling[@]}" --alpha 0.001 --skip "$skip" --max-index "$max_index" ${CERTIFY_FLAGS:-} \
+        --out "$out/cert/$name" > "$out/logs/cert_$name.log" 2>&1
 }
 objective() {  # recipe_stability_mse -> stability+mse
     local o=${1#*_}; echo "${o/_mse/+mse}"

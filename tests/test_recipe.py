@@ -273,3 +273,89 @@ def test_measure_recipe_resumes_an_interrupted_training_and_skips_a_complete_one
     assert "--resume" in trains["sepdp"].split() and "--resume" not in trains["transdenoiser"].split()
     assert sorted(certifies) == ["sepdp", "transdenoiser"]  # nodp is certified: not recertified
     assert all("--skip 200 --max-index 2000" in line for line in lines if line.startswith("certify"))  # 10 of 2,004
+
+
+def _fake_objective_row(root: Path, arm: str, certified_at_half: set[int], images: int, trained: bool = True) -> None:
+    """scripts/objective_table.py's layout: train/ARM (absent for the references) and cert/ARM."""
+    import json
+
+    _fake_arm(root, arm, certified_at_half, images)
+    (root / "cert").mkdir(exist_ok=True)
+    (root / "cert500" / arm).rename(root / "cert" / arm)
+    meta = root / "train" / arm / "metadata.json"
+    if trained:
+        meta.write_text(json.dumps({"objective": "stability+mse", "privacy": {"guarantees": [
+            {"name": "sepdp", "epsilon": {"rdp": 0.998}}]}}))
+    else:
+        meta.unlink()
+        meta.parent.rmdir()
+
+
+def test_objective_table_gives_paired_differences_and_the_share_of_the_gap_to_retrain_closed(tmp_path):
+    """The MSE recipe certifies 100 of 200 images at 0.5, the retrain reference 160, stability+mse 130 (the same
+    100 plus 30): it is +15 points over the MSE recipe, with a paired interval excluding 0, and closes 50% of the
+    gap to the retrain reference; the classifier alone (40) is -30 and closes a negative share."""
+    _fake_objective_row(tmp_path, "recipe_full", set(range(100)), 200)
+    _fake_objective_row(tmp_path, "recipe_stability_mse", set(range(130)), 200)
+    _fake_objective_row(tmp_path, "retrain", set(range(160)), 200, trained=False)
+    _fake_objective_row(tmp_path, "none", set(range(40)), 200, trained=False)
+    done = subprocess.run([sys.executable, "scripts/objective_table.py", str(tmp_path)],
+                          capture_output=True, text=True, check=True, cwd=ROOT)
+    rows: dict[str, list[str]] = {}
+    for line in done.stdout.splitlines():  # the main table's row (the table of differences below repeats labels)
+        if line.startswith("| "):
+            rows.setdefault(line.split("|")[1].strip(), [c.strip() for c in line.strip("|").split("|")])
+    best = rows["recipe, stability+mse (public MSE, then stability)"]
+    assert best[1] == "0.998 (DP-SGD, RDP)" and best[4] == "65.0%"
+    assert best[-2].startswith("+15.0 [") and float(best[-2].split("[")[1].split(",")[0]) > 0
+    assert best[-1].startswith("50% [")
+    alone = rows["reference: no denoiser (classifier alone)"]
+    assert alone[1] == "no private data" and alone[-2].startswith("-30.0 [") and alone[-1].startswith("-100% [")
+    assert rows["recipe, mse (public MSE initialisation)"][-2] == "-"
+    (tmp_path / "cert" / "retrain" / "certify.tsv").write_text("idx\tlabel\tpredict\tradius\tcorrect\ttime\n"
+                                                               "0\t0\t0\t0.6\t1\t0.1\n")
+    bad = subprocess.run([sys.executable, "scripts/objective_table.py", str(tmp_path)], capture_output=True,
+                         text=True, cwd=ROOT)
+    assert bad.returncode == 2 and "retrain is not certified on the MSE recipe's 200 images" in bad.stderr
+
+
+def test_measure_recipe_certifies_the_references_alone_and_passes_each_objective(tmp_path):
+    """none and retrain certify a classifier with no denoiser (retrain: $RETRAIN_CLASSIFIER); recipe_OBJECTIVE and
+    nodp_OBJECTIVE train with --objective; stability_mse starts from the public initialisation; CERTIFY_FLAGS reach
+    every certify."""
+    calls = tmp_path / "calls.txt"
+    fake = tmp_path / "transdenoiser"
+    fake.write_text("#!/usr/bin/env bash\n"
+                    f'echo "$*" >> {calls}\n'
+                    'out=""; prev=""; for a in "$@"; do [ "$prev" = --out ] && out=$a; prev=$a; done\n'
+                    'mkdir -p "$out"\n'
+                    '[ "$1" = train ] && echo \'{"complete": true}\' > "$out/metadata.json"\n'
+                    '[ "$1" = certify ] && echo "{}" > "$out/summary.json"\n'
+                    "exit 0\n")
+    fake.chmod(0o755)
+    out = tmp_path / "run"
+    env = {**os.environ, "TRANSDENOISER": str(fake), "PYTHON": sys.executable, "RETRAIN_CLASSIFIER": "noisy_clf",
+           "CERTIFY_FLAGS": "--precision bf16"}
+    done = subprocess.run(["bash", "scripts/measure_recipe.sh", "mnist10k", "0.5", "1", "clf", "recipe.toml", str(out),
+                           "10", "estimate:100", "none", "retrain", "recipe_stability", "recipe_stability_mse",
+                           "nodp_classification"], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stderr
+    lines = calls.read_text().splitlines()
+    certifies = {line.split("--out ")[1].split()[0].rsplit("/", 1)[1]: line.split()
+                 for line in lines if line.startswith("certify")}
+    assert certifies["none"][1:3] == ["--classifier", "clf"] and "--denoiser" not in certifies["none"]
+    assert certifies["retrain"][1:3] == ["--classifier", "noisy_clf"] and "--denoiser" not in certifies["retrain"]
+    assert all(c[c.index("--precision") + 1] == "bf16" and "--adaptive" in c for c in certifies.values())
+    trains = {line.split("--out ")[1].split()[0].rsplit("/", 1)[1]: line.split() for line in lines
+              if line.startswith("train")}
+    assert trains["recipe_stability"][trains["recipe_stability"].index("--objective") + 1] == "stability"
+    assert "--init-from" not in trains["recipe_stability"]
+    mixed = trains["recipe_stability_mse"]
+    assert mixed[mixed.index("--objective") + 1] == "stability+mse"
+    assert mixed[mixed.index("--init-from") + 1].endswith("/train/public_init") and "public_init" in trains
+    assert trains["nodp_classification"][trains["nodp_classification"].index("--objective") + 1] == "classification"
+    assert "nodp" in trains["nodp_classification"]
+    missing = subprocess.run(["bash", "scripts/measure_recipe.sh", "mnist10k", "0.5", "1", "clf", "recipe.toml",
+                              str(tmp_path / "other"), "10", "100", "retrain"], capture_output=True, text=True,
+                             timeout=120, cwd=ROOT, env={k: v for k, v in env.items() if k != "RETRAIN_CLASSIFIER"})
+    assert missing.returncode != 0 and "RETRAIN_CLASSIFIER" in missing.stderr
