@@ -7,6 +7,7 @@
 #      recipe_OBJECTIVE, nodp_OBJECTIVE (OBJECTIVE: stability, classification, stability_mse; issue 66; the
 #      recipe's MSE row is recipe_full, public initialisation included, and stability_mse starts from the same
 #      public initialisation, so it is the reference's recipe: MSE on the public split, then stability)
+# recipe_full and sepdp_recipe train the objective mse whatever RECIPE_CONFIG says (the MSE recipe and its ablation).
 # Every heavy command runs under nice -n 10; logs go to OUTDIR/logs.
 # CERTIFY_FLAGS: more `certify` flags for every arm, e.g. CERTIFY_FLAGS="--precision bf16" (recorded in each run).
 set -euo pipefail
@@ -63,10 +64,10 @@ for arm in "${arms[@]}"; do
         sepdp_draws) train sepdp_draws "${paper[@]}" "${dp[@]}" --arm sepdp --noise-draws 4 ;;
         td_merged) train td_merged "${paper[@]}" "${dp[@]}" "${xi_low[@]}" --arm transdenoiser --merge-uncredited-noise ;;
         sepdp_recipe) train sepdp_recipe --config "$recipe" --dataset "$dataset" --sigma "$sigma" \
-                          --target-epsilon "$eps" --classifier "$clf" ;;
+                          --target-epsilon "$eps" --classifier "$clf" --objective mse ;;
         recipe_full) train public_init "${paper[@]}" --arm nodp --optimizer adam --lr 1e-3 --train-on public
                      train recipe_full --config "$recipe" --dataset "$dataset" --sigma "$sigma" --target-epsilon "$eps" \
-                         --classifier "$clf" --init-from "$out/train/public_init" ;;
+                         --classifier "$clf" --init-from "$out/train/public_init" --objective mse ;;
         none) certify none "$clf"; continue ;;
         retrain) certify retrain "${RETRAIN_CLASSIFIER:?retrain needs RETRAIN_CLASSIFIER, a pretrain --noise-sigma checkpoint}"
                  continue ;;

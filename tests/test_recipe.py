@@ -321,8 +321,8 @@ def test_objective_table_gives_paired_differences_and_the_share_of_the_gap_to_re
 
 def test_measure_recipe_certifies_the_references_alone_and_passes_each_objective(tmp_path):
     """none and retrain certify a classifier with no denoiser (retrain: $RETRAIN_CLASSIFIER); recipe_OBJECTIVE and
-    nodp_OBJECTIVE train with --objective; stability_mse starts from the public initialisation; CERTIFY_FLAGS reach
-    every certify."""
+    nodp_OBJECTIVE train with --objective, recipe_full with mse; stability_mse starts from the public
+    initialisation; CERTIFY_FLAGS reach every certify."""
     calls = tmp_path / "calls.txt"
     fake = tmp_path / "transdenoiser"
     fake.write_text("#!/usr/bin/env bash\n"
@@ -337,8 +337,8 @@ def test_measure_recipe_certifies_the_references_alone_and_passes_each_objective
     env = {**os.environ, "TRANSDENOISER": str(fake), "PYTHON": sys.executable, "RETRAIN_CLASSIFIER": "noisy_clf",
            "CERTIFY_FLAGS": "--precision bf16"}
     done = subprocess.run(["bash", "scripts/measure_recipe.sh", "mnist10k", "0.5", "1", "clf", "recipe.toml", str(out),
-                           "10", "estimate:100", "none", "retrain", "recipe_stability", "recipe_stability_mse",
-                           "nodp_classification"], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+                           "10", "estimate:100", "none", "retrain", "recipe_full", "recipe_stability",
+                           "recipe_stability_mse", "nodp_classification"], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr
     lines = calls.read_text().splitlines()
     certifies = {line.split("--out ")[1].split()[0].rsplit("/", 1)[1]: line.split()
@@ -354,6 +354,8 @@ def test_measure_recipe_certifies_the_references_alone_and_passes_each_objective
     assert mixed[mixed.index("--objective") + 1] == "stability+mse"
     assert mixed[mixed.index("--init-from") + 1].endswith("/train/public_init") and "public_init" in trains
     assert trains["nodp_classification"][trains["nodp_classification"].index("--objective") + 1] == "classification"
+    # the MSE recipe stays MSE whatever the recipe's config file chooses
+    assert trains["recipe_full"][trains["recipe_full"].index("--objective") + 1] == "mse"
     assert "nodp" in trains["nodp_classification"]
     missing = subprocess.run(["bash", "scripts/measure_recipe.sh", "mnist10k", "0.5", "1", "clf", "recipe.toml",
                               str(tmp_path / "other"), "10", "100", "retrain"], capture_output=True, text=True,

@@ -39,8 +39,9 @@ def test_recipe_config_is_sepdps_settings_less_xi_up_with_the_committed_recipes_
     for path in sorted((ROOT / "configs").glob("recipe_*.toml")):  # the sweep's winners choose these settings
         chosen = read_toml(path, "--config")
         assert chosen["arm"] == defaults.arm, path
-        assert (chosen["optimizer"], chosen["learning_rate"], chosen["ema_decay"]) == (
-            defaults.optimizer, defaults.learning_rate, defaults.ema_decay), path
+        assert (chosen["optimizer"], chosen["learning_rate"], chosen["ema_decay"], chosen["objective"]) == (
+            defaults.optimizer, defaults.learning_rate, defaults.ema_decay, defaults.objective), path
+    assert defaults.objective == "stability+mse"  # the objective that certified most at equal epsilon
 
 
 @pytest.mark.parametrize(("settings", "message"), [
@@ -76,11 +77,12 @@ def test_train_recipe_plan_prints_the_plan_and_what_the_recipe_chose(capsys):
     assert chosen == ["64"]  # 128 examples, 2 epochs: B = 64 leaves 4 steps, fewer than 200: the smallest
     assert out.strip().splitlines()[-1] == (
         "recipe: sepdp, batch 64 planned for epsilon 1 (rdp accountant, delta 1e-05), adam lr 0.003, "
-        "no parameter averaging")
+        "no parameter averaging, objective stability+mse")
     assert main(["train", "--arm", "recipe", "--target-epsilon", "1", "--epochs", "2", "--train-examples", "128",
-                 "--batch-size", "128", "--ema", "0.99", "--plan"]) == 0
+                 "--batch-size", "128", "--ema", "0.99", "--objective", "mse", "--plan"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == (  # the plan, and the batch size given is kept
-        "recipe: sepdp, batch 128 at epsilon 1 (rdp accountant, delta 1e-05), adam lr 0.003, EMA decay 0.99")
+        "recipe: sepdp, batch 128 at epsilon 1 (rdp accountant, delta 1e-05), adam lr 0.003, EMA decay 0.99, "
+        "objective mse")
 
 
 def _train(words, out, capsys):
@@ -105,7 +107,7 @@ def test_a_recipe_run_is_the_explicit_sepdp_run_byte_for_byte(tmp_path, capsys, 
     recipe_err = _train(["--config", str(config), "--classifier", str(random_classifier_dir)], tmp_path / "recipe",
                         capsys)
     _train(["--arm", "sepdp", "--target-epsilon", "2", "--batch-size", "auto", "--optimizer", "adam", "--lr", "3e-3",
-            "--classifier", str(random_classifier_dir)], tmp_path / "sepdp", capsys)
+            "--objective", "stability+mse", "--classifier", str(random_classifier_dir)], tmp_path / "sepdp", capsys)
     assert "recipe: sepdp, batch 32 planned for epsilon 2" in recipe_err
     released = sorted(p.name for p in (tmp_path / "sepdp").iterdir() if p.is_file())
     assert {"metadata.json", "privacy_report.txt"} < set(released) and any("weights" in n or n.endswith(
@@ -114,3 +116,4 @@ def test_a_recipe_run_is_the_explicit_sepdp_run_byte_for_byte(tmp_path, capsys, 
         assert (tmp_path / "recipe" / name).read_bytes() == (tmp_path / "sepdp" / name).read_bytes(), name
     recorded = json.loads((tmp_path / "recipe" / "metadata.json").read_text())["config"]
     assert recorded["arm"] == "sepdp" and recorded["batch_size"] == 32 and recorded["optimizer"] == "adam"
+    assert recorded["objective"] == "stability+mse"

@@ -45,7 +45,7 @@ class RecipeMethod(DenoiserMethod):
                  else f"batch {config.batch_size} at epsilon {config.target_epsilon:g}")
         averaging = f"EMA decay {config.ema_decay:g}" if config.ema_decay else "no parameter averaging"
         return (f"{NAME}: {ARM}, {batch} ({config.calibration_accountant} accountant, delta {config.delta:g}), "
-                f"{config.optimizer} lr {config.learning_rate:g}, {averaging}")
+                f"{config.optimizer} lr {config.learning_rate:g}, {averaging}, objective {config.objective}")
 
 
 register(RecipeMethod())
