@@ -338,7 +338,8 @@ def test_measure_recipe_certifies_the_references_alone_and_passes_each_objective
            "CERTIFY_FLAGS": "--precision bf16"}
     done = subprocess.run(["bash", "scripts/measure_recipe.sh", "mnist10k", "0.5", "1", "clf", "recipe.toml", str(out),
                            "10", "estimate:100", "none", "retrain", "recipe_full", "recipe_stability",
-                           "recipe_stability_mse", "nodp_classification"], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+                           "recipe_stability_mse", "nodp_classification"],
+                           capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr
     lines = calls.read_text().splitlines()
     certifies = {line.split("--out ")[1].split()[0].rsplit("/", 1)[1]: line.split()

@@ -161,9 +161,9 @@ class RecipeConfig(SepDPNoiseConfig, ClippedSumConfig):
     """``recipe``: the tuned recipe (docs/TRAINING.md), DP-SGD as the ``sepdp`` arm trains it (``arm`` is the
     algorithm, whose privacy analysis applies) with the recipe's defaults: batch size ``"auto"`` (the largest
     power of two leaving ``min_steps`` steps at ``target_epsilon``), DP-Adam at learning rate 3e-3, no parameter
-    averaging, objective ``stability+mse`` (what configs/recipe_*.toml choose). ``target_epsilon`` is required and calibrates the noise
-    multiplier, so ``xi_up`` is not a setting: sepdp's settings are :class:`DPConfig`'s less ``xi_up``
-    (:class:`ClippedSumConfig`) and :class:`SepDPNoiseConfig`."""
+    averaging, objective ``stability+mse`` (what configs/recipe_*.toml choose). ``target_epsilon`` is required and
+    calibrates the noise multiplier, so ``xi_up`` is not a setting: sepdp's settings are :class:`DPConfig`'s less
+    ``xi_up`` (:class:`ClippedSumConfig`) and :class:`SepDPNoiseConfig`."""
 
     arm: str = "sepdp"
     batch_size: int | str = AUTO
