@@ -11,40 +11,33 @@ from training.pretrain import PretrainConfig, pretrain_classifier
 from transdenoiser.errors import UserError
 
 
-def _first_inputs(dataset, noise_sigma: float) -> tuple[torch.Tensor, dict]:
+def _first_inputs(dataset, noise_sigma: float, monkeypatch) -> tuple[torch.Tensor, dict]:
     """The first training batch the classifier saw, and the run's metadata."""
-    seen: list[torch.Tensor] = []
-
-    def hook(module, args):
-        if module.training and not seen:
-            seen.append(args[0].detach().clone())
-
     import training.pretrain as pretrain
 
+    seen: list[torch.Tensor] = []
     build = pretrain.build_model
 
     def build_with_hook(*args, **kwargs):
         model = build(*args, **kwargs)
-        model.register_forward_pre_hook(hook)
+        model.register_forward_pre_hook(lambda module, inputs: seen.append(inputs[0].detach().clone())
+                                        if module.training and not seen else None)
         return model
 
-    pretrain.build_model = build_with_hook
-    try:
-        _, meta = pretrain_classifier(dataset, PretrainConfig(epochs=1, batch_size=16, noise_sigma=noise_sigma),
-                                      torch.device("cpu"), seed=0)
-    finally:
-        pretrain.build_model = build
+    monkeypatch.setattr(pretrain, "build_model", build_with_hook)
+    _, meta = pretrain_classifier(dataset, PretrainConfig(epochs=1, batch_size=16, noise_sigma=noise_sigma),
+                                  torch.device("cpu"), seed=0)
     return seen[0], meta
 
 
-def test_each_training_image_gets_fresh_noise_of_the_given_sigma(tmp_path):
+def test_each_training_image_gets_fresh_noise_of_the_given_sigma(tmp_path, monkeypatch):
     from tests.test_datasets import make_mnist_layout
     from training.datasets import load_dataset
 
     make_mnist_layout(tmp_path, "MNIST", n_train=60, n_test=20, compress=False)
     dataset = load_dataset("mnist", tmp_path)
-    clean, clean_meta = _first_inputs(dataset, 0.0)
-    noisy, noisy_meta = _first_inputs(dataset, 0.5)
+    clean, clean_meta = _first_inputs(dataset, 0.0, monkeypatch)
+    noisy, noisy_meta = _first_inputs(dataset, 0.5, monkeypatch)
     noise = noisy - clean  # same seed, same batch and shifts: the difference is the added noise alone
     assert noise.std().item() == pytest.approx(0.5, rel=0.1)
     assert abs(noise.mean().item()) < 0.05

@@ -241,9 +241,9 @@ def test_recipe_table_paired_margin_is_the_targets_statistic(tmp_path):
     assert bad.returncode == 2 and "no certified arm" in bad.stderr
 
 
-def test_measure_recipe_resumes_an_interrupted_training_and_skips_a_complete_one(tmp_path):
-    """scripts/measure_recipe.sh trains an arm from scratch, continues an interrupted one with --resume (train refuses
-    an existing checkpoint without it), and neither retrains a complete arm nor recertifies a certified one."""
+def _fake_transdenoiser(tmp_path: Path) -> tuple[Path, Path]:
+    """A stand-in for the CLI that logs each call to calls.txt and marks its --out complete (train) or certified
+    (certify): (the script, the log)."""
     calls = tmp_path / "calls.txt"
     fake = tmp_path / "transdenoiser"
     fake.write_text("#!/usr/bin/env bash\n"
@@ -254,6 +254,13 @@ def test_measure_recipe_resumes_an_interrupted_training_and_skips_a_complete_one
                     '[ "$1" = certify ] && echo "{}" > "$out/summary.json"\n'
                     "exit 0\n")
     fake.chmod(0o755)
+    return fake, calls
+
+
+def test_measure_recipe_resumes_an_interrupted_training_and_skips_a_complete_one(tmp_path):
+    """scripts/measure_recipe.sh trains an arm from scratch, continues an interrupted one with --resume (train refuses
+    an existing checkpoint without it), and neither retrains a complete arm nor recertifies a certified one."""
+    fake, calls = _fake_transdenoiser(tmp_path)
     out = tmp_path / "run"
     (out / "train" / "sepdp").mkdir(parents=True)
     (out / "train" / "sepdp" / "metadata.json").write_text('{"complete": false, "epochs_done": 3}')
@@ -323,16 +330,7 @@ def test_measure_recipe_certifies_the_references_alone_and_passes_each_objective
     """none and retrain certify a classifier with no denoiser (retrain: $RETRAIN_CLASSIFIER); recipe_OBJECTIVE and
     nodp_OBJECTIVE train with --objective, recipe_full with mse; stability_mse starts from the public
     initialisation; CERTIFY_FLAGS reach every certify."""
-    calls = tmp_path / "calls.txt"
-    fake = tmp_path / "transdenoiser"
-    fake.write_text("#!/usr/bin/env bash\n"
-                    f'echo "$*" >> {calls}\n'
-                    'out=""; prev=""; for a in "$@"; do [ "$prev" = --out ] && out=$a; prev=$a; done\n'
-                    'mkdir -p "$out"\n'
-                    '[ "$1" = train ] && echo \'{"complete": true}\' > "$out/metadata.json"\n'
-                    '[ "$1" = certify ] && echo "{}" > "$out/summary.json"\n'
-                    "exit 0\n")
-    fake.chmod(0o755)
+    fake, calls = _fake_transdenoiser(tmp_path)
     out = tmp_path / "run"
     env = {**os.environ, "TRANSDENOISER": str(fake), "PYTHON": sys.executable, "RETRAIN_CLASSIFIER": "noisy_clf",
            "CERTIFY_FLAGS": "--precision bf16"}
