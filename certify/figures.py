@@ -17,7 +17,7 @@ from certify.summary import RADIUS_STEP
 from training.checkpoint import write_bytes
 from transdenoiser.errors import UserError
 from transdenoiser.pngs import figure_png
-from transdenoiser.records import Guarantee, PrivacyReport, recorded_arm
+from transdenoiser.records import Guarantee, PrivacyReport, recorded_arm, recorded_objective
 
 CURVE_POINTS = 400
 
@@ -31,14 +31,17 @@ def denoiser_arm(denoiser_metadata: dict[str, Any] | None) -> str | None:
 
 
 def run_label(summary: dict[str, Any]) -> str:
-    """``transdenoiser, sigma 0.25`` / ``no denoiser, sigma 0.25``: tolerant of missing keys."""
+    """``transdenoiser, sigma 0.25`` / ``sepdp, objective stability+mse, sigma 0.5`` / ``no denoiser, sigma 0.25``:
+    the objective is named when it is not MSE; tolerant of missing keys."""
     settings = summary.get("settings") or {}
     sigma = settings.get("sigma", summary.get("sigma"))
     sigma_text = f"sigma {sigma:g}" if isinstance(sigma, (int, float)) else "sigma ?"
     if summary.get("denoiser_metadata") is None and not settings.get("denoiser"):
         return f"no denoiser, {sigma_text}"
     arm = denoiser_arm(summary.get("denoiser_metadata"))
-    return f"{arm or 'denoiser'}, {sigma_text}"
+    objective = recorded_objective(summary.get("denoiser_metadata"))
+    objective_text = f"objective {objective}, " if objective not in (None, "mse") else ""
+    return f"{arm or 'denoiser'}, {objective_text}{sigma_text}"
 
 
 def epsilon_text(denoiser_metadata: dict[str, Any] | None) -> str | None:

@@ -146,6 +146,15 @@ def test_cli_writes_all_four_files_and_report_overlays(tiny_classifier_dir, tmp_
 
     assert run_label({"settings": {"sigma": 0.1, "denoiser": "d"}, "denoiser_metadata": {"privacy": {"arm": "sepdp"}}}
                      ) == "sepdp, sigma 0.1"
+    stability = {"kind": "denoiser", "privacy": {"arm": "sepdp"}, "objective": "stability+mse"}
+    assert run_label({"settings": {"sigma": 0.5, "denoiser": "d"}, "denoiser_metadata": stability}
+                     ) == "sepdp, objective stability+mse, sigma 0.5"  # a non-MSE objective is named
+    from_config = {"kind": "denoiser", "privacy": {"arm": "nodp"}, "config": {"objective": "classification"}}
+    assert run_label({"settings": {"sigma": 0.5}, "denoiser_metadata": from_config}
+                     ) == "nodp, objective classification, sigma 0.5"
+    assert run_label({"settings": {"sigma": 0.5}, "denoiser_metadata": {"kind": "denoiser", "objective": "mse",
+                                                                         "privacy": {"arm": "sepdp"}}}
+                     ) == "sepdp, sigma 0.5"  # MSE, the default, is not named
     assert denoiser_arm({"architecture": "x"}) is None and run_label({}) == "no denoiser, sigma ?"
     (tmp_path / "empty").mkdir()
     code, _, err = run_cli(["report", out, tmp_path / "empty", "--out", tmp_path / "overlay2"], capsys)

@@ -258,6 +258,19 @@ def recorded_arm(metadata: Mapping[str, Any] | None) -> str | None:
     return None
 
 
+def recorded_objective(metadata: Mapping[str, Any] | None) -> str | None:
+    """The training objective a denoiser's metadata records (``objective``, else its ``config``'s); ``mse`` for a
+    denoiser written before objectives were recorded (all of those trained with MSE); None for anything else that
+    records none. Tolerant of partial metadata, as :func:`recorded_arm`."""
+    if not isinstance(metadata, Mapping):
+        return None
+    config = metadata.get("config")
+    value = metadata.get("objective") or (config.get("objective") if isinstance(config, Mapping) else None)
+    if value is None and metadata.get("kind") == "denoiser":
+        return "mse"
+    return str(value) if value is not None else None
+
+
 @_record
 class CheckpointMetadata(_Record):
     """A checkpoint's ``metadata.json``: what the weights are (kind, architecture and its arguments, input shape,
@@ -309,11 +322,8 @@ class CheckpointMetadata(_Record):
         """A denoiser's training objective (``mse``, ``stability``, ``classification``, ``stability+mse``): its
         ``objective``, else its ``config``'s; ``mse`` for a denoiser written before objectives were recorded
         (all of those trained with MSE); None for any other kind of checkpoint that records none."""
-        config = self.extra.get("config")
-        value = self.objective or (config.get("objective") if isinstance(config, Mapping) else None)
-        if value is None and self.kind == "denoiser":
-            return "mse"
-        return str(value) if value is not None else None
+        return recorded_objective({"objective": self.objective, "config": self.extra.get("config"),
+                                   "kind": self.kind})
 
     @property
     def classifier_classes(self) -> int | None:
