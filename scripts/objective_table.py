@@ -59,6 +59,7 @@ def read_run(directory: Path, arm: str) -> dict | None:
     return {"arm": arm, "epsilon": epsilon_text(meta), "certified": [table.get(r, 0.0) for r in RADII],
             "acr": summary["average_certified_radius"], "images": summary["images"], "rows": rows,
             "samples": used, "n": summary["n"], "mode": summary.get("mode"),
+            "cap": summary.get("max_certifiable_radius"),
             "objective": (meta or {}).get("objective", "-")}
 
 
@@ -117,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     for arm, r in runs.items():
         sampling = (f"adaptive estimate, n_max {r['n']:,}, mean {r['samples']:,.0f} samples per image"
                     if r["mode"] == "estimate" and r["samples"] is not None else f"n = {r['n']:,}")
+        if isinstance(r["cap"], (int, float)):  # no image can certify beyond it: the columns past it read 0
+            sampling += f", largest certifiable radius {r['cap']:.3f}"
         print(f"- {LABELS[arm]}: {sampling}")
     return 0
 

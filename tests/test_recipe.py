@@ -289,6 +289,10 @@ def _fake_objective_row(root: Path, arm: str, certified_at_half: set[int], image
     _fake_arm(root, arm, certified_at_half, images)
     (root / "cert").mkdir(exist_ok=True)
     (root / "cert500" / arm).rename(root / "cert" / arm)
+    summary_path = root / "cert" / arm / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary.update(mode="estimate", samples_per_image={"mean": 7000.0}, max_certifiable_radius=0.7917689787)
+    summary_path.write_text(json.dumps(summary))
     meta = root / "train" / arm / "metadata.json"
     if trained:
         meta.write_text(json.dumps({"objective": "stability+mse", "privacy": {"guarantees": [
@@ -319,6 +323,8 @@ def test_objective_table_gives_paired_differences_and_the_share_of_the_gap_to_re
     alone = rows["reference: no denoiser (classifier alone)"]
     assert alone[1] == "no private data" and alone[-2].startswith("-30.0 [") and alone[-1] == ""  # a reference
     assert rows["recipe, mse (public MSE initialisation)"][-2] == "-"
+    assert ("- recipe, mse (public MSE initialisation): adaptive estimate, n_max 10,000, mean 7,000 samples per "
+            "image, largest certifiable radius 0.792") in done.stdout.splitlines()  # radii past it read 0
     (tmp_path / "cert" / "retrain" / "certify.tsv").write_text("idx\tlabel\tpredict\tradius\tcorrect\ttime\n"
                                                                "0\t0\t0\t0.6\t1\t0.1\n")
     bad = subprocess.run([sys.executable, "scripts/objective_table.py", str(tmp_path)], capture_output=True,
