@@ -202,6 +202,19 @@ def test_demo_passes_each_step_only_the_common_options_it_takes(monkeypatch, tmp
         cli.build_parser(argv).parse_args(argv)
 
 
+def test_demo_trains_the_recipe_with_the_objective_that_measured_best():
+    """Issue 66: `make demo` trains the objective that certified most at equal epsilon (RESULTS.md section 12),
+    with the recipe's data-independent guarantee; the transdenoiser arm's analysis covers MSE only."""
+    from training.methods.denoiser_config import RECIPE_OBJECTIVE
+    from training.train_config import load_config_file
+    from transdenoiser import demo
+
+    config = load_config_file(demo.DEMO_CONFIG)
+    assert (config.arm, config.objective, config.sigma, config.target_epsilon) == (
+        "recipe", RECIPE_OBJECTIVE, demo.SIGMA, 1.0)
+    assert RECIPE_OBJECTIVE == "stability+mse"
+
+
 def test_output_into_a_closed_pipe_ends_quietly_with_status_0():
     """`transdenoiser privacy ... | head -1`: the reader goes away, the write fails with EPIPE (BrokenPipeError, an
     OSError that is not a file-system refusal); the command ends with status 0 and no traceback."""

@@ -162,7 +162,7 @@ def test_paper_configs_keep_algorithm_1_as_written():
 
     for name in ("mnist_sigma025", "mnist_sigma010"):
         assert load_config_file(f"configs/{name}.toml").merge_uncredited_noise is False
-    assert load_config_file("configs/demo.toml").merge_uncredited_noise is True
+    assert load_config_file("configs/tour_sigma025.toml").merge_uncredited_noise is True
 
 
 

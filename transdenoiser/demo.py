@@ -1,7 +1,8 @@
 """``transdenoiser demo``: the main job end to end on the embedded mnist10k data.
 
 It runs the same subcommands a user would (so what it prints is what they print), one after another:
-data -> pretrain -> train (transdenoiser arm, configs/demo.toml) -> certify -> a model directory to serve.
+data -> pretrain -> train (the recipe: DP-SGD with objective stability+mse, configs/demo.toml) -> certify -> a model
+directory to serve.
 Finished steps are reused when the demo runs again (nothing is overwritten or lost); delete the output
 folder to start over.
 """
@@ -23,9 +24,10 @@ def register(subparsers, common) -> None:
     p = subparsers.add_parser(
         "demo", parents=[common], help="run the main job end to end on the embedded data",
         description="On mnist10k: pretrain the classifier on the public split, train a private denoiser "
-                    "(transdenoiser arm, configs/demo.toml) on the private split and print its privacy report, "
+                    "(the recipe, configs/demo.toml: DP-SGD at epsilon 1, MSE on the public split then the frozen "
+                    "classifier's stability loss on the private split) and print its privacy report, "
                     "certify test images by randomized smoothing and print the certified-accuracy table, and write "
-                    "a model directory that `transdenoiser serve` serves. 74 s on 2 quiet CPU cores (AMD EPYC, "
+                    "a model directory that `transdenoiser serve` serves. 102-107 s on 2 quiet CPU cores (AMD EPYC, "
                     "docs/RESULTS.md); several times longer on a busy machine.")
     p.add_argument("--out", type=Path, default=Path("runs/demo"), help="where the demo writes (default: runs/demo)")
     p.add_argument("--pretrain-epochs", type=positive_int, default=8, help="classifier epochs (default: 8)")
@@ -110,7 +112,8 @@ def cmd_demo(args) -> int:
     else:
         run(["pretrain", "--dataset", "mnist10k", "--epochs", str(args.pretrain_epochs), "--out", str(classifier)])
 
-    _step(3, "train the denoiser on the private split with differential privacy (transdenoiser arm)")
+    _step(3, "train the denoiser with differential privacy (the recipe: MSE on the public split, then the "
+             "classifier's stability loss on the private split, DP-SGD at epsilon 1)")
     if not DEMO_CONFIG.is_file():
         raise UserError(f"{DEMO_CONFIG} is missing: run the demo from a checkout of the repository")
     if _done(denoiser):
