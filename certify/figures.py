@@ -111,10 +111,17 @@ AXES_HEIGHT = 3.6  # inches: the plot keeps its size; the figure grows below it 
 
 
 def wrap_label(text: str, width: int = LEGEND_WRAP) -> str:
-    """``text`` broken into lines of at most ``width`` characters (at spaces), for a legend entry."""
+    """``text`` broken into lines of at most ``width`` characters, for a title or legend entry: at the ", " between
+    its clauses where they fit (``sigma 0.25`` stays on one line), else at spaces."""
     import textwrap
 
-    return "\n".join(textwrap.wrap(text, width=width, break_long_words=True, break_on_hyphens=False)) or text
+    lines: list[str] = []
+    for clause in text.replace(", ", ",\0").split("\0"):
+        if lines and len(lines[-1]) + 1 + len(clause) <= width:
+            lines[-1] += " " + clause
+        else:
+            lines.extend(textwrap.wrap(clause, width=width, break_long_words=True, break_on_hyphens=False))
+    return "\n".join(lines) or text
 
 
 def certified_accuracy_figure(curves: Sequence[tuple[str, Sequence[CertifyRecord]]], title: str = "Certified accuracy",

@@ -134,3 +134,14 @@ def test_palette_png_keeps_transparency_and_refuses_what_is_not_an_image():
     assert (back[:4] == (255, 0, 0, 255)).all() and (back[4:, :, 3] == 0).all()
     with pytest.raises(ValueError, match="not a PNG image"):
         palette_png(b"\x89PNG\r\n\x1a\n broken")
+
+
+def test_labels_wrap_between_clauses_where_they_fit():
+    """A title or legend entry breaks at the ", " between clauses, so "sigma 0.25" is never split across lines;
+    a clause longer than a line breaks at spaces."""
+    from certify.figures import wrap_label
+
+    assert wrap_label("Certified accuracy, sepdp, objective stability+mse, sigma 0.25", 60) == (
+        "Certified accuracy, sepdp, objective stability+mse,\nsigma 0.25")
+    assert wrap_label("Certified accuracy", 60) == "Certified accuracy"
+    assert all(len(line) <= 20 for line in wrap_label("one two three four five six seven, eight", 20).split("\n"))
